@@ -1,0 +1,1 @@
+"""specx store/formats."""

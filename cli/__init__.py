@@ -1,0 +1,1 @@
+"""specx command-line interface: a thin typer client of specx.core and specx.store."""
