@@ -1,13 +1,19 @@
 """Agent log formats: each module has `sniff(path, head) -> bool` and `read(path) -> Iterator[Call | ParseError]`.
 
-Formats are detected from content, never from the file name alone. `read` yields a `ParseError`
-for a malformed record and goes on with the rest of the file; it raises `ParseError` only when
-nothing in the file can be read.
+`FORMATS` maps each format name to its module (most specific first); `detect(path)` names the
+format of a file from its content, never from the file name alone (the one exception: OpenHands
+completion-log folders are known by their `prompt_NNN.log` / `response_NNN.log` pairs);
+`read_calls(path)` detects and reads. `read` yields a `ParseError` for a malformed record and
+goes on with the rest of the file; it raises `ParseError` only when nothing in the file can be
+read (empty, not UTF-8, not valid or truncated JSON, or no readable line at all).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -37,3 +43,56 @@ class ParseError(ValueError):
         self.message = message
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
+
+
+# The format modules import Call and ParseError from this package, so they are imported only
+# once both exist.
+from . import aider, claude_code, jsonl_pairs, openai_chat, openhands, sql_lines, swe_agent, text2sql  # noqa: E402
+from ._source import read_head  # noqa: E402
+
+# Most specific first: detect() returns the first format whose sniffer claims the file. The
+# loose text heuristics (aider's header, SQL lines) come last.
+FORMATS: dict[str, ModuleType] = {
+    "openhands": openhands,
+    "swe-agent": swe_agent,
+    "text2sql-multiagent": text2sql,
+    "claude-code": claude_code,
+    "openai-chat": openai_chat,
+    "jsonl-pairs": jsonl_pairs,
+    "aider": aider,
+    "sql-lines": sql_lines,
+}
+
+
+def detect(path: Path) -> str | None:
+    """Name of the format of a log file (or OpenHands completion-log folder), None when unknown."""
+    path = Path(path)
+    head = read_head(path)
+    for name, module in FORMATS.items():
+        try:
+            if module.sniff(path, head):
+                return name
+        except (OSError, ValueError):
+            continue  # a sniffer that trips on odd content must not stop the others
+    return None
+
+
+def read_calls(path: Path, format: str | None = None) -> Iterator[Call | ParseError]:
+    """Calls (and per-record ParseErrors) of a log, its format detected unless `format` names one.
+
+    Raises ParseError (naming the file) when the format cannot be detected, and ValueError when
+    `format` is not a known format name. Checks happen now, not at the first `next()`.
+    """
+    path = Path(path)
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown log format {format!r}; known formats: {', '.join(FORMATS)}")
+        return FORMATS[format].read(path)
+    if not path.exists():
+        raise ParseError(path, "no such file or folder")
+    if path.is_file() and path.stat().st_size == 0:
+        raise ParseError(path, "empty file")
+    detected = detect(path)
+    if detected is None:
+        raise ParseError(path, f"unknown log format (known formats: {', '.join(FORMATS)})")
+    return FORMATS[detected].read(path)

@@ -1,0 +1,473 @@
+"""The compiled drafting kernel: match the context's suffix, grow a draft tree best-first by D(N).
+
+One call drafts from one index. An index is seen here as two kinds of parts, queried together so
+that every count is exact over the whole index:
+- sealed segments: suffix-array blocks of one shared text; a node is a range in each block;
+- live sequences: regions of one token arena plus their prefix arrays (a parallel arena); a node
+  is a list of occurrence starts.
+
+Notation (DESIGN.md section 1): COUNT(N) = occurrences of N's string; C(N) = COUNT(N) /
+COUNT(parent); D(N) = product of C from the matched node N_p down to N; SCORE = sum of D.
+Children of a node are pushed in order of count (descending), then token id, each with a
+sequence number, and the heap pops the highest D first and the lowest sequence number among equal
+D: the integer tie-break that makes drafts deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .suffix_array import SEP, narrow, pattern_range, prefix_narrow
+
+_EPS = 1e-9
+
+
+@njit(cache=True, nogil=True)
+def _grow1(a: np.ndarray, n: int) -> np.ndarray:
+    if n <= len(a):
+        return a
+    b = np.empty(max(n, 2 * len(a)), dtype=a.dtype)
+    b[: len(a)] = a
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _grow2(a: np.ndarray, n: int) -> np.ndarray:
+    if n <= a.shape[0]:
+        return a
+    b = np.empty((max(n, 2 * a.shape[0]), a.shape[1]), dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _children_bound(flo, fhi, num_occ, frac):
+    """How many candidates `_children` can see: the workspace size it needs."""
+    bound = num_occ
+    for k in range(len(flo)):
+        w = fhi[k] - flo[k]
+        if w > 0:
+            stride = max(1, int(frac * w * (1.0 - _EPS)))
+            bound += min(w, w // stride + 1)
+    return bound
+
+
+@njit(cache=True, nogil=True)
+def _sort_pairs(keys, vals, n):
+    """Insertion sort of keys[:n] (ascending, stable), carrying vals: n is small here."""
+    for i in range(1, n):
+        k = keys[i]
+        v = vals[i]
+        j = i - 1
+        while j >= 0 and keys[j] > k:
+            keys[j + 1] = keys[j]
+            vals[j + 1] = vals[j]
+            j -= 1
+        keys[j + 1] = k
+        vals[j + 1] = v
+
+
+@njit(cache=True, nogil=True)
+def _children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, olo, ohi, depth, count,
+              need, ws_cand, ws_next, ws_idx, ch_tok, ch_cnt, ch_flo, ch_fhi, ch_lbeg, ch_lend):
+    """Children of a node (total `count`) with count >= `need`, written into the ch_* arrays.
+
+    Returns how many. They come sorted by count desc, then token asc; ch_lbeg/ch_lend index
+    ws_idx, which lists the node's live occurrences grouped by next token. A child holding at
+    least need/count of the node's occurrences overall holds at least that share in some part, so
+    probing each sealed range at that stride finds every candidate. The caller sizes the
+    workspaces with `_children_bound`.
+    """
+    num_segs = len(flo)
+    frac = need / count
+    num_cand = 0
+    slack = 0  # a token missed by every probe has fewer than this many sealed occurrences
+    for k in range(num_segs):
+        lo = flo[k]
+        hi = fhi[k]
+        w = hi - lo
+        if w <= 0:
+            continue
+        stride = max(1, int(frac * w * (1.0 - _EPS)))
+        slack += stride - 1
+        pos = lo
+        while pos < hi:
+            tok = text[sa[pos] + depth]
+            a, b = narrow(text, sa, pos, hi, depth, tok)
+            if tok != SEP:
+                ws_cand[num_cand] = tok
+                num_cand += 1
+            # Jump past this token's run to the next probe position.
+            nxt = pos + stride
+            if b > nxt:
+                nxt = lo + ((b - lo + stride - 1) // stride) * stride
+            pos = nxt
+    # Live occurrences: every next token, grouped (stable, so occurrence order is kept).
+    m = 0
+    for i in range(olo, ohi):
+        d = occ_doc[i]
+        p = occ_start[i] + depth
+        if p < live_len[d]:
+            ws_next[m] = live_tok[live_base[d] + p]
+            ws_idx[m] = i
+            m += 1
+    _sort_pairs(ws_next, ws_idx, m)
+    i = 0
+    while i < m:
+        j = i
+        while j < m and ws_next[j] == ws_next[i]:
+            j += 1
+        if (j - i) + slack >= need * (1.0 - _EPS):
+            ws_cand[num_cand] = ws_next[i]
+            num_cand += 1
+        i = j
+    # Unique candidates, ascending.
+    cand = ws_cand[:num_cand]
+    cand.sort()
+    kept = 0
+    prev = -2
+    for c in range(num_cand):
+        tok = cand[c]
+        if tok == prev:
+            continue
+        prev = tok
+        total = 0
+        for k in range(num_segs):
+            if fhi[k] > flo[k]:
+                a, b = narrow(text, sa, flo[k], fhi[k], depth, tok)
+            else:
+                a, b = flo[k], flo[k]
+            ch_flo[kept, k] = a
+            ch_fhi[kept, k] = b
+            total += b - a
+        a = np.searchsorted(ws_next[:m], tok, side="left")
+        b = np.searchsorted(ws_next[:m], tok, side="right")
+        total += b - a
+        if total > 0 and total >= need * (1.0 - _EPS):
+            ch_tok[kept] = tok
+            ch_cnt[kept] = total
+            ch_lbeg[kept] = a
+            ch_lend[kept] = b
+            kept += 1
+    # Count desc, token asc: a stable insertion sort on -count (kept is small).
+    for i in range(1, kept):
+        j = i
+        while j > 0 and ch_cnt[j - 1] < ch_cnt[j]:
+            for arr in (ch_tok, ch_cnt, ch_lbeg, ch_lend):
+                arr[j - 1], arr[j] = arr[j], arr[j - 1]
+            for k in range(num_segs):
+                ch_flo[j - 1, k], ch_flo[j, k] = ch_flo[j, k], ch_flo[j - 1, k]
+                ch_fhi[j - 1, k], ch_fhi[j, k] = ch_fhi[j, k], ch_fhi[j - 1, k]
+            j -= 1
+    return kept
+
+
+@njit(cache=True, nogil=True)
+def _heap_push(hd, hs, hn, size, d, seq, node):
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if hd[parent] > d or (hd[parent] == d and hs[parent] < seq):
+            break
+        hd[i] = hd[parent]
+        hs[i] = hs[parent]
+        hn[i] = hn[parent]
+        i = parent
+    hd[i] = d
+    hs[i] = seq
+    hn[i] = node
+
+
+@njit(cache=True, nogil=True)
+def _heap_pop(hd, hs, hn, size):
+    """Remove the top of a heap of `size` items; returns its node."""
+    top = hn[0]
+    size -= 1
+    d = hd[size]
+    s = hs[size]
+    n = hn[size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and (hd[c + 1] > hd[c] or (hd[c + 1] == hd[c] and hs[c + 1] < hs[c])):
+            c += 1
+        if d > hd[c] or (d == hd[c] and s < hs[c]):
+            break
+        hd[i] = hd[c]
+        hs[i] = hs[c]
+        hn[i] = hn[c]
+        i = c
+    hd[i] = d
+    hs[i] = s
+    hn[i] = n
+    return top
+
+
+@njit(cache=True, nogil=True)
+def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc, root_start, match_len,
+           root_count, max_spec, min_prob, tree):
+    """Grow the draft below the matched node N_p (depth match_len). Returns tokens, parents, probs, score."""
+    num_segs = len(root_flo)
+    cap = 64
+    nd_depth = np.empty(cap, dtype=np.int64)
+    nd_count = np.empty(cap, dtype=np.int64)
+    nd_d = np.empty(cap, dtype=np.float64)
+    nd_tok = np.empty(cap, dtype=np.int64)
+    nd_parent = np.empty(cap, dtype=np.int64)  # draft index of the parent, -1 under N_p
+    nd_flo = np.empty((cap, num_segs), dtype=np.int64)
+    nd_fhi = np.empty((cap, num_segs), dtype=np.int64)
+    nd_olo = np.empty(cap, dtype=np.int64)
+    nd_ohi = np.empty(cap, dtype=np.int64)
+    occ_doc = root_doc.copy()
+    occ_start = root_start.copy()
+    num_occ = len(occ_doc)
+    # Node 0 is N_p itself.
+    nd_depth[0] = match_len
+    nd_count[0] = root_count
+    nd_d[0] = 1.0
+    nd_tok[0] = -1
+    nd_parent[0] = -1
+    nd_flo[0] = root_flo
+    nd_fhi[0] = root_fhi
+    nd_olo[0] = 0
+    nd_ohi[0] = num_occ
+    num_nodes = 1
+    out_tok = np.empty(max(max_spec, 0), dtype=np.int32)
+    out_par = np.empty(max(max_spec, 0), dtype=np.int32)
+    out_prob = np.empty(max(max_spec, 0), dtype=np.float64)
+    num_out = 0
+    score = 0.0
+    hd = np.empty(cap, dtype=np.float64)
+    hs = np.empty(cap, dtype=np.int64)
+    hn = np.empty(cap, dtype=np.int64)
+    heap_size = 0
+    seq = 0
+    u = 0  # node whose children come next
+    u_draft = -1
+    ws_cand = np.empty(64, dtype=np.int64)
+    ws_next = np.empty(max(num_occ, 1), dtype=np.int64)  # a node's live occurrences never outnumber N_p's
+    ws_idx = np.empty(max(num_occ, 1), dtype=np.int64)
+    tok = np.empty(64, dtype=np.int64)
+    cnt = np.empty(64, dtype=np.int64)
+    flo = np.empty((64, num_segs), dtype=np.int64)
+    fhi = np.empty((64, num_segs), dtype=np.int64)
+    lbeg = np.empty(64, dtype=np.int64)
+    lend = np.empty(64, dtype=np.int64)
+    while num_out < max_spec:
+        need = min_prob * nd_count[u] / nd_d[u]
+        bound = _children_bound(nd_flo[u], nd_fhi[u], nd_ohi[u] - nd_olo[u], need / nd_count[u])
+        if bound > len(ws_cand):
+            ws_cand = np.empty(2 * bound, dtype=np.int64)
+            tok = np.empty(2 * bound, dtype=np.int64)
+            cnt = np.empty(2 * bound, dtype=np.int64)
+            flo = np.empty((2 * bound, num_segs), dtype=np.int64)
+            fhi = np.empty((2 * bound, num_segs), dtype=np.int64)
+            lbeg = np.empty(2 * bound, dtype=np.int64)
+            lend = np.empty(2 * bound, dtype=np.int64)
+        nk = _children(text, sa, nd_flo[u], nd_fhi[u], live_tok, live_base, live_len, occ_doc, occ_start,
+                       nd_olo[u], nd_ohi[u], nd_depth[u], nd_count[u], need, ws_cand, ws_next, ws_idx,
+                       tok, cnt, flo, fhi, lbeg, lend)
+        live_idx = ws_idx
+        if not tree and nk > 1:
+            nk = 1  # path mode: follow the most frequent child only
+        for c in range(nk):
+            d = nd_d[u] * (cnt[c] / nd_count[u])
+            if d < min_prob:
+                continue
+            v = num_nodes
+            num_nodes += 1
+            if num_nodes > len(nd_depth):
+                n2 = num_nodes
+                nd_depth = _grow1(nd_depth, n2)
+                nd_count = _grow1(nd_count, n2)
+                nd_d = _grow1(nd_d, n2)
+                nd_tok = _grow1(nd_tok, n2)
+                nd_parent = _grow1(nd_parent, n2)
+                nd_flo = _grow2(nd_flo, n2)
+                nd_fhi = _grow2(nd_fhi, n2)
+                nd_olo = _grow1(nd_olo, n2)
+                nd_ohi = _grow1(nd_ohi, n2)
+            nd_depth[v] = nd_depth[u] + 1
+            nd_count[v] = cnt[c]
+            nd_d[v] = d
+            nd_tok[v] = tok[c]
+            nd_parent[v] = u_draft
+            nd_flo[v] = flo[c]
+            nd_fhi[v] = fhi[c]
+            occ_doc = _grow1(occ_doc, num_occ + lend[c] - lbeg[c])
+            occ_start = _grow1(occ_start, num_occ + lend[c] - lbeg[c])
+            nd_olo[v] = num_occ
+            for i in range(lbeg[c], lend[c]):
+                occ_doc[num_occ] = occ_doc[live_idx[i]]
+                occ_start[num_occ] = occ_start[live_idx[i]]
+                num_occ += 1
+            nd_ohi[v] = num_occ
+            if heap_size + 1 > len(hd):
+                hd = _grow1(hd, heap_size + 1)
+                hs = _grow1(hs, heap_size + 1)
+                hn = _grow1(hn, heap_size + 1)
+            _heap_push(hd, hs, hn, heap_size, d, seq, v)
+            heap_size += 1
+            seq += 1
+        if heap_size == 0:
+            break
+        v = _heap_pop(hd, hs, hn, heap_size)
+        heap_size -= 1
+        out_tok[num_out] = nd_tok[v]
+        out_par[num_out] = nd_parent[v]
+        out_prob[num_out] = nd_d[v]
+        score += nd_d[v]
+        u = v
+        u_draft = num_out
+        num_out += 1
+    return out_tok[:num_out], out_par[:num_out], out_prob[:num_out], score
+
+
+@njit(cache=True, nogil=True)
+def _forward_ranges(text, sa, seg_lo, seg_hi, pattern):
+    num_segs = len(seg_lo)
+    flo = np.empty(num_segs, dtype=np.int64)
+    fhi = np.empty(num_segs, dtype=np.int64)
+    total = 0
+    for k in range(num_segs):
+        a, b = pattern_range(text, sa, seg_lo[k], seg_hi[k], pattern)
+        flo[k] = a
+        fhi[k] = b
+        total += b - a
+    return flo, fhi, total
+
+
+@njit(cache=True, nogil=True)
+def speculate_index(text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live_len, context,
+                    max_depth, max_spec_tokens, alpha, min_prob, tree, floor_score, floor_len,
+                    out_tok, out_par, out_prob):
+    """Best draft from one index over match lengths p = 1..P, if it beats (floor_score, floor_len).
+
+    Writes the draft into out_tok/out_par/out_prob (room for max_spec_tokens) and returns
+    (num_tokens, score, match_len, improved): scalars only, as boxing arrays costs microseconds
+    per call. Candidates are compared by
+    score, then by match length (longer wins a tie), as in the reference implementation. p runs
+    from the longest match down, and stops once no shorter match can win: a draft from match
+    length p has at most MAX_SPEC(p) nodes, each with D <= 1.
+    """
+    num_live = len(live_len)
+    t = len(context)
+    max_p = min(max_depth, t)
+    # Live parts: the prefix array narrows as the matched suffix grows by one token (leftwards).
+    live_lo = np.zeros((max_p + 1, num_live), dtype=np.int64)
+    live_hi = np.zeros((max_p + 1, num_live), dtype=np.int64)
+    for j in range(num_live):
+        live_hi[0, j] = live_len[j]
+    live_pmax = 0
+    for p in range(1, max_p + 1):
+        tok = context[t - p]
+        found = False
+        for j in range(num_live):
+            base = live_base[j]
+            a, b = prefix_narrow(live_tok[base:], live_pa[base:], live_lo[p - 1, j], live_hi[p - 1, j], p - 1, tok)
+            live_lo[p, j] = a
+            live_hi[p, j] = b
+            if b > a:
+                found = True
+        if not found:
+            break
+        live_pmax = p
+    # Sealed parts: the longest p that occurs, by galloping then bisection (occurrence is monotone).
+    fwd_pmax = 0
+    if len(seg_lo) > 0:
+        good = 0
+        bad = max_p + 1
+        p = 1
+        while p <= max_p:
+            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, context[t - p:])
+            if total > 0:
+                good = p
+                p *= 2
+            else:
+                bad = p
+                break
+        if good == max_p:
+            bad = max_p + 1
+        elif bad > max_p:
+            bad = max_p + 1
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, context[t - mid:])
+            if total > 0:
+                good = mid
+            else:
+                bad = mid
+        fwd_pmax = good
+    num_best = 0
+    best_score = floor_score
+    best_len = floor_len
+    improved = False
+    longer_count = -1  # COUNT(N_{p+1}) when p+1 was considered
+    for p in range(max(live_pmax, fwd_pmax), 0, -1):
+        max_spec = min(max_spec_tokens, int(p * alpha + 1e-6))
+        if max_spec < 0:
+            max_spec = 0
+        if best_score > max_spec or (best_score == max_spec and best_len >= p):
+            break
+        pattern = context[t - p:]
+        if p <= fwd_pmax:
+            flo, fhi, count = _forward_ranges(text, sa, seg_lo, seg_hi, pattern)
+        else:
+            flo = seg_lo.copy()
+            fhi = seg_lo.copy()
+            count = 0
+        num_occ = 0
+        if p <= live_pmax:
+            for j in range(num_live):
+                num_occ += live_hi[p, j] - live_lo[p, j]
+        # Equal counts mean N_p's occurrences are exactly N_{p+1}'s, so its subtree is the same
+        # and its budget no larger: it cannot beat p+1, which was already weighed. Exact skip.
+        same = count + num_occ == longer_count
+        longer_count = count + num_occ
+        if same:
+            continue
+        root_doc = np.empty(num_occ, dtype=np.int64)
+        root_start = np.empty(num_occ, dtype=np.int64)
+        if p <= live_pmax:
+            i = 0
+            for j in range(num_live):
+                base = live_base[j]
+                for r in range(live_lo[p, j], live_hi[p, j]):
+                    root_doc[i] = j
+                    root_start[i] = live_pa[base + r] - p + 1
+                    i += 1
+        count += num_occ
+        if count == 0:
+            continue
+        tok, par, prob, score = expand(text, sa, flo, fhi, live_tok, live_base, live_len, root_doc, root_start,
+                                       p, count, max_spec, min_prob, tree)
+        if score > best_score or (score == best_score and p > best_len):
+            num_best = len(tok)
+            out_tok[:num_best] = tok
+            out_par[:num_best] = par
+            out_prob[:num_best] = prob
+            best_score = score
+            best_len = p
+            improved = True
+    return num_best, best_score, best_len, improved
+
+
+@njit(cache=True, nogil=True)
+def node_children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, depth, count):
+    """Every child of a node as (tokens, counts), token-ascending: the index's `children` query."""
+    num_occ = len(occ_doc)
+    bound = max(_children_bound(flo, fhi, num_occ, 0.0), 1)
+    num_segs = len(flo)
+    ws_next = np.empty(max(num_occ, 1), dtype=np.int64)
+    ws_idx = np.empty(max(num_occ, 1), dtype=np.int64)
+    tok = np.empty(bound, dtype=np.int64)
+    cnt = np.empty(bound, dtype=np.int64)
+    nk = _children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, 0, num_occ, depth,
+                   count, 0.0, np.empty(bound, dtype=np.int64), ws_next, ws_idx, tok, cnt,
+                   np.empty((bound, num_segs), dtype=np.int64), np.empty((bound, num_segs), dtype=np.int64),
+                   np.empty(bound, dtype=np.int64), np.empty(bound, dtype=np.int64))
+    order = np.argsort(tok[:nk])
+    return tok[:nk][order], cnt[:nk][order]

@@ -1,0 +1,184 @@
+"""Suffix array construction and the compiled search primitives of the suffix index.
+
+A text here is many documents concatenated, each followed by a separator token `SEP` (-1), which
+sorts before every real token. Patterns never contain `SEP`, so no match crosses a document
+boundary, and the suffix array lists only positions that hold a real token.
+
+Worked example: documents [1,2,3,1,2,4] -> text [1,2,3,1,2,4,-1]; suffixes sorted:
+  [1,2,3,1,2,4,-1] (0), [1,2,4,-1] (3), [2,3,...] (1), [2,4,-1] (4), [3,...] (2), [4,-1] (5)
+so sa = [0, 3, 1, 4, 2, 5]. Pattern [1,2] is the range sa[0:2] (count 2); its children are split
+by the token at depth 2: {3: 1, 4: 1}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SEP = -1
+# Suffixes are ordered by their first SORT_DEPTH tokens only (ties keep text order). Every query
+# looks at most max_depth + max_spec_tokens tokens deep, which the index checks against this bound;
+# the cap keeps highly repetitive text (the same output logged many times) from costing
+# log2(longest repeat) sorting rounds.
+SORT_DEPTH = 1024
+
+
+def build_suffix_array(text: np.ndarray) -> np.ndarray:
+    """Suffix array of `text` (int32, documents separated by SEP) without the SEP positions.
+
+    Prefix doubling in the style of Larsson-Sadakane: each round sorts only the suffixes whose
+    group (equal first h tokens) is not yet a singleton, so repetitive text costs little more
+    than rounds over its repeated parts.
+    """
+    n = len(text)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    text = np.ascontiguousarray(text, dtype=np.int32)
+    # Round 0: order by the first two tokens, packed into one int64 key.
+    nxt = np.empty(n, dtype=np.int64)
+    nxt[:-1] = text[1:]
+    nxt[-1] = SEP - 1  # past the end: smaller than SEP
+    key = (text.astype(np.int64) + 2) * (1 << 32) + (nxt + 2)
+    sa = np.argsort(key, kind="stable").astype(np.int64)
+    rank, open_pos = _group_ranks(key[sa], sa, n)
+    h = 2
+    while len(open_pos) > 0 and h < SORT_DEPTH:
+        members = sa[open_pos]
+        group = rank[members]  # group start position in sa: orders groups
+        second = np.full(len(members), -1, dtype=np.int64)
+        inside = members + h < n
+        second[inside] = rank[members[inside] + h]
+        sub_key = group * (n + 1) + (second + 1)
+        order = np.argsort(sub_key, kind="stable")
+        members = members[order]
+        sub_key = sub_key[order]
+        sa[open_pos] = members
+        new_start = np.ones(len(members), dtype=bool)
+        new_start[1:] = sub_key[1:] != sub_key[:-1]
+        starts = np.where(new_start, open_pos, 0)
+        np.maximum.accumulate(starts, out=starts)
+        rank[members] = starts
+        # A member stays open while its new group has another member.
+        size_next = np.zeros(len(members), dtype=bool)
+        size_next[:-1] = ~new_start[1:]
+        size_prev = ~new_start
+        still = size_next | size_prev
+        open_pos = open_pos[still]
+        h *= 2
+    keep = text[sa] != SEP
+    return sa[keep].astype(np.int32)
+
+
+def _group_ranks(sorted_key: np.ndarray, sa: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank each suffix by the sa position where its group starts; list the open positions."""
+    new_start = np.ones(n, dtype=bool)
+    new_start[1:] = sorted_key[1:] != sorted_key[:-1]
+    starts = np.where(new_start, np.arange(n), 0)
+    np.maximum.accumulate(starts, out=starts)
+    rank = np.empty(n, dtype=np.int64)
+    rank[sa] = starts
+    size_next = np.zeros(n, dtype=bool)
+    size_next[:-1] = ~new_start[1:]
+    open_mask = size_next | ~new_start
+    return rank, np.flatnonzero(open_mask)
+
+
+@njit(cache=True, nogil=True)
+def narrow(text: np.ndarray, sa: np.ndarray, lo: int, hi: int, depth: int, token: int) -> tuple[int, int]:
+    """Sub-range of sa[lo:hi] (suffixes equal on their first `depth` tokens) with `token` at `depth`.
+
+    Every suffix in range has `depth` real tokens, so text[sa[m] + depth] is at worst the SEP that
+    ends its document: never out of bounds.
+    """
+    a, b = lo, hi
+    while a < b:
+        m = (a + b) >> 1
+        if text[sa[m] + depth] < token:
+            a = m + 1
+        else:
+            b = m
+    start = a
+    b = hi
+    while a < b:
+        m = (a + b) >> 1
+        if text[sa[m] + depth] <= token:
+            a = m + 1
+        else:
+            b = m
+    return start, a
+
+
+@njit(cache=True, nogil=True)
+def pattern_range(text: np.ndarray, sa: np.ndarray, lo: int, hi: int, pattern: np.ndarray) -> tuple[int, int]:
+    """The range of sa[lo:hi] whose suffixes start with `pattern`."""
+    for k in range(len(pattern)):
+        if lo >= hi:
+            break
+        lo, hi = narrow(text, sa, lo, hi, k, pattern[k])
+    return lo, hi
+
+
+# A live sequence (the request index: prompt + output so far) grows at its end. Appending a token
+# to the text only adds one *prefix*, so its index is a prefix array: end positions sorted by the
+# text read backwards from them (first `depth` tokens; ties by position). An append is one binary
+# search and one shift, and matching the context's last p tokens narrows the same range as p grows.
+
+
+@njit(cache=True, nogil=True)
+def _backward_less(tokens: np.ndarray, e1: int, e2: int, depth: int) -> bool:
+    for k in range(depth):
+        a = tokens[e1 - k] if e1 - k >= 0 else SEP
+        b = tokens[e2 - k] if e2 - k >= 0 else SEP
+        if a != b:
+            return a < b
+        if a == SEP:
+            break
+    return e1 < e2
+
+
+@njit(cache=True, nogil=True)
+def prefix_array_extend(tokens: np.ndarray, pa: np.ndarray, start: int, stop: int, depth: int) -> None:
+    """Insert end positions start..stop-1 of `tokens` into `pa` (which holds 0..start-1, sorted)."""
+    for e in range(start, stop):
+        a, b = 0, e
+        while a < b:
+            m = (a + b) >> 1
+            if _backward_less(tokens, pa[m], e, depth):
+                a = m + 1
+            else:
+                b = m
+        for j in range(e, a, -1):
+            pa[j] = pa[j - 1]
+        pa[a] = e
+
+
+@njit(cache=True, nogil=True)
+def prefix_narrow(tokens: np.ndarray, pa: np.ndarray, lo: int, hi: int, k: int, token: int) -> tuple[int, int]:
+    """Sub-range of pa[lo:hi] (equal on backward tokens 0..k-1) whose backward token k is `token`."""
+    a, b = lo, hi
+    while a < b:
+        m = (a + b) >> 1
+        e = pa[m]
+        if (tokens[e - k] if e - k >= 0 else SEP) < token:
+            a = m + 1
+        else:
+            b = m
+    start = a
+    b = hi
+    while a < b:
+        m = (a + b) >> 1
+        e = pa[m]
+        if (tokens[e - k] if e - k >= 0 else SEP) <= token:
+            a = m + 1
+        else:
+            b = m
+    return start, a
+
+
+@njit(cache=True, nogil=True)
+def first_out_of_range(tokens: np.ndarray, limit: int) -> int:
+    """Index of the first token outside [0, limit], or -1: one pass, for validating hot inputs."""
+    for i in range(len(tokens)):
+        if tokens[i] < 0 or tokens[i] > limit:
+            return i
+    return -1

@@ -1,0 +1,572 @@
+"""The suffix index: many token sequences, exact pattern counts, drafts in microseconds.
+
+An enhanced suffix array instead of a pointer tree (DESIGN.md section 3): all sealed sequences
+live in one int32 text (each followed by SEP) and one int32 suffix array made of segments, each
+segment a sorted block over a contiguous run of sequences. Adding a finished sequence appends a
+small segment; the youngest segments merge when they grow comparable (like a binary counter, so
+a token is re-sorted O(log n) times and queries visit O(log n) segments). Live sequences (the
+request index: prompt plus output so far) keep a prefix array that takes one token in O(log n).
+Everything is flat arrays: `to_bytes` writes them, `from_bytes` maps them back without a rebuild.
+
+>>> index = SuffixIndex.build([[1, 2, 3, 1, 2, 4]])
+>>> index.count([1, 2]), index.children([1, 2])
+(2, {3: 1, 4: 1})
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .draft import Draft
+from .expand import _forward_ranges, node_children, speculate_index
+from .suffix_array import (SEP, SORT_DEPTH, build_suffix_array, first_out_of_range, prefix_array_extend,
+                           prefix_narrow)
+
+MAGIC = b"SPECXIDX"
+FORMAT_VERSION = 1
+MAX_TOKEN = 2**31 - 2
+MAX_DEPTH_LIMIT = SORT_DEPTH // 2
+
+
+class IndexError_(ValueError):
+    """Bad argument to the index: the message says which and why."""
+
+
+@dataclass
+class _Segment:
+    text_lo: int
+    text_hi: int
+    sa_lo: int
+    sa_hi: int
+    doc_lo: int  # index into the sealed-document table
+    doc_hi: int
+
+
+class _LiveArena:
+    """Live sequences as regions of one token arena and one prefix-array arena.
+
+    Flat arrays (not a list of arrays) so the compiled kernels take them at no unboxing cost. A
+    sequence that outgrows its region moves to a region twice as big at the end; the arena is
+    compacted when more than half of it is dead space.
+    """
+
+    def __init__(self) -> None:
+        self.tok = np.zeros(0, dtype=np.int32)
+        self.pa = np.zeros(0, dtype=np.int32)
+        self.used = 0  # arena prefix in use (live regions and dead space)
+        self.regions: dict[int, list[int]] = {}  # seq_id -> [base, capacity, length]
+
+    def tokens(self, seq_id: int) -> np.ndarray:
+        base, _, n = self.regions[seq_id]
+        return self.tok[base : base + n]
+
+    def nbytes(self) -> int:
+        return self.tok.nbytes + self.pa.nbytes
+
+    def start(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
+        self.regions[seq_id] = [self._allocate(max(64, 2 * len(tokens))), max(64, 2 * len(tokens)), 0]
+        self.extend(seq_id, tokens, depth)
+
+    def extend(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
+        region = self.regions[seq_id]
+        base, cap, n = region
+        if n + len(tokens) > cap:
+            new_cap = max(n + len(tokens), 2 * cap)
+            new_base = self._allocate(new_cap)
+            base = region[0]  # _allocate may have compacted the arena
+            self.tok[new_base : new_base + n] = self.tok[base : base + n]
+            self.pa[new_base : new_base + n] = self.pa[base : base + n]
+            region[0], region[1] = new_base, new_cap
+            base = new_base
+        self.tok[base + n : base + n + len(tokens)] = tokens
+        prefix_array_extend(self.tok[base : base + region[1]], self.pa[base : base + region[1]],
+                            n, n + len(tokens), depth)
+        region[2] = n + len(tokens)
+
+    def remove(self, seq_id: int) -> None:
+        del self.regions[seq_id]
+        if not self.regions:
+            self.used = 0
+
+    def _allocate(self, cap: int) -> int:
+        live = sum(r[1] for r in self.regions.values())
+        if self.used + cap > len(self.tok) and live + cap <= len(self.tok) // 2:
+            self._compact()
+        if self.used + cap > len(self.tok):
+            size = max(2 * len(self.tok), live + cap + 1024)
+            for name in ("tok", "pa"):
+                old = getattr(self, name)
+                new = np.empty(size, dtype=np.int32)
+                new[: self.used] = old[: self.used]
+                setattr(self, name, new)
+        base = self.used
+        self.used += cap
+        return base
+
+    def _compact(self) -> None:
+        pos = 0
+        for region in sorted(self.regions.values()):
+            base, cap, n = region
+            self.tok[pos : pos + n] = self.tok[base : base + n]
+            self.pa[pos : pos + n] = self.pa[base : base + n]
+            region[0] = pos
+            pos += cap
+        self.used = pos
+
+
+def check_tokens(tokens: Sequence[int] | np.ndarray, vocab_size: int | None, what: str = "tokens") -> np.ndarray:
+    """Tokens as int32, or a ValueError naming the first bad one."""
+    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
+    if arr.ndim != 1:
+        raise IndexError_(f"{what} must be a flat sequence of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if arr.dtype.kind not in "iu":
+        raise IndexError_(f"{what} must be integer token ids, got {arr.dtype}")
+    limit = MAX_TOKEN if vocab_size is None else vocab_size - 1
+    if arr.dtype != np.int32:
+        if int(arr.min()) < 0 or int(arr.max()) > limit:
+            return _bad_token(arr, limit, what)
+        return arr.astype(np.int32)
+    if first_out_of_range(arr, limit) >= 0:
+        return _bad_token(arr, limit, what)
+    return arr
+
+
+def _bad_token(arr: np.ndarray, limit: int, what: str) -> np.ndarray:
+    i = int(np.flatnonzero((arr < 0) | (arr > limit))[0])
+    raise IndexError_(f"{what}[{i}] = {int(arr[i])} is out of range [0, {limit}]")
+
+
+class SuffixIndex:
+    """Suffix index over many token sequences; see the module docstring."""
+
+    def __init__(self, max_depth: int = 64, vocab_size: int | None = None, budget_bytes: int | None = None) -> None:
+        if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
+            raise IndexError_(f"max_depth must be in [1, {MAX_DEPTH_LIMIT}], got {max_depth}")
+        if vocab_size is not None and not 1 <= vocab_size <= MAX_TOKEN + 1:
+            raise IndexError_(f"vocab_size must be in [1, {MAX_TOKEN + 1}], got {vocab_size}")
+        if budget_bytes is not None and budget_bytes < 0:
+            raise IndexError_(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.max_depth = max_depth
+        self.vocab_size = vocab_size
+        self.budget_bytes = budget_bytes
+        self._text = np.zeros(0, dtype=np.int32)
+        self._text_len = 0
+        self._sa = np.zeros(0, dtype=np.int32)
+        self._sa_len = 0
+        self._segments: list[_Segment] = []
+        self._doc_ids: list[int] = []
+        self._doc_starts: list[int] = []  # text position of each sealed document
+        self._live = _LiveArena()
+        self._next_id = 0
+        self._kernel_args: tuple | None = None
+        self._out_tok = np.empty(32, dtype=np.int32)  # draft output buffers, reused across calls
+        self._out_par = np.empty(32, dtype=np.int32)
+        self._out_prob = np.empty(32, dtype=np.float64)
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def build(cls, sequences: Iterable[Sequence[int]], max_depth: int = 64, vocab_size: int | None = None,
+              budget_bytes: int | None = None) -> "SuffixIndex":
+        """Bulk build: all sequences sealed in one segment (one sort, no merges)."""
+        index = cls(max_depth, vocab_size, budget_bytes)
+        parts = []
+        for i, seq in enumerate(sequences):
+            arr = check_tokens(seq, vocab_size, f"sequence {i}")
+            index._doc_ids.append(index._next_id)
+            index._next_id += 1
+            parts.append(arr)
+        starts = np.zeros(len(parts), dtype=np.int64)
+        if parts:
+            lengths = np.array([len(p) + 1 for p in parts], dtype=np.int64)
+            starts[1:] = np.cumsum(lengths)[:-1]
+            text = np.empty(int(lengths.sum()), dtype=np.int32)
+            text.fill(SEP)
+            for s, p in zip(starts, parts):
+                text[s : s + len(p)] = p
+            index._doc_starts = starts.tolist()
+            index._append_segment(text, len(parts))
+        index._enforce_budget()
+        return index
+
+    def add(self, tokens: Sequence[int]) -> int:
+        """Add a finished sequence; returns its id. May merge segments and evict old sequences."""
+        arr = check_tokens(tokens, self.vocab_size)
+        seq_id = self._next_id
+        self._next_id += 1
+        self._doc_ids.append(seq_id)
+        self._doc_starts.append(self._text_len)
+        text = np.empty(len(arr) + 1, dtype=np.int32)
+        text[:-1] = arr
+        text[-1] = SEP
+        self._append_segment(text, 1)
+        while len(self._segments) >= 2 and 2 * self._seg_size(-1) >= self._seg_size(-2):
+            self._merge_last_two()
+        self._enforce_budget()
+        return seq_id
+
+    def start(self, tokens: Sequence[int] = ()) -> int:
+        """Start a live sequence (e.g. a request's prompt); returns its id."""
+        arr = check_tokens(tokens, self.vocab_size)
+        seq_id = self._next_id
+        self._next_id += 1
+        self._live.start(seq_id, arr, self.max_depth)
+        self._kernel_args = None
+        return seq_id
+
+    def append(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Append tokens to a live sequence; they match at once."""
+        self._get_live(seq_id)
+        arr = check_tokens(tokens, self.vocab_size)
+        arena = self._live.tok
+        self._live.extend(seq_id, arr, self.max_depth)
+        if self._live.tok is not arena or self._kernel_args is None:
+            self._kernel_args = None
+        else:
+            self._sync_live_args()
+
+    def finish(self, seq_id: int) -> int:
+        """Seal a live sequence as a finished one (it keeps its id); returns the id."""
+        self._get_live(seq_id)
+        tokens = self._live.tokens(seq_id)
+        self._doc_ids.append(seq_id)
+        self._doc_starts.append(self._text_len)
+        text = np.empty(len(tokens) + 1, dtype=np.int32)
+        text[:-1] = tokens
+        text[-1] = SEP
+        self._live.remove(seq_id)
+        self._kernel_args = None
+        self._append_segment(text, 1)
+        while len(self._segments) >= 2 and 2 * self._seg_size(-1) >= self._seg_size(-2):
+            self._merge_last_two()
+        self._enforce_budget()
+        return seq_id
+
+    def discard(self, seq_id: int) -> None:
+        """Drop a live sequence without keeping it."""
+        self._get_live(seq_id)
+        self._live.remove(seq_id)
+        self._kernel_args = None
+
+    def compact(self) -> None:
+        """Merge all sealed segments into one (fastest queries; one full sort)."""
+        while len(self._segments) >= 2:
+            self._merge_last_two()
+
+    def evict(self, budget_bytes: int) -> int:
+        """Drop the oldest sealed sequences until nbytes <= budget_bytes; returns how many were dropped."""
+        if budget_bytes < 0:
+            raise IndexError_(f"budget_bytes must be >= 0, got {budget_bytes}")
+        num_docs = len(self._doc_ids)
+        drop = 0
+        # Bytes the remaining sequences will need once compacted: 4 (text) + 4 (sa) per token,
+        # 4 for each separator, 16 per document-table entry, plus live sequences.
+        fixed = self._live_bytes()
+        doc_bytes = [0] * num_docs
+        for i in range(num_docs):
+            end = self._doc_starts[i + 1] if i + 1 < num_docs else self._text_len
+            length = end - self._doc_starts[i] - 1
+            doc_bytes[i] = 8 * length + 4 + 16
+        remaining = sum(doc_bytes)
+        while drop < num_docs and fixed + remaining > budget_bytes:
+            remaining -= doc_bytes[drop]
+            drop += 1
+        if drop:
+            self._drop_oldest(drop)
+        return drop
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._doc_ids) + len(self._live.regions)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._sa_len + sum(r[2] for r in self._live.regions.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes of the index arrays (capacity, not just the used part)."""
+        return self._text.nbytes + self._sa.nbytes + 16 * len(self._doc_ids) + self._live_bytes()
+
+    def sequences(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(id, tokens) of every sequence, sealed ones oldest first, then live ones."""
+        for i, seq_id in enumerate(self._doc_ids):
+            lo = self._doc_starts[i]
+            hi = self._doc_starts[i + 1] - 1 if i + 1 < len(self._doc_ids) else self._text_len - 1
+            yield seq_id, self._text[lo:hi]
+        for seq_id in self._live.regions:
+            yield seq_id, self._live.tokens(seq_id)
+
+    def count(self, pattern: Sequence[int]) -> int:
+        """Occurrences of `pattern` over all sequences (the empty pattern counts every token)."""
+        flo, fhi, occ_doc, occ_start, total = self._node(pattern)
+        return total
+
+    def children(self, pattern: Sequence[int]) -> dict[int, int]:
+        """{next token: count} over the occurrences of `pattern`."""
+        pat = self._check_pattern(pattern)
+        flo, fhi, occ_doc, occ_start, total = self._node(pat)
+        if total == 0:
+            return {}
+        text, sa, _, _, live_tok, _, live_base, live_len = self._args()
+        tok, cnt = node_children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start,
+                                 len(pat), total)
+        return dict(zip(tok.tolist(), cnt.tolist()))
+
+    def speculate(self, context: Sequence[int], max_spec_tokens: int = 32, max_spec_factor: float = 1.0,
+                  min_token_prob: float = 0.1, tree: bool = True,
+                  floor: tuple[float, int] = (0.0, 0)) -> Draft | None:
+        """Best draft for `context` from this index alone, or None if none beats `floor` (score, match_len)."""
+        ctx = check_tokens(context, self.vocab_size, "context")
+        check_speculate_args(ctx, max_spec_tokens, max_spec_factor, min_token_prob, self.max_depth)
+        return self._speculate(ctx, max_spec_tokens, max_spec_factor, min_token_prob, tree, floor)
+
+    def _speculate(self, ctx: np.ndarray, max_spec_tokens: int, max_spec_factor: float, min_token_prob: float,
+                   tree: bool, floor: tuple[float, int]) -> Draft | None:
+        # Arguments already checked (the drafter's hot path).
+        if len(self._out_tok) < max_spec_tokens:
+            self._out_tok = np.empty(max_spec_tokens, dtype=np.int32)
+            self._out_par = np.empty(max_spec_tokens, dtype=np.int32)
+            self._out_prob = np.empty(max_spec_tokens, dtype=np.float64)
+        num, score, match_len, improved = speculate_index(
+            *self._args(), ctx, self.max_depth,
+            max_spec_tokens, float(max_spec_factor), float(min_token_prob), bool(tree),
+            float(floor[0]), int(floor[1]), self._out_tok, self._out_par, self._out_prob)
+        if not improved:
+            return None
+        return Draft(self._out_tok[:num].tolist(), self._out_par[:num].tolist(), self._out_prob[:num].tolist(),
+                     score, match_len)
+
+    # ----------------------------------------------------------------- persistence
+
+    def to_bytes(self) -> bytes:
+        """Flat serialisation: a JSON header, then the raw arrays (8-byte aligned)."""
+        live_ids = list(self._live.regions)
+        arrays = {
+            "text": self._text[: self._text_len],
+            "sa": self._sa[: self._sa_len],
+            "doc_ids": np.asarray(self._doc_ids, dtype=np.int64),
+            "doc_starts": np.asarray(self._doc_starts, dtype=np.int64),
+            "segments": np.asarray([[s.text_lo, s.text_hi, s.sa_lo, s.sa_hi, s.doc_lo, s.doc_hi]
+                                    for s in self._segments], dtype=np.int64).reshape(-1, 6),
+        }
+        for k, seq_id in enumerate(live_ids):
+            base, _, n = self._live.regions[seq_id]
+            arrays[f"live{k}.tokens"] = self._live.tok[base : base + n]
+            arrays[f"live{k}.pa"] = self._live.pa[base : base + n]
+        layout = {}
+        offset = 0
+        for name, arr in arrays.items():
+            layout[name] = [str(arr.dtype), list(arr.shape), offset]
+            offset += (arr.nbytes + 7) // 8 * 8
+        header = json.dumps({
+            "max_depth": self.max_depth, "vocab_size": self.vocab_size, "budget_bytes": self.budget_bytes,
+            "next_id": self._next_id, "live_ids": live_ids, "arrays": layout,
+        }).encode()
+        header += b" " * (-(len(header) + 20) % 8)
+        out = bytearray(MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(header)) + header)
+        for arr in arrays.values():
+            out += arr.tobytes()
+            out += b"\0" * (-arr.nbytes % 8)
+        return bytes(out)
+
+    @classmethod
+    def from_bytes(cls, data: bytes | memoryview) -> "SuffixIndex":
+        """Load from `to_bytes` output without re-sorting: the arrays are views of `data` until written."""
+        buf = memoryview(data)
+        if bytes(buf[:8]) != MAGIC:
+            raise IndexError_("not a specx index (bad magic bytes)")
+        version, header_len = struct.unpack("<IQ", buf[8:20])
+        if version != FORMAT_VERSION:
+            raise IndexError_(f"index format version {version} is not supported (expected {FORMAT_VERSION})")
+        try:
+            header = json.loads(bytes(buf[20 : 20 + header_len]))
+        except ValueError as exc:
+            raise IndexError_(f"corrupt index header: {exc}") from None
+        base = 20 + header_len
+        arrays = {}
+        for name, (dtype, shape, offset) in header["arrays"].items():
+            count = int(np.prod(shape)) if shape else 1
+            start = base + offset
+            nbytes = count * np.dtype(dtype).itemsize
+            if start + nbytes > len(buf):
+                raise IndexError_(f"truncated index: array {name!r} runs past the end")
+            arrays[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
+        index = cls(header["max_depth"], header["vocab_size"], header["budget_bytes"])
+        index._text = arrays["text"]
+        index._text_len = len(index._text)
+        index._sa = arrays["sa"]
+        index._sa_len = len(index._sa)
+        index._doc_ids = arrays["doc_ids"].tolist()
+        index._doc_starts = arrays["doc_starts"].tolist()
+        index._segments = [_Segment(*map(int, row)) for row in arrays["segments"]]
+        index._next_id = header["next_id"]
+        for k, seq_id in enumerate(header["live_ids"]):
+            tokens = arrays[f"live{k}.tokens"]
+            cap = max(64, 2 * len(tokens))
+            base = index._live._allocate(cap)
+            index._live.tok[base : base + len(tokens)] = tokens
+            index._live.pa[base : base + len(tokens)] = arrays[f"live{k}.pa"]
+            index._live.regions[seq_id] = [base, cap, len(tokens)]
+        return index
+
+    # ----------------------------------------------------------------- internals
+
+    def _get_live(self, seq_id: int) -> None:
+        if seq_id not in self._live.regions:
+            raise IndexError_(f"no live sequence with id {seq_id}")
+
+    def _live_bytes(self) -> int:
+        return self._live.nbytes()
+
+    def _seg_size(self, k: int) -> int:
+        s = self._segments[k]
+        return s.sa_hi - s.sa_lo
+
+    def _writable(self) -> None:
+        # Loaded arrays are read-only views of the serialised bytes; copy before the first write.
+        if not self._text.flags.writeable:
+            self._text = self._text.copy()
+        if not self._sa.flags.writeable:
+            self._sa = self._sa.copy()
+
+    def _append_segment(self, text: np.ndarray, num_docs: int) -> None:
+        self._writable()
+        t0 = self._text_len
+        sa = build_suffix_array(text)
+        self._text = _reserve(self._text, t0 + len(text))
+        self._text[t0 : t0 + len(text)] = text
+        self._text_len += len(text)
+        s0 = self._sa_len
+        self._sa = _reserve(self._sa, s0 + len(sa))
+        self._sa[s0 : s0 + len(sa)] = sa + t0
+        self._sa_len += len(sa)
+        doc_hi = len(self._doc_ids)
+        self._segments.append(_Segment(t0, self._text_len, s0, self._sa_len, doc_hi - num_docs, doc_hi))
+        self._kernel_args = None
+
+    def _merge_last_two(self) -> None:
+        a, b = self._segments[-2], self._segments[-1]
+        self._rebuild(_Segment(a.text_lo, b.text_hi, a.sa_lo, b.sa_hi, a.doc_lo, b.doc_hi))
+        self._segments[-2:] = [_Segment(a.text_lo, b.text_hi, a.sa_lo, b.sa_hi, a.doc_lo, b.doc_hi)]
+
+    def _rebuild(self, seg: _Segment) -> None:
+        self._writable()
+        sa = build_suffix_array(self._text[seg.text_lo : seg.text_hi])
+        self._sa[seg.sa_lo : seg.sa_hi] = sa + seg.text_lo
+        self._kernel_args = None
+
+    def _enforce_budget(self) -> None:
+        if self.budget_bytes is not None and self.nbytes > self.budget_bytes:
+            self.evict(self.budget_bytes)
+
+    def _drop_oldest(self, drop: int) -> None:
+        """Remove the `drop` oldest sealed documents and compact the arrays."""
+        num_docs = len(self._doc_ids)
+        cut = self._doc_starts[drop] if drop < num_docs else self._text_len
+        text = self._text[cut : self._text_len].copy()
+        keep = self._sa[: self._sa_len] >= cut
+        sa = self._sa[: self._sa_len][keep] - cut  # segment blocks stay contiguous and in order
+        segments = []
+        for s in self._segments:
+            if s.doc_hi <= drop:
+                continue
+            segments.append(s)
+        self._doc_ids = self._doc_ids[drop:]
+        self._doc_starts = [p - cut for p in self._doc_starts[drop:]]
+        self._text, self._text_len = text, len(text)
+        self._sa, self._sa_len = sa.astype(np.int32), len(sa)
+        # Recompute block bounds; a partly dropped segment is still sorted (a subsequence of a
+        # sorted block stays sorted), so nothing needs re-sorting.
+        new_segments = []
+        sa_pos = 0
+        for s in segments:
+            d_lo = max(s.doc_lo - drop, 0)
+            d_hi = s.doc_hi - drop
+            t_lo = self._doc_starts[d_lo]
+            t_hi = self._doc_starts[d_hi] if d_hi < len(self._doc_ids) else self._text_len
+            size = (t_hi - t_lo) - (d_hi - d_lo)
+            new_segments.append(_Segment(t_lo, t_hi, sa_pos, sa_pos + size, d_lo, d_hi))
+            sa_pos += size
+        self._segments = new_segments
+        self._kernel_args = None
+
+    def _args(self) -> tuple:
+        """The kernels' view of the index: text, sa, segment bounds, live arenas, bases, lengths."""
+        if self._kernel_args is None:
+            regions = list(self._live.regions.values())
+            self._kernel_args = (
+                self._text, self._sa,
+                np.array([s.sa_lo for s in self._segments], dtype=np.int64),
+                np.array([s.sa_hi for s in self._segments], dtype=np.int64),
+                self._live.tok, self._live.pa,
+                np.array([r[0] for r in regions], dtype=np.int64),
+                np.array([r[2] for r in regions], dtype=np.int64),
+            )
+        return self._kernel_args
+
+    def _sync_live_args(self) -> None:
+        # Appends change live lengths (and, after a move, bases) in place; arenas stay the same objects.
+        _, _, _, _, _, _, bases, lens = self._kernel_args
+        for k, (base, _, n) in enumerate(self._live.regions.values()):
+            bases[k] = base
+            lens[k] = n
+
+    def _check_pattern(self, pattern: Sequence[int]) -> np.ndarray:
+        pat = check_tokens(pattern, self.vocab_size, "pattern")
+        if len(pat) > self.max_depth:
+            raise IndexError_(f"pattern has {len(pat)} tokens; this index answers up to max_depth={self.max_depth}")
+        return pat
+
+    def _node(self, pattern: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """A pattern's node: sealed ranges, live occurrence starts, total count."""
+        pat = self._check_pattern(pattern)
+        text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live_len = self._args()
+        flo, fhi, total = _forward_ranges(text, sa, seg_lo, seg_hi, pat)
+        docs, starts = [], []
+        p = len(pat)
+        for j in range(len(live_len)):
+            n, base = int(live_len[j]), int(live_base[j])
+            if p == 0:
+                begins = np.arange(n, dtype=np.int64)
+            else:
+                lo, hi = 0, n
+                for k in range(p):
+                    lo, hi = prefix_narrow(live_tok[base:], live_pa[base:], lo, hi, k, int(pat[p - 1 - k]))
+                begins = live_pa[base + lo : base + hi].astype(np.int64) - p + 1
+            docs.append(np.full(len(begins), j, dtype=np.int64))
+            starts.append(begins)
+        occ_doc = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
+        occ_start = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+        return flo, fhi, occ_doc, occ_start, int(total) + len(occ_doc)
+
+
+def check_speculate_args(context: np.ndarray, max_spec_tokens: int, max_spec_factor: float,
+                         min_token_prob: float, max_depth: int) -> None:
+    """ValueError for arguments the drafting kernel must never see."""
+    if len(context) == 0:
+        raise IndexError_("context is empty: speculation needs at least one token to match")
+    if not 0 <= max_spec_tokens <= SORT_DEPTH - max_depth:
+        raise IndexError_(f"max_spec_tokens must be in [0, {SORT_DEPTH - max_depth}], got {max_spec_tokens}")
+    if not (max_spec_factor >= 0 and np.isfinite(max_spec_factor)):
+        raise IndexError_(f"max_spec_factor must be a finite number >= 0, got {max_spec_factor}")
+    if not 0.0 <= min_token_prob <= 1.0:
+        raise IndexError_(f"min_token_prob must be in [0, 1], got {min_token_prob}")
+
+
+def _reserve(arr: np.ndarray, n: int) -> np.ndarray:
+    """`arr` with room for n items (doubling), contents kept."""
+    if n <= len(arr):
+        return arr
+    out = np.empty(max(n, 2 * len(arr), 1024), dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out
