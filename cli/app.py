@@ -1,7 +1,151 @@
+"""The `specx` command line: each command parses, calls the library, prints.
+
+main() is the one place where domain errors become messages and exit codes: 0 ok, 1 user error,
+2 bad usage (typer's own), 130 interrupted. SPECX_DEBUG=1 shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
-app = typer.Typer()
-@app.command()
-def hello():
-    print("hi")
-def main():
-    app()
+
+from . import output
+
+app = typer.Typer(
+    name="specx",
+    help="Agent-trace accelerator: speculative decoding from a suffix index over your agents' past outputs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+bench_app = typer.Typer(help="Benchmarks that print a table (or JSON) comparing side by side in one run.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]
+
+
+def specx_home() -> Path:
+    """Where specx keeps its store and caches: $SPECX_HOME, else the platform's data dir."""
+    env = os.environ.get("SPECX_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("specx", appauthor=False))
+
+
+def default_agent_data() -> Path | None:
+    """The public agent logs beside this checkout (../shared/agent-data), if present."""
+    env = os.environ.get("SPECX_AGENT_DATA")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve().parent.parent
+    candidates += [Path.cwd() / "shared" / "agent-data", Path.cwd().parent / "shared" / "agent-data",
+                   here.parent / "shared" / "agent-data"]
+    return next((p for p in candidates if p.is_dir()), None)
+
+
+@bench_app.command("index")
+def bench_index(
+    tokens: Annotated[int, typer.Option(min=1000, help="Size of the synthetic corpus, in tokens.")] = 1_000_000,
+    positions: Annotated[int, typer.Option(min=1, help="Held-out positions to draft at.")] = 2000,
+    logs: Annotated[Optional[Path], typer.Option(
+        help="Folder of agent logs to benchmark too (default: ../shared/agent-data when present).")] = None,
+    no_logs: Annotated[bool, typer.Option("--no-logs", help="Only the synthetic corpus.")] = False,
+    model: Annotated[str, typer.Option(help="Tokenizer for the logs: built-in name, HF folder or .gguf file.",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    reference: Annotated[bool, typer.Option(help="Also run ArcticInference's suffix tree when importable.")] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic corpus and the held-out split.")] = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Suffix-index figures: build and load speed, bytes per token, append and draft latency, accepted tokens.
+
+    Example: [bold]specx bench index --tokens 1000000 --json[/]
+    """
+    from . import bench
+    from . import reference as reference_impl
+    from specx.core.model import load_tokenizer
+
+    corpora = []
+    output.note(f"synthetic corpus: {tokens:,} tokens of templated JSON-like records (seed {seed})")
+    corpora.append(bench.bench_corpus("synthetic-json", bench.synthetic_docs(tokens, seed), num_positions=positions,
+                                      seed=seed, with_reference=reference, on_step=output.note))
+    root = None if no_logs else (logs or default_agent_data())
+    if logs is not None and not logs.is_dir():
+        raise typer.BadParameter(f"{logs} is not a folder", param_hint="--logs")
+    if root is not None:
+        tokenizer = load_tokenizer(model, specx_home() / "models")
+        docs, by_format = bench.agent_log_docs(root, tokenizer)
+        output.note(f"agent logs: {root} ({sum(by_format.values()):,} calls: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(by_format.items())) + ")")
+        corpora.append(bench.bench_corpus("agent-logs", docs, num_positions=positions, seed=seed,
+                                          with_reference=reference, on_step=output.note))
+    elif not no_logs:
+        output.note("agent logs: not found (pass --logs FOLDER); synthetic corpus only")
+    if reference and not reference_impl.available():
+        output.note(f"reference: not importable ({reference_impl.why_unavailable()}); specx figures only")
+    primary = corpora[0]["specx"]
+    result = {**primary, "targets_met": bench.check_targets(primary), "corpora": corpora, "machine": bench.machine()}
+    if json_out:
+        output.print_json(result)
+        return
+    _print_bench_table(corpora)
+
+
+def _print_bench_table(corpora: list[dict]) -> None:
+    from .bench import TARGETS
+
+    keys = ["tokens", "build_tokens_per_s", "bytes_per_token", "load_tokens_per_s", "append_us_per_token",
+            "add_us_per_token", "speculate_p50_us", "speculate_p99_us", "mean_accepted",
+            "path_speculate_p50_us", "path_mean_accepted"]
+    columns = ["metric"]
+    for c in corpora:
+        columns.append(f"specx {c['corpus']}")
+        if c["reference"] is not None:
+            columns.append(f"reference {c['corpus']}")
+    columns.append("target")
+    rows = []
+    for key in keys:
+        row = [key]
+        for c in corpora:
+            row.append(c["specx"].get(key))
+            if c["reference"] is not None:
+                row.append(c["reference"].get(key))
+        op_bound = TARGETS.get(key)
+        row.append(f"{op_bound[0]} {op_bound[1]:,}" if op_bound else "")
+        rows.append(row)
+    positions = ", ".join(f"{c['corpus']}: {c['positions']:,}" for c in corpora)
+    output.print_table(f"suffix index (held-out positions {positions}; max_spec_tokens 32, tree)", columns, rows)
+
+
+def main() -> None:
+    """Console-script entry point: domain errors become one clear line and exit status 1."""
+    from specx.core.model import ModelError
+    from specx.core.suffix_index import SuffixIndexError
+    from specx.store.formats import ParseError
+
+    try:
+        code = app(standalone_mode=False)
+    except (SuffixIndexError, ModelError, ParseError, OSError) as exc:
+        if os.environ.get("SPECX_DEBUG"):
+            raise
+        output.error(str(exc))
+        sys.exit(1)
+    except KeyboardInterrupt:
+        output.error("interrupted")
+        sys.exit(130)
+    except typer.Abort:
+        output.error("aborted")
+        sys.exit(1)
+    except Exception as exc:
+        # Usage errors (click's, raised because standalone_mode is off) know how to show themselves.
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)

@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .draft import Draft
-from .suffix_index import SuffixIndex, check_tokens, IndexError_
+from .suffix_index import SuffixIndex, check_tokens, SuffixIndexError
 
 
 class Drafter(Protocol):
@@ -58,7 +58,7 @@ class SuffixDrafter:
     def extend(self, tokens: Sequence[int]) -> None:
         """Tokens the model produced (accepted + bonus); they join the request index at once."""
         if self.request_index is None:
-            raise IndexError_("no request started: call start_request(prompt) first")
+            raise SuffixIndexError("no request started: call start_request(prompt) first")
         arr = check_tokens(tokens, self.global_index.vocab_size)
         self.request_index.append(self._request_id, arr)
         self._context = np.concatenate([self._context, arr])

@@ -33,7 +33,7 @@ MAX_TOKEN = 2**31 - 2
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
 
 
-class IndexError_(ValueError):
+class SuffixIndexError(ValueError):
     """Bad argument to the index: the message says which and why."""
 
 
@@ -123,11 +123,11 @@ def check_tokens(tokens: Sequence[int] | np.ndarray, vocab_size: int | None, wha
     """Tokens as int32, or a ValueError naming the first bad one."""
     arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     if arr.ndim != 1:
-        raise IndexError_(f"{what} must be a flat sequence of token ids, got shape {arr.shape}")
+        raise SuffixIndexError(f"{what} must be a flat sequence of token ids, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int32)
     if arr.dtype.kind not in "iu":
-        raise IndexError_(f"{what} must be integer token ids, got {arr.dtype}")
+        raise SuffixIndexError(f"{what} must be integer token ids, got {arr.dtype}")
     limit = MAX_TOKEN if vocab_size is None else vocab_size - 1
     if arr.dtype != np.int32:
         if int(arr.min()) < 0 or int(arr.max()) > limit:
@@ -140,7 +140,7 @@ def check_tokens(tokens: Sequence[int] | np.ndarray, vocab_size: int | None, wha
 
 def _bad_token(arr: np.ndarray, limit: int, what: str) -> np.ndarray:
     i = int(np.flatnonzero((arr < 0) | (arr > limit))[0])
-    raise IndexError_(f"{what}[{i}] = {int(arr[i])} is out of range [0, {limit}]")
+    raise SuffixIndexError(f"{what}[{i}] = {int(arr[i])} is out of range [0, {limit}]")
 
 
 class SuffixIndex:
@@ -148,11 +148,11 @@ class SuffixIndex:
 
     def __init__(self, max_depth: int = 64, vocab_size: int | None = None, budget_bytes: int | None = None) -> None:
         if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
-            raise IndexError_(f"max_depth must be in [1, {MAX_DEPTH_LIMIT}], got {max_depth}")
+            raise SuffixIndexError(f"max_depth must be in [1, {MAX_DEPTH_LIMIT}], got {max_depth}")
         if vocab_size is not None and not 1 <= vocab_size <= MAX_TOKEN + 1:
-            raise IndexError_(f"vocab_size must be in [1, {MAX_TOKEN + 1}], got {vocab_size}")
+            raise SuffixIndexError(f"vocab_size must be in [1, {MAX_TOKEN + 1}], got {vocab_size}")
         if budget_bytes is not None and budget_bytes < 0:
-            raise IndexError_(f"budget_bytes must be >= 0, got {budget_bytes}")
+            raise SuffixIndexError(f"budget_bytes must be >= 0, got {budget_bytes}")
         self.max_depth = max_depth
         self.vocab_size = vocab_size
         self.budget_bytes = budget_bytes
@@ -263,7 +263,7 @@ class SuffixIndex:
     def evict(self, budget_bytes: int) -> int:
         """Drop the oldest sealed sequences until nbytes <= budget_bytes; returns how many were dropped."""
         if budget_bytes < 0:
-            raise IndexError_(f"budget_bytes must be >= 0, got {budget_bytes}")
+            raise SuffixIndexError(f"budget_bytes must be >= 0, got {budget_bytes}")
         num_docs = len(self._doc_ids)
         drop = 0
         # Bytes the remaining sequences will need once compacted: 4 (text) + 4 (sa) per token,
@@ -278,8 +278,8 @@ class SuffixIndex:
         while drop < num_docs and fixed + remaining > budget_bytes:
             remaining -= doc_bytes[drop]
             drop += 1
-        if drop:
-            self._drop_oldest(drop)
+        if drop or self.nbytes > budget_bytes:
+            self._drop_oldest(drop)  # also trims spare capacity
         return drop
 
     # ----------------------------------------------------------------- queries
@@ -384,14 +384,14 @@ class SuffixIndex:
         """Load from `to_bytes` output without re-sorting: the arrays are views of `data` until written."""
         buf = memoryview(data)
         if bytes(buf[:8]) != MAGIC:
-            raise IndexError_("not a specx index (bad magic bytes)")
+            raise SuffixIndexError("not a specx index (bad magic bytes)")
         version, header_len = struct.unpack("<IQ", buf[8:20])
         if version != FORMAT_VERSION:
-            raise IndexError_(f"index format version {version} is not supported (expected {FORMAT_VERSION})")
+            raise SuffixIndexError(f"index format version {version} is not supported (expected {FORMAT_VERSION})")
         try:
             header = json.loads(bytes(buf[20 : 20 + header_len]))
         except ValueError as exc:
-            raise IndexError_(f"corrupt index header: {exc}") from None
+            raise SuffixIndexError(f"corrupt index header: {exc}") from None
         base = 20 + header_len
         arrays = {}
         for name, (dtype, shape, offset) in header["arrays"].items():
@@ -399,7 +399,7 @@ class SuffixIndex:
             start = base + offset
             nbytes = count * np.dtype(dtype).itemsize
             if start + nbytes > len(buf):
-                raise IndexError_(f"truncated index: array {name!r} runs past the end")
+                raise SuffixIndexError(f"truncated index: array {name!r} runs past the end")
             arrays[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
         index = cls(header["max_depth"], header["vocab_size"], header["budget_bytes"])
         index._text = arrays["text"]
@@ -423,7 +423,7 @@ class SuffixIndex:
 
     def _get_live(self, seq_id: int) -> None:
         if seq_id not in self._live.regions:
-            raise IndexError_(f"no live sequence with id {seq_id}")
+            raise SuffixIndexError(f"no live sequence with id {seq_id}")
 
     def _live_bytes(self) -> int:
         return self._live.nbytes()
@@ -524,7 +524,7 @@ class SuffixIndex:
     def _check_pattern(self, pattern: Sequence[int]) -> np.ndarray:
         pat = check_tokens(pattern, self.vocab_size, "pattern")
         if len(pat) > self.max_depth:
-            raise IndexError_(f"pattern has {len(pat)} tokens; this index answers up to max_depth={self.max_depth}")
+            raise SuffixIndexError(f"pattern has {len(pat)} tokens; this index answers up to max_depth={self.max_depth}")
         return pat
 
     def _node(self, pattern: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
@@ -554,13 +554,13 @@ def check_speculate_args(context: np.ndarray, max_spec_tokens: int, max_spec_fac
                          min_token_prob: float, max_depth: int) -> None:
     """ValueError for arguments the drafting kernel must never see."""
     if len(context) == 0:
-        raise IndexError_("context is empty: speculation needs at least one token to match")
+        raise SuffixIndexError("context is empty: speculation needs at least one token to match")
     if not 0 <= max_spec_tokens <= SORT_DEPTH - max_depth:
-        raise IndexError_(f"max_spec_tokens must be in [0, {SORT_DEPTH - max_depth}], got {max_spec_tokens}")
+        raise SuffixIndexError(f"max_spec_tokens must be in [0, {SORT_DEPTH - max_depth}], got {max_spec_tokens}")
     if not (max_spec_factor >= 0 and np.isfinite(max_spec_factor)):
-        raise IndexError_(f"max_spec_factor must be a finite number >= 0, got {max_spec_factor}")
+        raise SuffixIndexError(f"max_spec_factor must be a finite number >= 0, got {max_spec_factor}")
     if not 0.0 <= min_token_prob <= 1.0:
-        raise IndexError_(f"min_token_prob must be in [0, 1], got {min_token_prob}")
+        raise SuffixIndexError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
 
 
 def _reserve(arr: np.ndarray, n: int) -> np.ndarray:

