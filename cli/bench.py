@@ -64,7 +64,9 @@ def bench_corpus(name: str, docs: list[np.ndarray], *, num_positions: int = 2000
     result["reference"] = None
     if with_reference and reference.available():
         on_step(f"{name}: reference build")
-        result["reference"] = reference.bench(train, test, contexts, continuations, max_depth, max_spec_tokens)
+        # The reference matches at most len(context) - 1 tokens: give it one more token of context.
+        ref_contexts = [np.ascontiguousarray(test[k][max(0, pos - max_depth - 1) : pos]) for k, pos in positions]
+        result["reference"] = reference.bench(train, test, ref_contexts, continuations, max_depth, max_spec_tokens)
     return result
 
 

@@ -1,5 +1,96 @@
-"""Placeholder until the reference adapter is written."""
+"""The reference implementation, when importable: ArcticInference's C++ suffix tree (vLLM's
+`method="suffix"`), run on the same corpus and positions as specx for a side-by-side table.
+
+It is not a dependency: it ships only as a source package that needs a C++ build (nanobind +
+CMake), so the benchmark uses it when it is installed and says so when it is not. The README
+tells how to build it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from specx.core.draft import Draft
+
+
+def _module() -> Any:
+    from arctic_inference.suffix_decoding import _C  # type: ignore[import-not-found]
+
+    return _C
+
+
 def available() -> bool:
-    return False
+    try:
+        _module()
+    except ImportError:
+        return False
+    return True
+
+
 def why_unavailable() -> str:
-    return "not installed"
+    try:
+        _module()
+    except ImportError as exc:
+        return str(exc)
+    return ""
+
+
+def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.ndarray],
+          continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
+    """The same figures as specx's, where the reference has them (it cannot save or load)."""
+    c = _module()
+    num_tokens = int(sum(len(d) for d in train))
+    t0 = time.perf_counter()
+    tree = c.SuffixTree(max_depth)
+    for i, doc in enumerate(train):
+        tree.extend_ndarray(i, np.ascontiguousarray(doc, dtype=np.int32))
+    build_s = time.perf_counter() - t0
+    resident = tree.estimate_memory()
+
+    def speculate(ctx: np.ndarray, tree_mode: bool) -> Draft:
+        # It matches at most len(context) - 1 tokens, so it gets one more token of context.
+        d = tree.speculate_ndarray(ctx, max_spec_tokens, 1.0, 0.0, 0.1, tree_mode)
+        return Draft(d.token_ids, d.parents, d.probs, d.score, d.match_len)
+
+    stats = {}
+    for label, tree_mode in (("", True), ("path_", False)):
+        speculate(contexts[0], tree_mode) if contexts else None
+        latencies, accepted = [], []
+        for ctx, cont in zip(contexts, continuations):
+            t1 = time.perf_counter_ns()
+            draft = speculate(ctx, tree_mode)
+            latencies.append((time.perf_counter_ns() - t1) / 1000)
+            accepted.append(draft.accepted_len(cont))
+        stats[label] = (np.asarray(latencies), np.asarray(accepted, dtype=float))
+    live = c.SuffixTree(max_depth)
+    appended = 0
+    t0 = time.perf_counter()
+    for i, doc in enumerate(test):
+        for j in range(0, len(doc), 4):
+            live.extend(i, doc[j : j + 4].tolist())
+        appended += len(doc)
+    append_s = time.perf_counter() - t0
+    added = 0
+    t0 = time.perf_counter()
+    for i, doc in enumerate(test):
+        tree.extend_ndarray(len(train) + i, np.ascontiguousarray(doc, dtype=np.int32))
+        added += len(doc)
+    add_s = time.perf_counter() - t0
+    lat, acc = stats[""]
+    path_lat, path_acc = stats["path_"]
+    return {
+        "tokens": num_tokens,
+        "build_tokens_per_s": num_tokens / build_s,
+        "bytes_per_token": resident / max(num_tokens, 1),
+        "load_tokens_per_s": None,  # no persistence: rebuilt from tokens at every start
+        "append_us_per_token": 1e6 * append_s / max(appended, 1),
+        "add_us_per_token": 1e6 * add_s / max(added, 1),
+        "speculate_p50_us": float(np.percentile(lat, 50)),
+        "speculate_p99_us": float(np.percentile(lat, 99)),
+        "mean_accepted": float(np.mean(acc)),
+        "path_speculate_p50_us": float(np.percentile(path_lat, 50)),
+        "path_mean_accepted": float(np.mean(path_acc)),
+    }

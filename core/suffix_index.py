@@ -567,6 +567,6 @@ def _reserve(arr: np.ndarray, n: int) -> np.ndarray:
     """`arr` with room for n items (doubling), contents kept."""
     if n <= len(arr):
         return arr
-    out = np.empty(max(n, 2 * len(arr), 1024), dtype=arr.dtype)
+    out = np.empty(max(n, 2 * len(arr), 1024 if len(arr) else 0), dtype=arr.dtype)
     out[: len(arr)] = arr
     return out
