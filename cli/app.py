@@ -50,6 +50,93 @@ def default_agent_data() -> Path | None:
     return next((p for p in candidates if p.is_dir()), None)
 
 
+DbOpt = Annotated[Optional[Path], typer.Option(
+    "--db", help="The store file (default: $SPECX_HOME/specx.db).", envvar="SPECX_DB")]
+
+
+def store_path(db: Path | None) -> Path:
+    return db if db is not None else specx_home() / "specx.db"
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Log files and folders (searched recursively).")],
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Read every file as this format instead of "
+                                                                  "detecting it from content.")] = None,
+    model: Annotated[str, typer.Option("--model", "--tokenizer", help="Whose tokenizer to tokenize outputs with: "
+                                       "built-in name, HF folder or .gguf file.", envvar="SPECX_MODEL")] = "smollm2-135m",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Read agent logs into the store: calls (prompts and outputs), output tokens, and the suffix index.
+
+    Formats are detected from content: OpenHands (output.jsonl, trajectories, prompt/response log folders),
+    SWE-agent .traj, OpenAI-style chat logs (JSON Lines), MMSQL-style multi-agent text-to-SQL JSON,
+    one-SQL-per-line predictions, {prompt, completion} JSON Lines, Aider chat history, Claude Code
+    stream-json. Re-ingesting unchanged files adds nothing. Exit status 1 if any file or record failed.
+
+    Example: [bold]specx ingest ../shared/agent-data --json[/]
+    """
+    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.store.db import Store
+    from specx.store.formats import FORMATS
+    from specx.store.ingest import Tokenizer, ingest as run_ingest
+
+    if fmt is not None and fmt not in FORMATS:
+        raise typer.BadParameter(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}", param_hint="--format")
+    tokenizer = Tokenizer(model, lambda: load_tokenizer(model, specx_home() / "models"), tokenizer_fingerprint)
+    with Store(store_path(db)) as store, output.progress() as bar:
+        task = bar.add_task("ingest", total=None)
+        report = run_ingest(store, paths, tokenizer, fmt,
+                            on_file=lambda p: bar.update(task, advance=1, description=f"ingest {p.name}"))
+    if json_out:
+        output.print_json(report.to_json())
+    else:
+        rows = [[name, n] for name, n in sorted(report.by_format.items())]
+        output.print_table(f"ingested {report.files} files ({report.skipped_files} unchanged): {report.calls:,} calls,"
+                           f" {report.new_calls:,} new, {report.new_tokens:,} new tokens", ["format", "calls"], rows)
+        if report.index:
+            output.note(f"index: {report.index['action']}, {report.index['calls']:,} outputs, "
+                        f"{report.index['tokens']:,} tokens ({report.index['seconds']:.2f} s)")
+        if report.unrecognized:
+            output.note(f"skipped {len(report.unrecognized)} files no format claims (listed with --json)")
+        for e in report.errors[:50]:
+            where = f"{e['path']}:{e['line']}" if e["line"] is not None else e["path"]
+            output.error(f"{where}: {e['message']}")
+        if len(report.errors) > 50:
+            output.error(f"... and {len(report.errors) - 50} more errors (see --json)")
+    if report.errors:
+        raise typer.Exit(1)
+
+
+@app.command("ls")
+def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """What the store holds: sources by format, sessions, calls, tokens per tokenizer, bytes on disk vs raw logs.
+
+    Example: [bold]specx ls --json[/]
+    """
+    from specx.store.db import Store
+
+    path = store_path(db)
+    if not path.exists():
+        raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    with Store(path) as store:
+        stats = store.stats()
+    if json_out:
+        output.print_json(stats)
+        return
+    output.print_table(f"{stats['path']}", ["format", "sources", "calls", "raw bytes"],
+                       [[r["format"], r["sources"], r["calls"], r["raw_bytes"]] for r in stats["by_format"]])
+    output.print_table("tokens", ["tokenizer", "fingerprint", "calls", "tokens", "indexed tokens"],
+                       [[r["name"], r["fingerprint"], r["calls"], r["tokens"], r["indexed_tokens"]]
+                        for r in stats["tokenizers"]])
+    ratio = stats["disk_bytes"] / stats["raw_log_bytes"] if stats["raw_log_bytes"] else float("nan")
+    output.print_table("totals", ["sources", "failed", "sessions", "calls", "messages", "disk bytes",
+                                  "raw log bytes", "disk / raw"],
+                       [[stats["sources"], stats["sources_failed"], stats["sessions"], stats["calls"],
+                         stats["messages"], stats["disk_bytes"], stats["raw_log_bytes"], ratio]])
+
+
 @bench_app.command("index")
 def bench_index(
     tokens: Annotated[int, typer.Option(min=1000, help="Size of the synthetic corpus, in tokens.")] = 1_000_000,
@@ -127,11 +214,12 @@ def main() -> None:
     """Console-script entry point: domain errors become one clear line and exit status 1."""
     from specx.core.model import ModelError
     from specx.core.suffix_index import SuffixIndexError
+    from specx.store.db import StoreError
     from specx.store.formats import ParseError
 
     try:
         code = app(standalone_mode=False)
-    except (SuffixIndexError, ModelError, ParseError, OSError) as exc:
+    except (SuffixIndexError, ModelError, ParseError, StoreError, OSError) as exc:
         if os.environ.get("SPECX_DEBUG"):
             raise
         output.error(str(exc))

@@ -348,11 +348,19 @@ class SuffixIndex:
 
     # ----------------------------------------------------------------- persistence
 
-    def to_bytes(self) -> bytes:
-        """Flat serialisation: a JSON header, then the raw arrays (8-byte aligned)."""
+    def text(self) -> np.ndarray:
+        """The sealed sequences as stored: each followed by SEP, oldest first (see to_bytes)."""
+        return self._text[: self._text_len]
+
+    def to_bytes(self, include_text: bool = True) -> bytes:
+        """Flat serialisation: a JSON header, then the raw arrays (8-byte aligned).
+
+        Without the text (the sealed sequences), the bytes hold only what sorting produced; a
+        caller that keeps the sequences elsewhere passes them back to from_bytes.
+        """
         live_ids = list(self._live.regions)
         arrays = {
-            "text": self._text[: self._text_len],
+            "text": self._text[: self._text_len] if include_text else self._text[:0],
             "sa": self._sa[: self._sa_len],
             "doc_ids": np.asarray(self._doc_ids, dtype=np.int64),
             "doc_starts": np.asarray(self._doc_starts, dtype=np.int64),
@@ -369,6 +377,7 @@ class SuffixIndex:
             layout[name] = [str(arr.dtype), list(arr.shape), offset]
             offset += (arr.nbytes + 7) // 8 * 8
         header = json.dumps({
+            "text_len": self._text_len,
             "max_depth": self.max_depth, "vocab_size": self.vocab_size, "budget_bytes": self.budget_bytes,
             "next_id": self._next_id, "live_ids": live_ids, "arrays": layout,
         }).encode()
@@ -380,8 +389,11 @@ class SuffixIndex:
         return bytes(out)
 
     @classmethod
-    def from_bytes(cls, data: bytes | memoryview) -> "SuffixIndex":
-        """Load from `to_bytes` output without re-sorting: the arrays are views of `data` until written."""
+    def from_bytes(cls, data: bytes | memoryview, text: np.ndarray | None = None) -> "SuffixIndex":
+        """Load from `to_bytes` output without re-sorting: the arrays are views of `data` until written.
+
+        `text` supplies the sealed sequences (as `text()` returned them) when they were left out.
+        """
         buf = memoryview(data)
         if bytes(buf[:8]) != MAGIC:
             raise SuffixIndexError("not a specx index (bad magic bytes)")
@@ -402,6 +414,12 @@ class SuffixIndex:
                 raise SuffixIndexError(f"truncated index: array {name!r} runs past the end")
             arrays[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
         index = cls(header["max_depth"], header["vocab_size"], header["budget_bytes"])
+        if text is not None:
+            if len(text) != header["text_len"]:
+                raise SuffixIndexError(f"the text given has {len(text)} tokens; the index needs {header['text_len']}")
+            arrays["text"] = np.ascontiguousarray(text, dtype=np.int32)
+        elif len(arrays["text"]) != header["text_len"]:
+            raise SuffixIndexError("this index was saved without its text: pass text= to from_bytes")
         index._text = arrays["text"]
         index._text_len = len(index._text)
         index._sa = arrays["sa"]

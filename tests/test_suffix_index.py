@@ -206,3 +206,18 @@ def test_empty_and_length_one_documents():
     assert live.count([]) == 0
     live.append(seq_id, [4])
     assert live.children([]) == {4: 1}
+
+
+def test_round_trip_without_text():
+    docs = [[1, 2, 3], [], [2, 3, 4, 2]]
+    index = SuffixIndex.build(docs)
+    index.add([3, 4])
+    data = index.to_bytes(include_text=False)
+    assert len(data) < len(index.to_bytes())
+    with pytest.raises(ValueError, match="without its text"):
+        SuffixIndex.from_bytes(data)
+    with pytest.raises(ValueError, match="needs"):
+        SuffixIndex.from_bytes(data, text=np.zeros(3, dtype=np.int32))
+    loaded = SuffixIndex.from_bytes(data, text=index.text().copy())
+    check_against_brute(loaded, [[2, 3], [3], [], [4, 2]])
+    assert all_docs(loaded) == docs + [[3, 4]]

@@ -1,0 +1,241 @@
+"""The SQLite store: sources, sessions, calls, content-addressed prompt messages, token arrays per
+tokenizer, and the persisted suffix index.
+
+Ids are content hashes, so ingesting the same data twice adds nothing. A call's prompt is a list
+of message ids: agents resend the whole conversation on every call, and system prompts and
+demonstrations repeat across sessions, so each distinct message is stored once. Everything large
+is a zstd blob (see codec). WAL mode; each log file is written in one transaction, so a killed
+ingest leaves every file either fully stored or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+from . import codec
+
+migrations = Migrations("specx")
+INDEX_CHUNK_BYTES = 64 * 1024 * 1024  # SQLite blobs stay well under its 1 GB limit
+
+
+class StoreError(ValueError):
+    """The store file cannot be used (not a specx store, corrupt, newer schema)."""
+
+
+@migrations()
+def m001_initial(db: Database) -> None:
+    # Rows refer to each other by integer rowid (compact in tables and indexes); `key` columns hold
+    # 16-byte content hashes, unique, which make ingest idempotent.
+    db.executescript("""
+    CREATE TABLE sources (
+        id INTEGER PRIMARY KEY,
+        key BLOB NOT NULL UNIQUE,       -- hash of (format, content sha256)
+        path TEXT NOT NULL,
+        format TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        size_bytes INTEGER NOT NULL,
+        ingested_at TEXT NOT NULL,
+        num_calls INTEGER NOT NULL,
+        num_errors INTEGER NOT NULL,
+        error TEXT                      -- set when nothing in the file could be read
+    );
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        key BLOB NOT NULL UNIQUE,       -- hash of (format, file name, session key, model)
+        source_id INTEGER NOT NULL REFERENCES sources(id),
+        session_key TEXT NOT NULL,
+        format TEXT NOT NULL,
+        model TEXT
+    );
+    CREATE TABLE messages (             -- each distinct prompt message once
+        id INTEGER PRIMARY KEY,
+        key BLOB NOT NULL UNIQUE,       -- hash of the message JSON
+        content_z BLOB NOT NULL,        -- zstd JSON of the message
+        raw_bytes INTEGER NOT NULL
+    );
+    CREATE TABLE calls (
+        id INTEGER PRIMARY KEY,
+        key BLOB NOT NULL UNIQUE,       -- hash of (session, position, agent, model, prompt, output)
+        session_id INTEGER NOT NULL REFERENCES sessions(id),
+        position INTEGER NOT NULL,
+        agent TEXT,
+        model TEXT,
+        prompt_z BLOB,                  -- zstd int32 array of message ids (NULL: no prompt recorded)
+        prompt_bytes INTEGER NOT NULL,  -- size of the prompt messages as JSON
+        output_z BLOB NOT NULL,         -- zstd UTF-8 output text
+        output_bytes INTEGER NOT NULL,
+        started_at TEXT,
+        ended_at TEXT,
+        line INTEGER,
+        meta_z BLOB                     -- zstd JSON, NULL when empty
+    );
+    CREATE INDEX calls_session_position ON calls(session_id, position);
+    CREATE TABLE tokenizers (
+        id INTEGER PRIMARY KEY,
+        fingerprint TEXT NOT NULL UNIQUE, -- hash of the vocabulary
+        name TEXT NOT NULL,
+        vocab_size INTEGER NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE tokens (              -- output token ids per call per tokenizer; rowid = ingest order
+        call_id INTEGER NOT NULL REFERENCES calls(id),
+        tokenizer_id INTEGER NOT NULL REFERENCES tokenizers(id),
+        num_tokens INTEGER NOT NULL,
+        tokens_z BLOB NOT NULL,         -- zstd little-endian int32
+        UNIQUE (tokenizer_id, call_id)
+    );
+    CREATE TABLE indexes (             -- the persisted global suffix index, one per tokenizer
+        tokenizer_id INTEGER PRIMARY KEY REFERENCES tokenizers(id),
+        max_depth INTEGER NOT NULL,
+        num_calls INTEGER NOT NULL,     -- token rows covered, in rowid order ...
+        last_token_rowid INTEGER NOT NULL, -- ... all with rowid <= this
+        num_tokens INTEGER NOT NULL,
+        raw_bytes INTEGER NOT NULL,
+        num_chunks INTEGER NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE index_chunks (        -- zstd of the index without its text (the token rows hold that)
+        tokenizer_id INTEGER NOT NULL REFERENCES indexes(tokenizer_id),
+        chunk INTEGER NOT NULL,
+        blob BLOB NOT NULL,
+        PRIMARY KEY (tokenizer_id, chunk)
+    );
+    """)
+
+
+def content_key(*parts: Any) -> bytes:
+    """A 128-bit content hash of JSON-encodable parts."""
+    data = json.dumps(parts, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).digest()[:16]
+
+
+@dataclass(frozen=True)
+class IndexState:
+    tokenizer_id: int
+    max_depth: int
+    num_calls: int
+    last_token_rowid: int
+    num_tokens: int
+
+
+class Store:
+    """A specx store file. Use as a context manager, or call close()."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = Database(self.path)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=10000")
+            migrations.apply(self.db)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a usable specx store ({exc})") from None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ----------------------------------------------------------------- reading
+
+    def source(self, key: bytes) -> dict[str, Any] | None:
+        rows = list(self.db.query("SELECT * FROM sources WHERE key = ?", [key]))
+        return rows[0] if rows else None
+
+    def tokenizer_id(self, fingerprint: str | None = None, name: str | None = None) -> int | None:
+        """A tokenizer's id by fingerprint, or the one last recorded under a name (no need to load it)."""
+        if fingerprint is not None:
+            row = self.db.execute("SELECT id FROM tokenizers WHERE fingerprint = ?", [fingerprint]).fetchone()
+        else:
+            row = self.db.execute("SELECT id FROM tokenizers WHERE name = ? ORDER BY id DESC LIMIT 1",
+                                  [name]).fetchone()
+        return int(row[0]) if row else None
+
+    def add_tokenizer(self, fingerprint: str, name: str, vocab_size: int) -> int:
+        """Id of a tokenizer, recorded if new (call inside a transaction)."""
+        self.db.execute("INSERT INTO tokenizers (fingerprint, name, vocab_size, created_at)"
+                        " VALUES (?, ?, ?, datetime('now')) ON CONFLICT(fingerprint) DO NOTHING",
+                        [fingerprint, name, vocab_size])
+        return self.tokenizer_id(fingerprint)  # type: ignore[return-value]
+
+    def iter_tokens(self, tokenizer_id: int, after_rowid: int = 0,
+                    upto_rowid: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(rowid, output tokens) of every call for a tokenizer, in ingest order."""
+        upto = upto_rowid if upto_rowid is not None else 2**62
+        for row in self.db.execute(
+                "SELECT rowid, tokens_z FROM tokens WHERE tokenizer_id = ? AND rowid > ? AND rowid <= ?"
+                " ORDER BY rowid", [tokenizer_id, after_rowid, upto]):
+            yield row[0], codec.blob_to_tokens(row[1])
+
+    def token_rows(self, tokenizer_id: int, upto_rowid: int | None = None) -> tuple[int, int]:
+        """(number of token rows, largest rowid) for a tokenizer, optionally up to a rowid."""
+        count, last = self.db.execute(
+            "SELECT count(*), coalesce(max(rowid), 0) FROM tokens WHERE tokenizer_id = ? AND rowid <= ?",
+            [tokenizer_id, upto_rowid if upto_rowid is not None else 2**62]).fetchone()
+        return int(count), int(last)
+
+    def index_state(self, tokenizer_id: int) -> IndexState | None:
+        row = self.db.execute("SELECT tokenizer_id, max_depth, num_calls, last_token_rowid, num_tokens FROM indexes"
+                              " WHERE tokenizer_id = ?", [tokenizer_id]).fetchone()
+        return IndexState(*row) if row else None
+
+    def index_bytes(self, tokenizer_id: int) -> bytes:
+        chunks = [row[0] for row in self.db.execute(
+            "SELECT blob FROM index_chunks WHERE tokenizer_id = ? ORDER BY chunk", [tokenizer_id])]
+        return codec.decompress(b"".join(chunks))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and sizes for `specx ls`."""
+        one = lambda sql: self.db.execute(sql).fetchone()[0]  # noqa: E731
+        file_bytes = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
+        return {
+            "path": str(self.path),
+            "sources": one("SELECT count(*) FROM sources"),
+            "sources_failed": one("SELECT count(*) FROM sources WHERE error IS NOT NULL"),
+            "sessions": one("SELECT count(*) FROM sessions"),
+            "calls": one("SELECT count(*) FROM calls"),
+            "messages": one("SELECT count(*) FROM messages"),
+            "output_bytes": one("SELECT coalesce(sum(output_bytes), 0) FROM calls"),
+            "prompt_bytes": one("SELECT coalesce(sum(prompt_bytes), 0) FROM calls"),
+            "raw_log_bytes": one("SELECT coalesce(sum(size_bytes), 0) FROM sources"),
+            "disk_bytes": file_bytes,
+            "tokenizers": [dict(r) for r in self.db.query(
+                "SELECT t.name, t.fingerprint, count(k.call_id) AS calls, coalesce(sum(k.num_tokens), 0) AS tokens,"
+                " i.num_tokens AS indexed_tokens FROM tokenizers t LEFT JOIN tokens k ON k.tokenizer_id = t.id"
+                " LEFT JOIN indexes i ON i.tokenizer_id = t.id GROUP BY t.id ORDER BY t.name")],
+            "by_format": [dict(r) for r in self.db.query(
+                "SELECT format, count(*) AS sources, coalesce(sum(num_calls), 0) AS calls,"
+                " coalesce(sum(size_bytes), 0) AS raw_bytes FROM sources GROUP BY format ORDER BY format")],
+        }
+
+    # ----------------------------------------------------------------- writing
+
+    def save_index(self, state: IndexState, data: bytes) -> None:
+        """Replace a tokenizer's persisted index in one transaction."""
+        blob = codec.compress(data)
+        chunks = [blob[i : i + INDEX_CHUNK_BYTES] for i in range(0, len(blob), INDEX_CHUNK_BYTES)] or [b""]
+        with self.db.atomic():
+            self.db.execute("DELETE FROM index_chunks WHERE tokenizer_id = ?", [state.tokenizer_id])
+            self.db.execute(
+                "INSERT OR REPLACE INTO indexes (tokenizer_id, max_depth, num_calls, last_token_rowid, num_tokens,"
+                " raw_bytes, num_chunks, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, datetime('now'))",
+                [state.tokenizer_id, state.max_depth, state.num_calls, state.last_token_rowid, state.num_tokens,
+                 len(data), len(chunks)])
+            self.db.conn.executemany(
+                "INSERT INTO index_chunks (tokenizer_id, chunk, blob) VALUES (?, ?, ?)",
+                [(state.tokenizer_id, i, c) for i, c in enumerate(chunks)])
