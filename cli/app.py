@@ -184,6 +184,41 @@ def bench_index(
     _print_bench_table(corpora)
 
 
+@bench_app.command("ingest")
+def bench_ingest(
+    logs: Annotated[Optional[Path], typer.Argument(
+        help="Folder of agent logs (default: ../shared/agent-data when present).")] = None,
+    model: Annotated[str, typer.Option(help="Tokenizer: built-in name, HF folder or .gguf file.",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    json_out: JsonOpt = False,
+) -> None:
+    """Ingest a folder into a new store and again: seconds, calls added, store size vs the logs, index load.
+
+    Example: [bold]specx bench ingest ../shared/agent-data --json[/]
+    """
+    import tempfile
+
+    from . import bench
+    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.store.ingest import Tokenizer
+
+    root = logs or default_agent_data()
+    if root is None or not root.is_dir():
+        raise typer.BadParameter(f"{root or 'agent logs'} is not a folder", param_hint="LOGS")
+    tokenizer = Tokenizer(model, lambda: load_tokenizer(model, specx_home() / "models"), tokenizer_fingerprint)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = bench.bench_ingest(root, Path(tmp), tokenizer, on_step=output.note)
+    result["targets_met"] = {"ingest_s": result["ingest_s"] <= 60, "reingest_s": result["reingest_s"] <= 5,
+                             "reingest_new_calls": result["reingest_new_calls"] == 0,
+                             "store_vs_logs": result["store_vs_logs"] <= 0.25}
+    if json_out:
+        output.print_json({**result, "machine": bench.machine()})
+        return
+    targets = {"ingest_s": "<= 60", "reingest_s": "<= 5", "reingest_new_calls": "0", "store_vs_logs": "<= 0.25"}
+    output.print_table(f"ingest {root}", ["metric", "value", "target"],
+                       [[k, v, targets.get(k, "")] for k, v in result.items() if k != "targets_met"])
+
+
 def _print_bench_table(corpora: list[dict]) -> None:
     from .bench import TARGETS
 

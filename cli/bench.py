@@ -179,3 +179,38 @@ def check_targets(figures: dict[str, Any]) -> dict[str, bool]:
         if value is not None:
             out[key] = value <= bound if op == "<=" else value >= bound
     return out
+
+
+def bench_ingest(root: Path, workdir: Path, tokenizer: Any, on_step: Callable[[str], None] = lambda s: None) -> dict:
+    """Ingest `root` into a new store, then again; sizes and the index load time."""
+    from specx.store.db import Store
+    from specx.store.ingest import ingest, load_index
+
+    db = workdir / "bench-ingest.db"
+    for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        p.unlink(missing_ok=True)
+    tokenizer.get()  # load (and cache) outside the timing: a user's second run has it cached
+    with Store(db) as store:
+        on_step("ingest into a new store")
+        t0 = time.perf_counter()
+        first = ingest(store, [root], tokenizer)
+        first_s = time.perf_counter() - t0
+        on_step("ingest again")
+        t0 = time.perf_counter()
+        again = ingest(store, [root], tokenizer)
+        again_s = time.perf_counter() - t0
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        tokenizer_id = store.tokenizer_id(tokenizer.fingerprint)
+        t0 = time.perf_counter()
+        index = load_index(store, tokenizer_id)
+        load_s = time.perf_counter() - t0
+        stats = store.stats()
+    folder_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    return {
+        "files": first.files, "calls": first.calls, "tokens": index.num_tokens, "errors": len(first.errors),
+        "ingest_s": first_s, "reingest_s": again_s, "reingest_new_calls": again.new_calls,
+        "store_bytes": stats["disk_bytes"], "log_bytes": stats["raw_log_bytes"], "folder_bytes": folder_bytes,
+        "store_vs_logs": stats["disk_bytes"] / max(stats["raw_log_bytes"], 1),
+        "store_vs_folder": stats["disk_bytes"] / max(folder_bytes, 1),
+        "index_load_s": load_s,
+    }

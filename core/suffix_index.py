@@ -25,7 +25,7 @@ import numpy as np
 from .draft import Draft
 from .expand import _forward_ranges, node_children, speculate_index
 from .suffix_array import (SEP, SORT_DEPTH, build_suffix_array, first_out_of_range, prefix_array_extend,
-                           prefix_narrow)
+                           prefix_narrow, psi_decode, psi_encode)
 
 MAGIC = b"SPECXIDX"
 FORMAT_VERSION = 1
@@ -355,13 +355,24 @@ class SuffixIndex:
     def to_bytes(self, include_text: bool = True) -> bytes:
         """Flat serialisation: a JSON header, then the raw arrays (8-byte aligned).
 
-        Without the text (the sealed sequences), the bytes hold only what sorting produced; a
-        caller that keeps the sequences elsewhere passes them back to from_bytes.
+        Without the text (the sealed sequences), the bytes hold only what sorting produced, and in
+        a compact form: the suffix array as Psi deltas, byte-planes split (see psi_encode), which
+        compress several times better. A caller that keeps the sequences elsewhere passes them
+        back to from_bytes, which recovers the suffix array by one walk along the text.
         """
         live_ids = list(self._live.regions)
+        psi_starts: list[int] = []
+        if include_text:
+            sa_array = self._sa[: self._sa_len]
+        else:
+            deltas = np.empty(self._sa_len, dtype="<i4")
+            for seg in self._segments:
+                psi_starts.append(int(psi_encode(self._text, self._sa[seg.sa_lo : seg.sa_hi], seg.text_lo,
+                                                 seg.text_hi, deltas[seg.sa_lo : seg.sa_hi])))
+            sa_array = deltas.view(np.uint8).reshape(-1, 4).T.copy().reshape(-1)  # byte planes
         arrays = {
             "text": self._text[: self._text_len] if include_text else self._text[:0],
-            "sa": self._sa[: self._sa_len],
+            "sa": sa_array,
             "doc_ids": np.asarray(self._doc_ids, dtype=np.int64),
             "doc_starts": np.asarray(self._doc_starts, dtype=np.int64),
             "segments": np.asarray([[s.text_lo, s.text_hi, s.sa_lo, s.sa_hi, s.doc_lo, s.doc_hi]
@@ -378,6 +389,7 @@ class SuffixIndex:
             offset += (arr.nbytes + 7) // 8 * 8
         header = json.dumps({
             "text_len": self._text_len,
+            "psi_starts": None if include_text else psi_starts,
             "max_depth": self.max_depth, "vocab_size": self.vocab_size, "budget_bytes": self.budget_bytes,
             "next_id": self._next_id, "live_ids": live_ids, "arrays": layout,
         }).encode()
@@ -422,11 +434,21 @@ class SuffixIndex:
             raise SuffixIndexError("this index was saved without its text: pass text= to from_bytes")
         index._text = arrays["text"]
         index._text_len = len(index._text)
-        index._sa = arrays["sa"]
+        index._segments = [_Segment(*map(int, row)) for row in arrays["segments"]]
+        if header.get("psi_starts") is None:
+            index._sa = arrays["sa"]
+        else:
+            planes = arrays["sa"]
+            if len(planes) % 4:
+                raise SuffixIndexError("corrupt index: compact suffix array is not whole int32 values")
+            deltas = planes.reshape(4, -1).T.copy().reshape(-1).view("<i4")
+            index._sa = np.empty(len(deltas), dtype=np.int32)
+            for seg, start in zip(index._segments, header["psi_starts"]):
+                psi_decode(index._text, deltas[seg.sa_lo : seg.sa_hi], seg.text_lo, seg.text_hi, start,
+                           index._sa[seg.sa_lo : seg.sa_hi])
         index._sa_len = len(index._sa)
         index._doc_ids = arrays["doc_ids"].tolist()
         index._doc_starts = arrays["doc_starts"].tolist()
-        index._segments = [_Segment(*map(int, row)) for row in arrays["segments"]]
         index._next_id = header["next_id"]
         for k, seq_id in enumerate(header["live_ids"]):
             tokens = arrays[f"live{k}.tokens"]

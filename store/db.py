@@ -1,15 +1,21 @@
 """The SQLite store: sources, sessions, calls, content-addressed prompt messages, token arrays per
 tokenizer, and the persisted suffix index.
 
-Ids are content hashes, so ingesting the same data twice adds nothing. A call's prompt is a list
-of message ids: agents resend the whole conversation on every call, and system prompts and
-demonstrations repeat across sessions, so each distinct message is stored once. Everything large
-is a zstd blob (see codec). WAL mode; each log file is written in one transaction, so a killed
-ingest leaves every file either fully stored or not at all.
+Rows carry content-hash keys, so ingesting the same data twice adds nothing. A call's prompt is a
+list of message ids: agents resend the whole conversation on every call, and system prompts and
+demonstrations repeat across sessions, so each distinct message is stored once.
+
+Payloads (messages, prompts, outputs, token arrays) live in packs: one zstd frame holds the new
+payloads of one log file (up to PACK_BYTES raw), and a row points at its bytes by pack, offset and
+length. Compressing a file's payloads together rather than one by one makes the store several
+times smaller (agent logs repeat across calls); sequential reads decompress each pack once (LRU).
+WAL mode; each log file is written in one transaction, so a killed ingest leaves every file
+either fully stored or not at all.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sqlite3
@@ -25,6 +31,7 @@ from . import codec
 
 migrations = Migrations("specx")
 INDEX_CHUNK_BYTES = 64 * 1024 * 1024  # SQLite blobs stay well under its 1 GB limit
+PACK_BYTES = 4 * 1024 * 1024
 
 
 class StoreError(ValueError):
@@ -56,10 +63,17 @@ def m001_initial(db: Database) -> None:
         format TEXT NOT NULL,
         model TEXT
     );
+    CREATE TABLE packs (                -- zstd frames holding many payloads (one file's, up to 4 MiB raw)
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,             -- message | prompt | output | tokens
+        raw_bytes INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
     CREATE TABLE messages (             -- each distinct prompt message once
         id INTEGER PRIMARY KEY,
         key BLOB NOT NULL UNIQUE,       -- hash of the message JSON
-        content_z BLOB NOT NULL,        -- zstd JSON of the message
+        pack_id INTEGER NOT NULL REFERENCES packs(id),
+        pack_offset INTEGER NOT NULL,   -- the message JSON is pack[offset : offset + raw_bytes]
         raw_bytes INTEGER NOT NULL
     );
     CREATE TABLE calls (
@@ -69,14 +83,17 @@ def m001_initial(db: Database) -> None:
         position INTEGER NOT NULL,
         agent TEXT,
         model TEXT,
-        prompt_z BLOB,                  -- zstd int32 array of message ids (NULL: no prompt recorded)
+        prompt_pack INTEGER REFERENCES packs(id), -- int32 message ids (NULL: no prompt recorded)
+        prompt_offset INTEGER,
+        num_messages INTEGER NOT NULL,
         prompt_bytes INTEGER NOT NULL,  -- size of the prompt messages as JSON
-        output_z BLOB NOT NULL,         -- zstd UTF-8 output text
+        output_pack INTEGER NOT NULL REFERENCES packs(id), -- UTF-8 output text
+        output_offset INTEGER NOT NULL,
         output_bytes INTEGER NOT NULL,
         started_at TEXT,
         ended_at TEXT,
         line INTEGER,
-        meta_z BLOB                     -- zstd JSON, NULL when empty
+        meta TEXT                       -- JSON, NULL when empty
     );
     CREATE INDEX calls_session_position ON calls(session_id, position);
     CREATE TABLE tokenizers (
@@ -90,7 +107,8 @@ def m001_initial(db: Database) -> None:
         call_id INTEGER NOT NULL REFERENCES calls(id),
         tokenizer_id INTEGER NOT NULL REFERENCES tokenizers(id),
         num_tokens INTEGER NOT NULL,
-        tokens_z BLOB NOT NULL,         -- zstd little-endian int32
+        pack_id INTEGER NOT NULL REFERENCES packs(id), -- little-endian int32 at pack[offset : offset + 4 * num_tokens]
+        pack_offset INTEGER NOT NULL,
         UNIQUE (tokenizer_id, call_id)
     );
     CREATE TABLE indexes (             -- the persisted global suffix index, one per tokenizer
@@ -141,6 +159,8 @@ class Store:
             migrations.apply(self.db)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a usable specx store ({exc})") from None
+        # Packs never change once written: keep the recently read ones decompressed.
+        self._pack = functools.lru_cache(maxsize=32)(self._load_pack)
 
     def __enter__(self) -> "Store":
         return self
@@ -173,14 +193,51 @@ class Store:
                         [fingerprint, name, vocab_size])
         return self.tokenizer_id(fingerprint)  # type: ignore[return-value]
 
+    def read(self, pack_id: int, offset: int, length: int) -> bytes:
+        """Bytes of one payload."""
+        return self._pack(pack_id)[offset : offset + length]
+
+    def _load_pack(self, pack_id: int) -> bytes:
+        row = self.db.execute("SELECT data FROM packs WHERE id = ?", [pack_id]).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: missing pack {pack_id} (corrupt store)")
+        return codec.decompress(row[0])
+
+    def call_output(self, call_id: int) -> str:
+        pack, offset, length = self.db.execute(
+            "SELECT output_pack, output_offset, output_bytes FROM calls WHERE id = ?", [call_id]).fetchone()
+        return self.read(pack, offset, length).decode("utf-8", "surrogatepass")
+
+    def call_prompt(self, call_id: int) -> list[dict[str, Any]] | None:
+        """A call's prompt messages (a plain-text prompt is one message with role "prompt_text")."""
+        pack, offset, count = self.db.execute(
+            "SELECT prompt_pack, prompt_offset, num_messages FROM calls WHERE id = ?", [call_id]).fetchone()
+        if pack is None:
+            return None
+        ids = np.frombuffer(self.read(pack, offset, 4 * count), dtype="<i4").tolist()
+        out = []
+        for mid in ids:
+            pack, offset, length = self.db.execute(
+                "SELECT pack_id, pack_offset, raw_bytes FROM messages WHERE id = ?", [mid]).fetchone()
+            out.append(json.loads(self.read(pack, offset, length).decode("utf-8", "surrogatepass")))
+        return out
+
+    def call_tokens(self, call_id: int, tokenizer_id: int) -> np.ndarray | None:
+        row = self.db.execute("SELECT pack_id, pack_offset, num_tokens FROM tokens WHERE call_id = ?"
+                              " AND tokenizer_id = ?", [call_id, tokenizer_id]).fetchone()
+        if row is None:
+            return None
+        return np.frombuffer(self.read(row[0], row[1], 4 * row[2]), dtype="<i4").astype(np.int32)
+
     def iter_tokens(self, tokenizer_id: int, after_rowid: int = 0,
                     upto_rowid: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(rowid, output tokens) of every call for a tokenizer, in ingest order."""
         upto = upto_rowid if upto_rowid is not None else 2**62
-        for row in self.db.execute(
-                "SELECT rowid, tokens_z FROM tokens WHERE tokenizer_id = ? AND rowid > ? AND rowid <= ?"
-                " ORDER BY rowid", [tokenizer_id, after_rowid, upto]):
-            yield row[0], codec.blob_to_tokens(row[1])
+        rows = self.db.execute(
+            "SELECT rowid, pack_id, pack_offset, num_tokens FROM tokens WHERE tokenizer_id = ? AND rowid > ?"
+            " AND rowid <= ? ORDER BY rowid", [tokenizer_id, after_rowid, upto]).fetchall()
+        for rowid, pack, offset, num in rows:
+            yield rowid, np.frombuffer(self.read(pack, offset, 4 * num), dtype="<i4").astype(np.int32)
 
     def token_rows(self, tokenizer_id: int, upto_rowid: int | None = None) -> tuple[int, int]:
         """(number of token rows, largest rowid) for a tokenizer, optionally up to a rowid."""
@@ -239,3 +296,32 @@ class Store:
             self.db.conn.executemany(
                 "INSERT INTO index_chunks (tokenizer_id, chunk, blob) VALUES (?, ?, ?)",
                 [(state.tokenizer_id, i, c) for i, c in enumerate(chunks)])
+
+
+class PackWriter:
+    """Collects payloads of one kind into packs; use inside the transaction that writes their rows."""
+
+    def __init__(self, store: Store, kind: str) -> None:
+        self.store = store
+        self.kind = kind
+        self.pack_id: int | None = None
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> tuple[int, int]:
+        """(pack id, offset) where `data` will be."""
+        if self.pack_id is None or (self.size and self.size + len(data) > PACK_BYTES):
+            self.flush()
+            # The row is written now (rows referring to it need its id) and filled in by flush().
+            self.pack_id = self.store.db.execute("INSERT INTO packs (kind, raw_bytes, data) VALUES (?, 0, x'')",
+                                                 [self.kind]).lastrowid
+        offset = self.size
+        self.parts.append(data)
+        self.size += len(data)
+        return self.pack_id, offset  # type: ignore[return-value]
+
+    def flush(self) -> None:
+        if self.pack_id is not None:
+            self.store.db.execute("UPDATE packs SET raw_bytes = ?, data = ? WHERE id = ?",
+                                  [self.size, codec.compress(b"".join(self.parts)), self.pack_id])
+        self.pack_id, self.parts, self.size = None, [], 0

@@ -19,8 +19,7 @@ import numpy as np
 
 from specx.core.suffix_index import SuffixIndex
 
-from . import codec
-from .db import IndexState, Store, content_key
+from .db import IndexState, PackWriter, Store, content_key
 from .formats import Call, ParseError, find_logs, read_calls
 
 MAX_DEPTH = 64
@@ -156,13 +155,19 @@ def _ingest_file(store: Store, path: Path, fmt: str | None, tokenizer: Tokenizer
         tokenizer_id = store.add_tokenizer(tokenizer.fingerprint, tokenizer.name, len(tok))
         source_id = _upsert_source(store, source_key, path, fmt, sha, size, len(calls), num_errors, None)
         call_ids, num_new = _insert_calls(store, source_id, path, fmt, calls)
-        missing = _ids_without_tokens(store, call_ids, tokenizer_id)
-        if missing:
-            texts = {cid: codec.blob_to_text(blob) for cid, blob in _outputs(store, missing)}
-            encoded = tokenizer.encode([texts[cid] for cid in missing])
-            store.db.conn.executemany(
-                "INSERT INTO tokens (call_id, tokenizer_id, num_tokens, tokens_z) VALUES (?,?,?,?)",
-                [(cid, tokenizer_id, len(t), codec.tokens_to_blob(t)) for cid, t in zip(missing, encoded)])
+        missing = set(_ids_without_tokens(store, call_ids, tokenizer_id))
+        todo = [(cid, call.output_text) for cid, call in zip(call_ids, calls) if cid in missing]
+        todo = list(dict(todo).items())  # a call repeated within the file is tokenized once
+        if todo:
+            encoded = tokenizer.encode([text for _, text in todo])
+            packs = PackWriter(store, "tokens")
+            rows = []
+            for (cid, _), tokens in zip(todo, encoded):
+                pack, offset = packs.add(np.asarray(tokens, dtype="<i4").tobytes())
+                rows.append((cid, tokenizer_id, len(tokens), pack, offset))
+            packs.flush()
+            store.db.conn.executemany("INSERT INTO tokens (call_id, tokenizer_id, num_tokens, pack_id, pack_offset)"
+                                      " VALUES (?,?,?,?,?)", rows)
             report.new_tokens += int(sum(len(t) for t in encoded))
     report.new_calls += num_new
 
@@ -177,55 +182,59 @@ def _upsert_source(store: Store, key: bytes, path: Path, fmt: str, sha: str, siz
     return store.db.execute("SELECT id FROM sources WHERE key = ?", [key]).fetchone()[0]
 
 
-def _id_for(store: Store, table: str, key: bytes, insert_sql: str, values: list[Any]) -> tuple[int, bool]:
-    """Row id for a content key, inserting the row if new; and whether it was new."""
+def _existing_id(store: Store, table: str, key: bytes) -> int | None:
     row = store.db.execute(f"SELECT id FROM {table} WHERE key = ?", [key]).fetchone()
-    if row is not None:
-        return row[0], False
-    return store.db.execute(insert_sql, [key, *values]).lastrowid, True
+    return None if row is None else row[0]
 
 
 def _insert_calls(store: Store, source_id: int, path: Path, fmt: str, calls: list[Call]) -> tuple[list[int], int]:
     """Insert sessions, messages and calls (each only if new); returns the calls' ids and how many were new."""
     call_ids, num_new = [], 0
     sessions: dict[bytes, int] = {}
+    messages: dict[bytes, int] = {}
+    message_pack, prompt_pack, output_pack = (PackWriter(store, k) for k in ("message", "prompt", "output"))
     for call in calls:
         skey = content_key(fmt, path.name, call.session_id, call.model)
         if skey not in sessions:
-            sessions[skey], _ = _id_for(
-                store, "sessions", skey, "INSERT INTO sessions (key, source_id, session_key, format, model)"
-                " VALUES (?, ?, ?, ?, ?)", [source_id, str(call.session_id), fmt, call.model])
+            sessions[skey] = _existing_id(store, "sessions", skey) or store.db.execute(
+                "INSERT INTO sessions (key, source_id, session_key, format, model) VALUES (?, ?, ?, ?, ?)",
+                [skey, source_id, str(call.session_id), fmt, call.model]).lastrowid
         if call.prompt_messages is not None:
             prompt = call.prompt_messages
         elif call.prompt_text is not None:
             prompt = [{"role": "prompt_text", "content": call.prompt_text}]  # a plain-text prompt, whole
         else:
             prompt = None
-        message_ids, prompt_bytes = [], 0
+        message_ids, message_keys, prompt_bytes = [], [], 0
         for message in prompt or []:
-            raw = json.dumps(message, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode(
+            raw = json.dumps(message, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str).encode(
                 "utf-8", "surrogatepass")
-            mid, _ = _id_for(store, "messages", hashlib.sha256(raw).digest()[:16],
-                             "INSERT INTO messages (key, content_z, raw_bytes) VALUES (?, ?, ?)",
-                             [codec.compress(raw), len(raw)])
-            message_ids.append(mid)
+            mkey = hashlib.sha256(raw).digest()[:16]
+            if mkey not in messages:
+                messages[mkey] = _existing_id(store, "messages", mkey) or store.db.execute(
+                    "INSERT INTO messages (key, pack_id, pack_offset, raw_bytes) VALUES (?, ?, ?, ?)",
+                    [mkey, *message_pack.add(raw), len(raw)]).lastrowid
+            message_ids.append(messages[mkey])
+            message_keys.append(mkey.hex())
             prompt_bytes += len(raw)
-        ckey = content_key(skey, call.position, call.agent, call.model,
-                           None if prompt is None else [hashlib.sha256(json.dumps(m, sort_keys=True, default=str)
-                                                                       .encode("utf-8", "surrogatepass")).hexdigest()
-                                                        for m in prompt],
-                           call.output_text)
-        output = call.output_text.encode("utf-8", "surrogatepass")
-        cid, new = _id_for(
-            store, "calls", ckey,
-            "INSERT INTO calls (key, session_id, position, agent, model, prompt_z, prompt_bytes, output_z,"
-            " output_bytes, started_at, ended_at, line, meta_z) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [sessions[skey], call.position, call.agent, call.model,
-             codec.tokens_to_blob(message_ids) if prompt is not None else None, prompt_bytes,
-             codec.compress(output), len(output), call.started_at, call.ended_at, call.line,
-             codec.json_to_blob(call.meta) if call.meta else None])
+        ckey = content_key(skey.hex(), call.position, call.agent, call.model,
+                           None if prompt is None else message_keys, call.output_text)
+        cid = _existing_id(store, "calls", ckey)
+        if cid is None:
+            output = call.output_text.encode("utf-8", "surrogatepass")
+            ppack, poffset = prompt_pack.add(np.asarray(message_ids, dtype="<i4").tobytes()) if prompt is not None \
+                else (None, None)
+            cid = store.db.execute(
+                "INSERT INTO calls (key, session_id, position, agent, model, prompt_pack, prompt_offset, num_messages,"
+                " prompt_bytes, output_pack, output_offset, output_bytes, started_at, ended_at, line, meta)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [ckey, sessions[skey], call.position, call.agent, call.model, ppack, poffset, len(message_ids),
+                 prompt_bytes, *output_pack.add(output), len(output), call.started_at, call.ended_at, call.line,
+                 json.dumps(call.meta, ensure_ascii=False, default=str) if call.meta else None]).lastrowid
+            num_new += 1
         call_ids.append(cid)
-        num_new += new
+    for writer in (message_pack, prompt_pack, output_pack):
+        writer.flush()
     return call_ids, num_new
 
 
@@ -240,14 +249,6 @@ def _ids_without_tokens(store: Store, call_ids: list[int], tokenizer_id: int) ->
         have.update(r[0] for r in store.db.execute(
             f"SELECT call_id FROM tokens WHERE tokenizer_id = ? AND call_id IN ({marks})", [tokenizer_id, *part]))
     return sorted(set(call_ids) - have)
-
-
-def _outputs(store: Store, call_ids: list[int]) -> list[tuple[int, bytes]]:
-    out = []
-    for part in _chunked(call_ids):
-        marks = ",".join("?" * len(part))
-        out.extend(store.db.execute(f"SELECT id, output_z FROM calls WHERE id IN ({marks})", part).fetchall())
-    return out
 
 
 def _calls_missing_tokens(store: Store, source_id: int, tokenizer_id: int) -> bool:

@@ -17,7 +17,6 @@ import brute
 from conftest import AGENT_DATA
 from specx.core.model import load_tokenizer, tokenizer_fingerprint
 from specx.core.suffix_index import SuffixIndex
-from specx.store import codec
 from specx.store.db import Store
 from specx.store.formats import Call, read_calls
 from specx.store.ingest import Tokenizer, ingest, load_index, update_index
@@ -76,20 +75,21 @@ def test_ingest_counts_and_reingest_adds_nothing(tmp_path, tokenizer):
 def test_stored_calls_round_trip(tmp_path, tokenizer):
     root = good_logs(tmp_path)
     with Store(tmp_path / "s.db") as store:
-        ingest(store, [root / "pairs.jsonl"], tokenizer)
-        calls = [c for c in read_calls(root / "pairs.jsonl") if isinstance(c, Call)]
-        rows = list(store.db.query("SELECT * FROM calls ORDER BY session_id, position"))
-        assert sorted(codec.blob_to_text(r["output_z"]) for r in rows) == sorted(c.output_text for c in calls)
+        ingest(store, [root], tokenizer)
+        from specx.store.formats import find_logs
+
+        calls = [c for p, f in find_logs([root]) if f for c in read_calls(p, f) if isinstance(c, Call)]
         tok_id = store.tokenizer_id(tokenizer.fingerprint)
-        for row in rows:
-            tokens = store.db.execute("SELECT tokens_z FROM tokens WHERE call_id = ? AND tokenizer_id = ?",
-                                      [row["id"], tok_id]).fetchone()[0]
-            text = codec.blob_to_text(row["output_z"])
-            assert codec.blob_to_tokens(tokens).tolist() == tokenizer.get().encode(text, add_special_tokens=False)
-            ids = codec.blob_to_tokens(row["prompt_z"]).tolist()
-            messages = [codec.blob_to_json(store.db.execute("SELECT content_z FROM messages WHERE id = ?",
-                                                            [i]).fetchone()[0]) for i in ids]
-            assert messages and all("content" in m for m in messages)
+        ids = [r[0] for r in store.db.execute("SELECT id FROM calls ORDER BY id")]
+        assert len(ids) == len(calls)
+        for cid, call in zip(ids, calls):  # stored in reading order
+            assert store.call_output(cid) == call.output_text
+            expected_prompt = call.prompt_messages if call.prompt_messages is not None else (
+                [{"role": "prompt_text", "content": call.prompt_text}] if call.prompt_text is not None else None)
+            assert store.call_prompt(cid) == (json.loads(json.dumps(expected_prompt, default=str))
+                                              if expected_prompt is not None else None)
+            tokens = store.call_tokens(cid, tok_id)
+            assert tokens.tolist() == tokenizer.get().encode(call.output_text, add_special_tokens=False)
 
 
 def test_modified_file_adds_only_new_calls(tmp_path, tokenizer):

@@ -119,14 +119,18 @@ def test_budget_enforced_on_add():
     assert index.count(newest[:5]) >= 1
 
 
-@given(corpora, st.lists(tokens, max_size=2), st.lists(patterns, min_size=1, max_size=4))
-@settings(max_examples=100, deadline=None)
-def test_serialise_round_trip(docs, live, pats):
+@given(corpora, st.lists(tokens, max_size=2), st.lists(patterns, min_size=1, max_size=4), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_serialise_round_trip(docs, live, pats, with_text):
     index = SuffixIndex(max_depth=8, vocab_size=4)
     for d in docs:
         index.add(d)
     live_ids = [index.start(seq) for seq in live]
-    loaded = SuffixIndex.from_bytes(index.to_bytes())
+    if with_text:
+        loaded = SuffixIndex.from_bytes(index.to_bytes())
+    else:  # compact form: suffix array as Psi deltas, text supplied by the caller
+        loaded = SuffixIndex.from_bytes(index.to_bytes(include_text=False), text=index.text().copy())
+        assert loaded._sa[: loaded._sa_len].tolist() == index._sa[: index._sa_len].tolist()
     assert all_docs(loaded) == all_docs(index)
     assert (loaded.max_depth, loaded.vocab_size) == (8, 4)
     check_against_brute(loaded, pats)
