@@ -89,14 +89,8 @@ def load_json(path: Path) -> Any:
         raise ParseError(path, f"invalid JSON: {error.msg}", line=error.lineno) from None
 
 
-def iter_json_lines(path: Path) -> Iterator[tuple[int, Any] | ParseError]:
-    """Yield `(line_number, value)` for each non-blank line, or a ParseError for a bad line.
-
-    Raises ParseError for an empty file, or at the end when not a single line could be parsed
-    (by then the per-line errors have been yielded).
-    """
-    num_ok = 0
-    num_bad = 0
+def iter_text_lines(path: Path) -> Iterator[tuple[int, str] | ParseError]:
+    """Yield `(line_number, text)` for each non-blank line, or a ParseError for a line that is not UTF-8."""
     try:
         f = path.open("rb")
     except OSError as error:
@@ -108,19 +102,36 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, Any] | ParseError]:
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as error:
-                num_bad += 1
                 yield ParseError(path, f"not UTF-8 text (bad byte at column {error.start + 1})", line=number)
                 continue
             del raw  # a single line may be hundreds of MB: do not hold both copies while parsing
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as error:
-                num_bad += 1
-                yield ParseError(path, f"invalid JSON: {error.msg} (column {error.colno})", line=number)
-                continue
-            del text
-            num_ok += 1
-            yield number, value
+            yield number, text
+
+
+def iter_json_lines(path: Path) -> Iterator[tuple[int, Any] | ParseError]:
+    """Yield `(line_number, value)` for each non-blank line, or a ParseError for a bad line.
+
+    Raises ParseError for an empty file, or at the end when not a single line could be parsed
+    (by then the per-line errors have been yielded).
+    """
+    num_ok = 0
+    num_bad = 0
+    for item in iter_text_lines(path):
+        if isinstance(item, ParseError):
+            num_bad += 1
+            yield item
+            continue
+        number, text = item
+        del item
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            num_bad += 1
+            yield ParseError(path, f"invalid JSON: {error.msg} (column {error.colno})", line=number)
+            continue
+        del text
+        num_ok += 1
+        yield number, value
     if num_ok == 0 and num_bad == 0:
         raise ParseError(path, "empty file")
     if num_ok == 0:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import Call, ParseError
-from ._source import HEAD_BYTES, head_lines, head_text
+from ._source import HEAD_BYTES, head_lines, head_text, iter_text_lines
 
 _KEYWORDS = "select|with|insert|update|delete|create|drop|alter|replace|values|explain|pragma"
 _SQL_LINE = re.compile(rf"\(*\s*(?:{_KEYWORDS}|{_KEYWORDS.upper()})(?:\s|\(|\*|$)")
@@ -39,21 +39,15 @@ def read(path: Path) -> Iterator[Call | ParseError]:
     """One Call per non-empty line; a line that is not UTF-8 is reported and skipped."""
     num_ok = 0
     num_bad = 0
-    try:
-        f = path.open("rb")
-    except OSError as error:
-        raise ParseError(path, f"cannot read: {error.strerror or error}") from None
-    with f:
-        for index, raw in enumerate(f):
-            try:
-                line = raw.decode("utf-8-sig" if index == 0 else "utf-8").strip()
-            except UnicodeDecodeError as error:
-                num_bad += 1
-                yield ParseError(path, f"not UTF-8 text (bad byte at column {error.start + 1})", line=index + 1)
-                continue
-            if not line:
-                continue
-            num_ok += 1
-            yield Call(session_id=path.name, position=index, output_text=line, line=index + 1)
+    for item in iter_text_lines(path):
+        if isinstance(item, ParseError):
+            num_bad += 1
+            yield item
+            continue
+        number, line = item
+        if not line.strip():
+            continue
+        num_ok += 1
+        yield Call(session_id=path.name, position=number - 1, output_text=line.strip(), line=number)
     if num_ok == 0:
         raise ParseError(path, "empty file" if num_bad == 0 else f"no readable line ({num_bad} not UTF-8)")
