@@ -137,6 +137,104 @@ def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
                          stats["messages"], stats["disk_bytes"], stats["raw_log_bytes"], ratio]])
 
 
+ListOpt = Optional[list[str]]
+
+
+@app.command("replay")
+def replay_cmd(
+    db: DbOpt = None,
+    tokenizer: Annotated[str, typer.Option(help="Tokenizer whose stored tokens to replay (as given to ingest).",
+                                           envvar="SPECX_MODEL")] = "smollm2-135m",
+    fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
+    source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
+    llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
+    agent: Annotated[ListOpt, typer.Option(help="Only calls of this agent role (repeatable).")] = None,
+    session: Annotated[ListOpt, typer.Option(help="Only sessions whose id contains this (repeatable).")] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="Replay at most this many calls.")] = None,
+    by: Annotated[str, typer.Option(help="Group results by: format, source, model, agent or session.")] = "format",
+    warm: Annotated[bool, typer.Option(help="Pre-load the outputs of sessions outside the selection into the "
+                                            "global index (default: it starts empty and learns online).")] = False,
+    prompt_window: Annotated[int, typer.Option(min=0, help="Prompt tokens in the request index (the last N).")] = 4096,
+    max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
+    max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens.")] = 1.0,
+    min_token_prob: Annotated[float, typer.Option(min=0, max=1, help="Drop draft nodes less likely than this.")] = 0.1,
+    max_depth: Annotated[int, typer.Option(min=1, max=512, help="Longest context suffix matched.")] = 64,
+    tree: Annotated[bool, typer.Option("--tree/--path", help="Draft trees (verified as trees) or single paths.")] = True,
+    merge: Annotated[bool, typer.Option(help="Verify the union of the request and global indexes' best trees "
+                                             "(--no-merge: only the better one).")] = True,
+    baselines: Annotated[bool, typer.Option(help="Also replay prompt lookup, each index alone and the reference "
+                                                 "implementation (when installed), on the same calls.")] = True,
+    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG or SVG: tokens per step against "
+                                                                     "calls replayed, and accepted lengths.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Replay stored calls without a model: how many tokens per verification step would speculation give?
+
+    Each recorded output is replayed as if the model wrote it (a simulated verifier): draft, accept
+    the longest draft path equal to the recording, add one bonus token, repeat. The request index
+    holds the call's prompt and output so far; the global index holds the outputs of the calls
+    already replayed. Every output must be rebuilt exactly.
+
+    Example: [bold]specx replay --format swe-agent --plot swe.png[/]
+    """
+    from . import replay as replay_lib
+    from . import reference as reference_impl
+    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.store.db import Store
+    from specx.store.selection import GROUPS, outside_sessions, select_calls
+
+    if by not in GROUPS:
+        raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
+    if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg"):
+        raise typer.BadParameter("must end in .png or .svg", param_hint="--plot")
+    path = store_path(db)
+    if not path.exists():
+        raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    tok = load_tokenizer(tokenizer, specx_home() / "models")
+    with Store(path) as store:
+        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
+        if tokenizer_id is None:
+            raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
+                                     param_hint="--tokenizer")
+        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent,
+                             sessions=session, limit=limit)
+        if not calls:
+            raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
+        output.note(f"replaying {len(calls):,} calls; rendering prompts (last {prompt_window} tokens)")
+        prompts = replay_lib.prompt_tokens(store, tok, calls, prompt_window)
+        outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
+        warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
+            if warm else []
+    params = {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
+              "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree, "merge": merge,
+              "prompt_window": prompt_window, "warm_outputs": len(warm_tokens)}
+    methods = ["specx"]
+    if baselines:
+        methods += (["specx_unmerged"] if merge else []) + ["global_only", "request_only", "prompt_lookup"]
+        if reference_impl.available():
+            methods.append("reference")
+    with output.progress() as bar:
+        task = bar.add_task("replay", total=len(calls) * len(methods))
+        result = replay_lib.run_replay(calls, prompts, outputs, warm_tokens, params, by, methods,
+                                       on_call=lambda: bar.advance(task))
+    if plot_file is not None:
+        replay_lib.plot(result, plot_file)
+        output.note(f"plot: {plot_file}")
+    if json_out:
+        output.print_json({k: v for k, v in result.items() if k not in ("curve", "accepted_hist")}
+                          | {"accepted_hist": result["accepted_hist"]})
+        return
+    keys = ["calls", "output_tokens", "steps", "tokens_per_step", "accepted_per_step", "acceptance_rate",
+            "mean_draft_size", "draft_us_per_token", "update_us_per_token"]
+    output.print_table(f"replay by {by} (specx, {'tree' if tree else 'path'} drafts)", [by] + keys,
+                       [[g["key"]] + [g[k] for k in keys] for g in result["groups"]]
+                       + [["overall"] + [result["overall"][k] for k in keys]])
+    if result["baselines"]:
+        rows = [["specx"] + [result["overall"][k] for k in keys]]
+        rows += [[name] + [stats[k] for k in keys] for name, stats in result["baselines"].items()]
+        output.print_table("methods on the same calls", ["method"] + keys, rows)
+
+
 @bench_app.command("index")
 def bench_index(
     tokens: Annotated[int, typer.Option(min=1000, help="Size of the synthetic corpus, in tokens.")] = 1_000_000,
@@ -249,12 +347,13 @@ def main() -> None:
     """Console-script entry point: domain errors become one clear line and exit status 1."""
     from specx.core.model import ModelError
     from specx.core.suffix_index import SuffixIndexError
+    from specx.core.replay import ReplayMismatch
     from specx.store.db import StoreError
     from specx.store.formats import ParseError
 
     try:
         code = app(standalone_mode=False)
-    except (SuffixIndexError, ModelError, ParseError, StoreError, OSError) as exc:
+    except (SuffixIndexError, ModelError, ParseError, StoreError, ReplayMismatch, OSError) as exc:
         if os.environ.get("SPECX_DEBUG"):
             raise
         output.error(str(exc))

@@ -94,3 +94,35 @@ def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.nda
         "path_speculate_p50_us": float(np.percentile(path_lat, 50)),
         "path_mean_accepted": float(np.mean(path_acc)),
     }
+
+
+class ReferenceDrafter:
+    """The reference's SuffixDecodingCache (prompt tree + global tree of past responses) behind the
+    replay drafter interface, with the same speculation parameters as specx."""
+
+    def __init__(self, max_depth: int, max_spec_tokens: int, max_spec_factor: float, min_token_prob: float,
+                 tree: bool) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache  # type: ignore[import-not-found]
+
+        self.cache = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=-1)
+        self.args = (max_spec_tokens, float(max_spec_factor), 0.0, float(min_token_prob), bool(tree))
+        self.max_depth = max_depth
+        self.request = 0
+        self.tail: list[int] = []
+
+    def start_request(self, prompt: Any) -> None:
+        self.request += 1
+        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
+        self.cache.start_request(self.request, prompt)
+        self.tail = prompt[-(self.max_depth + 1):].tolist()
+
+    def extend(self, tokens: Any) -> None:
+        self.cache.add_active_response(self.request, np.ascontiguousarray(tokens, dtype=np.int32))
+        self.tail = (self.tail + list(tokens))[-(self.max_depth + 1):]
+
+    def speculate(self) -> Draft:
+        d = self.cache.speculate(self.request, np.asarray(self.tail, dtype=np.int32), *self.args)
+        return Draft(list(d.token_ids), list(d.parents), list(d.probs), d.score, d.match_len)
+
+    def finish_request(self, learn: bool = True) -> None:
+        self.cache.stop_request(self.request)  # the response stays in its global tree

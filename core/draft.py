@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -51,17 +52,57 @@ class Draft:
                 out.append(path[::-1])
         return out
 
-    def accepted_len(self, continuation: list[int]) -> int:
-        """Longest draft path that equals a prefix of `continuation` (the simulated verifier)."""
-        best = 0
+    def accepted_path(self, continuation: Sequence[int]) -> list[int]:
+        """Draft tokens along the longest path that equals a prefix of `continuation`.
+
+        This is the greedy verifier when `continuation` is what the model would write: walk from
+        the root, moving to the child that carries the next token, stop at the first miss.
+        """
         node_at: dict[tuple[int, int], int] = {}
         for i, (tok, par) in enumerate(zip(self.token_ids, self.parents)):
             node_at.setdefault((par, tok), i)
+        path: list[int] = []
         parent = -1
-        for depth, tok in enumerate(continuation):
-            nxt = node_at.get((parent, tok))
+        for tok in continuation:
+            nxt = node_at.get((parent, int(tok)))
             if nxt is None:
                 break
+            path.append(self.token_ids[nxt])
             parent = nxt
-            best = depth + 1
-        return best
+        return path
+
+    def accepted_len(self, continuation: Sequence[int]) -> int:
+        """Length of `accepted_path`."""
+        return len(self.accepted_path(continuation))
+
+    def merge(self, other: "Draft", limit: int) -> "Draft":
+        """The union of two draft trees (self's nodes first), at most `limit` nodes.
+
+        Shared prefixes become shared nodes (keeping the higher D); other's nodes follow in their
+        best-first order while room remains. A verifier accepts at least as much from the union
+        as from either tree: every path of each is still a path. (SpecInfer merges the token trees
+        of several drafters the same way.)
+
+        >>> Draft([3, 4], [-1, 0], [0.9, 0.5], 1.4, 2).merge(Draft([3, 5], [-1, 0], [0.6, 0.6], 1.2, 1), 8).token_ids
+        [3, 4, 5]
+        """
+        tokens, parents, probs = list(self.token_ids), list(self.parents), list(self.probs)
+        node_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
+        mapped: dict[int, int] = {}
+        for i, (tok, par, prob) in enumerate(zip(other.token_ids, other.parents, other.probs)):
+            parent = -1 if par < 0 else mapped.get(par)
+            if parent is None:
+                continue  # its parent did not fit
+            j = node_at.get((parent, tok))
+            if j is None:
+                if len(tokens) >= limit:
+                    continue
+                j = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+                probs.append(prob)
+                node_at[(parent, tok)] = j
+            else:
+                probs[j] = max(probs[j], prob)
+            mapped[i] = j
+        return Draft(tokens, parents, probs, float(sum(probs)), max(self.match_len, other.match_len))

@@ -85,3 +85,25 @@ def _save_atomically(tokenizer: Any, target: Path) -> None:
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+    """A logged prompt as the text the model would read: the tokenizer's chat template when it has
+    one, ChatML-style turns otherwise. A plain-text prompt (role "prompt_text") is its text."""
+    if len(messages) == 1 and messages[0].get("role") == "prompt_text":
+        return str(messages[0].get("content", ""))
+    turns = [{"role": str(m.get("role") or "user"), "content": _content_text(m.get("content"))} for m in messages]
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(turns, tokenize=False)
+        except Exception:  # noqa: BLE001 - templates raise anything on odd role sequences; fall back
+            pass
+    return "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)

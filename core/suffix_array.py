@@ -23,17 +23,24 @@ SEP = -1
 SORT_DEPTH = 1024
 
 
+SMALL_TEXT = 1 << 14  # below this, one compiled call beats dozens of numpy calls per round
+
+
 def build_suffix_array(text: np.ndarray) -> np.ndarray:
     """Suffix array of `text` (int32, documents separated by SEP) without the SEP positions.
 
     Prefix doubling in the style of Larsson-Sadakane: each round sorts only the suffixes whose
     group (equal first h tokens) is not yet a singleton, so repetitive text costs little more
-    than rounds over its repeated parts.
+    than rounds over its repeated parts. Ties beyond SORT_DEPTH keep text order. Small texts (a
+    finished request added online) go through a compiled version of the same algorithm, which
+    gives the same array.
     """
     n = len(text)
     if n == 0:
         return np.zeros(0, dtype=np.int32)
     text = np.ascontiguousarray(text, dtype=np.int32)
+    if n < SMALL_TEXT:
+        return _build_small(text)
     # Round 0: order by the first two tokens, packed into one int64 key.
     nxt = np.empty(n, dtype=np.int64)
     nxt[:-1] = text[1:]
@@ -67,6 +74,41 @@ def build_suffix_array(text: np.ndarray) -> np.ndarray:
         h *= 2
     keep = text[sa] != SEP
     return sa[keep].astype(np.int32)
+
+
+@njit(cache=True, nogil=True)
+def _build_small(text: np.ndarray) -> np.ndarray:
+    """The algorithm of build_suffix_array, whole-array rounds, compiled: for short texts."""
+    n = len(text)
+    key = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        nxt = text[i + 1] if i + 1 < n else SEP - 1
+        key[i] = (np.int64(text[i]) + 2) * (1 << 32) + (nxt + 2)
+    sa = np.argsort(key, kind="mergesort")
+    rank = np.empty(n, dtype=np.int64)
+    h = 2
+    while True:
+        # Rank = sa position where the suffix's group starts; count the groups.
+        start = 0
+        distinct = 0
+        for j in range(n):
+            if j == 0 or key[sa[j]] != key[sa[j - 1]]:
+                start = j
+                distinct += 1
+            rank[sa[j]] = start
+        if distinct == n or h >= SORT_DEPTH:
+            break
+        for i in range(n):
+            key[i] = rank[i] * (n + 1) + (rank[i + h] + 1 if i + h < n else 0)
+        sa = sa[np.argsort(key[sa], kind="mergesort")]  # stable on the previous order: ties keep it
+        h *= 2
+    out = np.empty(n, dtype=np.int32)
+    m = 0
+    for j in range(n):
+        if text[sa[j]] != SEP:
+            out[m] = sa[j]
+            m += 1
+    return out[:m]
 
 
 def _group_ranks(sorted_key: np.ndarray, sa: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,6 +176,19 @@ def _backward_less(tokens: np.ndarray, e1: int, e2: int, depth: int) -> bool:
         if a == SEP:
             break
     return e1 < e2
+
+
+def prefix_array_build(tokens: np.ndarray) -> np.ndarray:
+    """The prefix array of `tokens` in one sort: the suffix array of the reversed text.
+
+    Its order refines the one prefix_array_extend keeps (backward tokens to `depth`, then
+    position), so later appends insert into it correctly.
+    """
+    n = len(tokens)
+    reversed_text = np.empty(n + 1, dtype=np.int32)
+    reversed_text[:n] = tokens[::-1]
+    reversed_text[n] = SEP
+    return (n - 1 - build_suffix_array(reversed_text)).astype(np.int32)
 
 
 @njit(cache=True, nogil=True)

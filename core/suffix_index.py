@@ -16,6 +16,7 @@ Everything is flat arrays: `to_bytes` writes them, `from_bytes` maps them back w
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -24,12 +25,12 @@ import numpy as np
 
 from .draft import Draft
 from .expand import _forward_ranges, node_children, speculate_index
-from .suffix_array import (SEP, SORT_DEPTH, build_suffix_array, first_out_of_range, prefix_array_extend,
-                           prefix_narrow, psi_decode, psi_encode)
+from .suffix_array import (SEP, SORT_DEPTH, build_suffix_array, first_out_of_range, prefix_array_build,
+                           prefix_array_extend, prefix_narrow, psi_decode, psi_encode)
 
 MAGIC = b"SPECXIDX"
 FORMAT_VERSION = 1
-MAX_TOKEN = 2**31 - 2
+MAX_TOKEN = 2**31 - 3  # build_suffix_array packs (token + 2) into the high half of an int64 key
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
 
 
@@ -69,8 +70,12 @@ class _LiveArena:
         return self.tok.nbytes + self.pa.nbytes
 
     def start(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
-        self.regions[seq_id] = [self._allocate(max(64, 2 * len(tokens))), max(64, 2 * len(tokens)), 0]
-        self.extend(seq_id, tokens, depth)
+        cap = max(64, 2 * len(tokens))
+        base = self._allocate(cap)
+        n = len(tokens)
+        self.tok[base : base + n] = tokens
+        self.pa[base : base + n] = prefix_array_build(tokens)  # one sort, not n insertions
+        self.regions[seq_id] = [base, cap, n]
 
     def extend(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
         region = self.regions[seq_id]
@@ -129,13 +134,9 @@ def check_tokens(tokens: Sequence[int] | np.ndarray, vocab_size: int | None, wha
     if arr.dtype.kind not in "iu":
         raise SuffixIndexError(f"{what} must be integer token ids, got {arr.dtype}")
     limit = MAX_TOKEN if vocab_size is None else vocab_size - 1
-    if arr.dtype != np.int32:
-        if int(arr.min()) < 0 or int(arr.max()) > limit:
-            return _bad_token(arr, limit, what)
-        return arr.astype(np.int32)
-    if first_out_of_range(arr, limit) >= 0:
+    if first_out_of_range(arr, limit) >= 0:  # one compiled pass, whatever the integer type
         return _bad_token(arr, limit, what)
-    return arr
+    return arr if arr.dtype == np.int32 else arr.astype(np.int32)
 
 
 def _bad_token(arr: np.ndarray, limit: int, what: str) -> np.ndarray:
@@ -224,13 +225,21 @@ class SuffixIndex:
     def append(self, seq_id: int, tokens: Sequence[int]) -> None:
         """Append tokens to a live sequence; they match at once."""
         self._get_live(seq_id)
-        arr = check_tokens(tokens, self.vocab_size)
+        self._append(seq_id, check_tokens(tokens, self.vocab_size))
+
+    def _append(self, seq_id: int, arr: np.ndarray) -> None:
+        # Tokens already checked (the drafter's hot path).
         arena = self._live.tok
         self._live.extend(seq_id, arr, self.max_depth)
         if self._live.tok is not arena or self._kernel_args is None:
             self._kernel_args = None
         else:
             self._sync_live_args()
+
+    def live_tokens(self, seq_id: int) -> np.ndarray:
+        """A live sequence's tokens so far (a view: valid until the next append)."""
+        self._get_live(seq_id)
+        return self._live.tokens(seq_id)
 
     def finish(self, seq_id: int) -> int:
         """Seal a live sequence as a finished one (it keeps its id); returns the id."""
@@ -590,14 +599,16 @@ class SuffixIndex:
         return flo, fhi, occ_doc, occ_start, int(total) + len(occ_doc)
 
 
-def check_speculate_args(context: np.ndarray, max_spec_tokens: int, max_spec_factor: float,
+def check_speculate_args(context: np.ndarray | None, max_spec_tokens: int, max_spec_factor: float,
                          min_token_prob: float, max_depth: int) -> None:
-    """ValueError for arguments the drafting kernel must never see."""
-    if len(context) == 0:
+    """ValueError for arguments the drafting kernel must never see (context None: parameters only)."""
+    if context is not None and len(context) == 0:
         raise SuffixIndexError("context is empty: speculation needs at least one token to match")
+    if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
+        raise SuffixIndexError(f"max_depth must be in [1, {MAX_DEPTH_LIMIT}], got {max_depth}")
     if not 0 <= max_spec_tokens <= SORT_DEPTH - max_depth:
         raise SuffixIndexError(f"max_spec_tokens must be in [0, {SORT_DEPTH - max_depth}], got {max_spec_tokens}")
-    if not (max_spec_factor >= 0 and np.isfinite(max_spec_factor)):
+    if not (max_spec_factor >= 0 and math.isfinite(max_spec_factor)):
         raise SuffixIndexError(f"max_spec_factor must be a finite number >= 0, got {max_spec_factor}")
     if not 0.0 <= min_token_prob <= 1.0:
         raise SuffixIndexError(f"min_token_prob must be in [0, 1], got {min_token_prob}")

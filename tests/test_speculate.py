@@ -111,20 +111,64 @@ def test_drafter_equals_best_of_both_indexes():
     rng = np.random.default_rng(3)
     docs = [rng.integers(0, 4, size=rng.integers(0, 30)).tolist() for _ in range(20)]
     global_index = SuffixIndex.build(docs[:10])
-    drafter = SuffixDrafter(global_index, max_spec_factor=2.0)
+    drafter = SuffixDrafter(global_index, max_spec_factor=2.0, merge_indexes=False)
+    merged = SuffixDrafter(global_index, max_spec_factor=2.0)
     for prompt in docs[10:]:
+        merged.start_request(prompt)
         drafter.start_request(prompt)
         for tok in rng.integers(0, 4, size=5).tolist():
             drafter.extend([tok])
-            context = drafter._context[-64:].tolist()
-            request_docs = [drafter._context.tolist()]
+            context = drafter.context[-64:].tolist()
+            request_docs = [drafter.context.tolist()]
             req = brute.speculate(request_docs, context, 64, 32, 2.0, 0.1, True)
             floor = (req[3], req[4]) if req else (0.0, 0)
             glob = brute.speculate(docs[:10], context, 64, 32, 2.0, 0.1, True, floor)
             expected = glob or req
             got = drafter.speculate()
             assert as_tuple(got) == (expected if expected else ([], [], [], 0.0, 0))
+            # The merged draft holds every path of both indexes' best trees (within the budget).
+            merged.extend([tok])
+            union = merged.speculate()
+            alone = brute.speculate(docs[:10], context, 64, 32, 2.0, 0.1, True)
+            assert len(union) <= 32
+            for tree in (req, alone):
+                if tree:
+                    draft = Draft(*tree)
+                    for path in draft.paths():
+                        assert union.accepted_len(path) == len(path)
         drafter.finish_request(learn=False)
+        merged.finish_request(learn=False)
+
+
+paths_strategy = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), max_size=6)
+
+
+@given(paths_strategy, paths_strategy, st.integers(0, 30))
+@settings(max_examples=200, deadline=None)
+def test_merge_keeps_every_path_within_the_limit(a_paths, b_paths, limit):
+    def tree(paths):  # a valid draft tree (distinct sibling tokens): the trie of some paths
+        tokens, parents, at = [], [], {}
+        for path in paths:
+            parent = -1
+            for tok in path:
+                if (parent, tok) not in at:
+                    at[(parent, tok)] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(parent)
+                parent = at[(parent, tok)]
+        return Draft(tokens, parents, [0.5] * len(tokens), 0.5 * len(tokens), 1)
+
+    a, b = tree(a_paths), tree(b_paths)
+    union = a.merge(b, max(limit, len(a)))
+    assert len(union) <= max(limit, len(a))
+    assert all(p < i for i, p in enumerate(union.parents))
+    for path in a.paths():
+        assert union.accepted_len(path) == len(path)  # all of a is kept
+    if len(union) < limit:  # room was left: all of b is in
+        for path in b.paths():
+            assert union.accepted_len(path) == len(path)
+    for cont in ([0, 1, 2], [3, 3, 3], [1, 0, 2, 3]):
+        assert union.accepted_len(cont) >= max(a.accepted_len(cont), b.accepted_len(cont) if len(union) < limit else 0)
 
 
 def test_drafter_rejects_misuse():

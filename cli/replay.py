@@ -1,0 +1,120 @@
+"""`specx replay` without a model: every method replays the same calls with the simulated verifier.
+
+Methods, side by side: specx (global + request index, their best trees merged), specx keeping
+only the better tree, each index alone, prompt lookup, and the reference implementation when
+importable. Prompts are rendered with the tokenizer's chat
+template and cut to their last `prompt_window` tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from specx.core.model import render_prompt
+from specx.core.replay import ReplayResult, replay
+from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.suffix_index import SuffixIndex
+from specx.store.db import Store
+from specx.store.selection import CallRef, prompt_texts
+
+from . import reference
+
+METHODS = ("specx", "specx_unmerged", "global_only", "request_only", "prompt_lookup", "reference")
+CHARS_PER_TOKEN = 8  # generous: rendering this many characters per token covers the window
+
+
+def make_drafter(method: str, params: dict[str, Any]) -> Any:
+    common = dict(max_depth=params["max_depth"], max_spec_tokens=params["max_spec_tokens"],
+                  max_spec_factor=params["max_spec_factor"], min_token_prob=params["min_token_prob"],
+                  tree=params["tree"])
+    if method == "specx":
+        return SuffixDrafter(SuffixIndex(params["max_depth"]), merge_indexes=params["merge"], **common)
+    if method == "specx_unmerged":  # DESIGN.md's rule: only the better of the two indexes' trees
+        return SuffixDrafter(SuffixIndex(params["max_depth"]), merge_indexes=False, **common)
+    if method == "global_only":
+        return SuffixDrafter(SuffixIndex(params["max_depth"]), use_request=False, **common)
+    if method == "request_only":
+        return SuffixDrafter(SuffixIndex(params["max_depth"]), use_global=False, **common)
+    if method == "prompt_lookup":
+        return PromptLookupDrafter(params["max_spec_tokens"])
+    if method == "reference":
+        return reference.ReferenceDrafter(**common)
+    raise ValueError(f"unknown replay method {method!r}")
+
+
+def prompt_tokens(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
+    """The last `window` tokens of each call's rendered prompt."""
+    texts = prompt_texts(store, calls, lambda messages: render_prompt(tokenizer, messages),
+                         max_chars=window * CHARS_PER_TOKEN)
+    out = []
+    backend = tokenizer.backend_tokenizer
+    for i in range(0, len(texts), 256):
+        for enc in backend.encode_batch(texts[i : i + 256], add_special_tokens=False):
+            out.append(np.asarray(enc.ids[-window:] if window else [], dtype=np.int32))
+    return out
+
+
+def run_replay(calls: list[CallRef], prompts: list[np.ndarray], outputs: list[np.ndarray],
+               warm: list[np.ndarray], params: dict[str, Any], by: str, methods: list[str],
+               on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """{"overall", "groups", "baselines", "params", "curve", "accepted_hist"} for the first method
+    (specx), the others as baselines, all on the same calls."""
+    results: dict[str, ReplayResult] = {}
+    for method in methods:
+        drafter = make_drafter(method, params)
+        for tokens in warm:  # sessions outside the selection, learned before the replay starts
+            drafter.start_request(np.zeros(0, dtype=np.int32))
+            drafter.extend(tokens)
+            drafter.finish_request()
+        stream = ((call.group(by), p, o) for call, p, o in zip(calls, prompts, outputs))
+        results[method] = replay(stream, drafter, on_call=on_call)
+    main = results[methods[0]]
+    groups = [{"key": key, **stats.to_json()} for key, stats in sorted(main.groups.items())]
+    return {
+        "method": methods[0],
+        "overall": main.overall.to_json(),
+        "groups": groups,
+        "baselines": {m: r.overall.to_json() for m, r in results.items() if m != methods[0]},
+        "baseline_groups": {m: [{"key": k, **s.to_json()} for k, s in sorted(r.groups.items())]
+                            for m, r in results.items() if m != methods[0]},
+        "params": params,
+        "curve": {m: r.curve for m, r in results.items()},
+        "accepted_hist": {m: dict(sorted(r.overall.accepted_hist.items())) for m, r in results.items()},
+    }
+
+
+def plot(result: dict[str, Any], path: Path, window: int = 50) -> None:
+    """Tokens per step against calls replayed (rolling over `window` calls), and accepted lengths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for method, curve in result["curve"].items():
+        tokens = np.array([c[0] for c in curve], dtype=float)
+        steps = np.array([c[1] for c in curve], dtype=float)
+        if not len(tokens):
+            continue
+        kernel = np.ones(min(window, len(tokens)))
+        rolling = np.convolve(tokens, kernel, "valid") / np.maximum(np.convolve(steps, kernel, "valid"), 1)
+        left.plot(np.arange(len(rolling)) + len(kernel), rolling, label=method, linewidth=1.4)
+    left.set_xlabel("calls replayed")
+    left.set_ylabel(f"tokens per step (rolling {window} calls)")
+    left.set_title("learning curve")
+    left.legend()
+    left.grid(alpha=0.3)
+    hist = result["accepted_hist"][result["method"]]
+    lengths = sorted(hist)
+    total = sum(hist.values()) or 1
+    right.bar(lengths, [hist[k] / total for k in lengths], color="tab:blue")
+    right.set_xlabel("accepted draft tokens per step")
+    right.set_ylabel("share of steps")
+    right.set_title(f"accepted length ({result['method']})")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

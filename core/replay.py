@@ -1,0 +1,132 @@
+"""Model-free replay: the simulated verifier of DESIGN.md section 1.
+
+Replay a recorded output as if the model were producing it: at each step draft from the indexes,
+accept the longest draft path equal to the recorded continuation, add one bonus token (what the
+model's own prediction would be), append, repeat. The output is rebuilt from the accepted draft
+tokens and the bonus tokens, and must equal the recording: a mismatch raises ReplayMismatch.
+
+Hand-worked (defaults: max_spec_factor 1, so a match of p tokens drafts at most p): the global
+index holds [7, 8, 9]; prompt [1]; recorded output [7, 8, 9, 5].
+  step 1: context [1]: no match, empty draft; accept 0, bonus 7            -> [7]
+  step 2: context ends [7]: p = 1, draft [8]; accept 1, bonus 9            -> [7, 8, 9]
+  step 3: context ends [7, 8, 9]: the indexed sequence ends there: empty   -> [7, 8, 9, 5]
+three steps for four tokens: 1.33 tokens per step, 1 of 1 drafted tokens accepted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from .draft import Draft
+
+
+class ReplayMismatch(RuntimeError):
+    """The replay did not rebuild a recorded output: a bug in drafting or acceptance, never the data."""
+
+
+class ReplayDrafter(Protocol):
+    def start_request(self, prompt: Sequence[int]) -> None: ...
+    def extend(self, tokens: Sequence[int]) -> None: ...
+    def speculate(self) -> Draft: ...
+    def finish_request(self, learn: bool = True) -> None: ...
+
+
+@dataclass
+class ReplayStats:
+    """Totals over replayed calls; `to_json` gives the reported figures."""
+
+    calls: int = 0
+    tokens: int = 0
+    steps: int = 0
+    accepted: int = 0  # draft tokens accepted (bonus tokens not included)
+    drafted: int = 0  # draft tokens proposed
+    draft_seconds: float = 0.0  # speculate calls
+    update_seconds: float = 0.0  # index updates: request start, appends, learning the output
+    accepted_hist: Counter = field(default_factory=Counter)  # accepted length -> steps
+
+    def add(self, other: "ReplayStats") -> None:
+        self.calls += other.calls
+        self.tokens += other.tokens
+        self.steps += other.steps
+        self.accepted += other.accepted
+        self.drafted += other.drafted
+        self.draft_seconds += other.draft_seconds
+        self.update_seconds += other.update_seconds
+        self.accepted_hist.update(other.accepted_hist)
+
+    def to_json(self) -> dict[str, Any]:
+        steps = max(self.steps, 1)
+        return {
+            "calls": self.calls,
+            "output_tokens": self.tokens,
+            "steps": self.steps,
+            "tokens_per_step": self.tokens / steps,
+            "accepted_per_step": self.accepted / steps,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_draft_size": self.drafted / steps,
+            "draft_us_per_token": 1e6 * self.draft_seconds / max(self.tokens, 1),
+            "update_us_per_token": 1e6 * self.update_seconds / max(self.tokens, 1),
+        }
+
+
+def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True) -> ReplayStats:
+    """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt."""
+    stats = ReplayStats(calls=1, tokens=len(output))
+    out = output.tolist()
+    rebuilt: list[int] = []
+    clock = time.perf_counter
+    t0 = clock()
+    drafter.start_request(prompt)
+    updating = clock() - t0
+    drafting = 0.0
+    pos = 0
+    while pos < len(out):
+        t0 = clock()
+        draft = drafter.speculate()
+        drafting += clock() - t0
+        path = draft.accepted_path(out[pos : pos + len(draft)])
+        step = path + out[pos + len(path) : pos + len(path) + 1]  # + the bonus token, if the output goes on
+        rebuilt.extend(step)
+        t0 = clock()
+        drafter.extend(step)
+        updating += clock() - t0
+        pos += len(step)
+        stats.steps += 1
+        stats.accepted += len(path)
+        stats.drafted += len(draft)
+        stats.accepted_hist[len(path)] += 1
+    t0 = clock()
+    drafter.finish_request(learn=learn)
+    stats.update_seconds = updating + clock() - t0
+    stats.draft_seconds = drafting
+    if rebuilt != out:
+        first = next((i for i, (a, b) in enumerate(zip(rebuilt, out)) if a != b), min(len(rebuilt), len(out)))
+        raise ReplayMismatch(f"replay rebuilt a different output (first difference at token {first})")
+    return stats
+
+
+@dataclass
+class ReplayResult:
+    overall: ReplayStats
+    groups: dict[str, ReplayStats]
+    curve: list[tuple[int, int]]  # per call, in order: (tokens, steps)
+
+
+def replay(calls: Iterable[tuple[str, np.ndarray, np.ndarray]], drafter: ReplayDrafter,
+           on_call: Callable[[], None] = lambda: None) -> ReplayResult:
+    """Replay (group key, prompt tokens, output tokens) in order; each output is learned after its call."""
+    overall = ReplayStats()
+    groups: dict[str, ReplayStats] = {}
+    curve = []
+    for key, prompt, output in calls:
+        stats = replay_call(drafter, prompt, output)
+        overall.add(stats)
+        groups.setdefault(key, ReplayStats()).add(stats)
+        curve.append((stats.tokens, stats.steps))
+        on_call()
+    return ReplayResult(overall, groups, curve)

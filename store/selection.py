@@ -1,0 +1,88 @@
+"""Choosing stored calls (for replay and entropy) and rebuilding their prompts as tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .db import Store
+
+
+@dataclass(frozen=True)
+class CallRef:
+    id: int
+    session_id: int
+    position: int
+    source: str  # the log file's path
+    format: str
+    model: str | None
+    agent: str | None
+    session_key: str
+
+    def group(self, by: str) -> str:
+        """The key this call is reported under for --by: format, source, model, agent or session."""
+        value = {"format": self.format, "source": self.source, "model": self.model, "agent": self.agent,
+                 "session": self.session_key}[by]
+        return value if value is not None else "-"
+
+
+GROUPS = ("format", "source", "model", "agent", "session")
+
+
+def select_calls(store: Store, tokenizer_id: int, *, formats: list[str] | None = None,
+                 sources: list[str] | None = None, models: list[str] | None = None,
+                 agents: list[str] | None = None, sessions: list[str] | None = None,
+                 limit: int | None = None) -> list[CallRef]:
+    """Calls with output tokens for the tokenizer, in recorded order (session, then position).
+
+    Filters combine with AND; within one, any value may match (formats exactly, the others as
+    substrings of the source path, model, agent or session key).
+    """
+    where, args = ["t.tokenizer_id = ?"], [tokenizer_id]
+    for column, values, exact in (("s.format", formats, True), ("src.path", sources, False),
+                                  ("c.model", models, False), ("c.agent", agents, False),
+                                  ("s.session_key", sessions, False)):
+        if values:
+            if exact:
+                where.append(f"{column} IN ({','.join('?' * len(values))})")
+                args += values
+            else:
+                where.append("(" + " OR ".join(f"coalesce({column}, '') LIKE ?" for _ in values) + ")")
+                args += [f"%{v}%" for v in values]
+    condition = " AND ".join(where[1:]) or "1"
+    rows = store.db.execute(
+        "SELECT c.id, c.session_id, c.position, src.path, s.format, c.model, c.agent, s.session_key"
+        " FROM calls c JOIN sessions s ON s.id = c.session_id JOIN sources src ON src.id = s.source_id"
+        f" JOIN tokens t ON t.call_id = c.id WHERE t.tokenizer_id = ? AND {condition}"
+        " ORDER BY c.session_id, c.position, c.id" + (" LIMIT ?" if limit else ""),
+        [tokenizer_id, *args[1:]] + ([limit] if limit else [])).fetchall()
+    return [CallRef(*row) for row in rows]
+
+
+def outside_sessions(store: Store, tokenizer_id: int, selected: list[CallRef]) -> list[CallRef]:
+    """Calls of every session none of whose calls is in `selected` (what `replay --warm` preloads)."""
+    chosen = {c.session_id for c in selected}
+    return [c for c in select_calls(store, tokenizer_id) if c.session_id not in chosen]
+
+
+def prompt_texts(store: Store, calls: list[CallRef], render: Any, max_chars: int) -> list[str]:
+    """Each call's prompt rendered as text, keeping only about the last `max_chars` characters' worth
+    of messages (the replay keeps the last N tokens anyway; rendering all of a 60-turn history
+    for every call would dominate its time)."""
+    out = []
+    for call in calls:
+        messages = store.call_prompt(call.id) or []
+        tail, size = [], 0
+        for message in reversed(messages):
+            tail.append(message)
+            size += len(str(message.get("content", "")))
+            if size >= max_chars:
+                break
+        out.append(render(tail[::-1]))
+    return out
+
+
+def output_tokens(store: Store, calls: list[CallRef], tokenizer_id: int) -> list[np.ndarray]:
+    return [store.call_tokens(c.id, tokenizer_id) for c in calls]  # type: ignore[misc]
