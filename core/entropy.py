@@ -49,12 +49,11 @@ import numpy as np
 from numba import njit
 
 from .suffix_array import SEP, SORT_DEPTH, build_suffix_array
+from .suffix_index import MAX_TOKEN
 
 # The deepest context the suffix array orders correctly is SORT_DEPTH tokens; the pass below reads
 # lcp values up to max_depth + 1, so half of it leaves ample room (and matches the index's limit).
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
-# The suffix sort packs (token + 2) << 32 into an int64 key, which overflows for tokens above this.
-MAX_TOKEN = 2**31 - 3
 
 
 class EntropyError(ValueError):

@@ -74,8 +74,12 @@ class ReplayStats:
         }
 
 
-def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True) -> ReplayStats:
-    """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt."""
+def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
+                trace: list[tuple[int, int]] | None = None) -> ReplayStats:
+    """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt.
+
+    With `trace`, (draft size, accepted) of every step is appended to it.
+    """
     stats = ReplayStats(calls=1, tokens=len(output))
     out = output.tolist()
     rebuilt: list[int] = []
@@ -100,6 +104,8 @@ def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, 
         stats.accepted += len(path)
         stats.drafted += len(draft)
         stats.accepted_hist[len(path)] += 1
+        if trace is not None:
+            trace.append((len(draft), len(path)))
     t0 = clock()
     drafter.finish_request(learn=learn)
     stats.update_seconds = updating + clock() - t0

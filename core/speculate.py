@@ -89,10 +89,12 @@ class SuffixDrafter:
         """Best draft for `context` (default: the running request's prompt + output)."""
         if context is None:
             ctx = self.context[-self.max_depth :]
+            if len(ctx) == 0:  # an empty prompt, before the first token: nothing to match yet
+                return Draft()
         else:
             ctx = check_tokens(context, self.global_index.vocab_size, "context")[-self.max_depth :]
-        if len(ctx) == 0:
-            raise SuffixIndexError("context is empty: speculation needs at least one token to match")
+            if len(ctx) == 0:
+                raise SuffixIndexError("context is empty: speculation needs at least one token to match")
         args = (self.max_spec_tokens, self.max_spec_factor, self.min_token_prob, self.tree)
         best = Draft()
         if self.use_request and self.request_index is not None:

@@ -1,0 +1,125 @@
+"""Model-free replay: hand-worked step traces, baselines, every stored output rebuilt, the commands."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import AGENT_DATA
+from specx.core.draft import Draft
+from specx.core.replay import ReplayMismatch, replay, replay_call
+from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.suffix_index import SuffixIndex
+
+from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
+
+
+def arr(*tokens):
+    return np.array(tokens, dtype=np.int32)
+
+
+def test_hand_worked_replay_from_the_global_index():
+    # core/replay.py's docstring, step by step: global index [7, 8, 9]; prompt [1]; output [7, 8, 9, 5].
+    drafter = SuffixDrafter(SuffixIndex.build([[7, 8, 9]]))
+    trace = []
+    stats = replay_call(drafter, arr(1), arr(7, 8, 9, 5), trace=trace)
+    assert trace == [(0, 0), (1, 1), (0, 0)]  # (draft size, accepted) per step
+    assert (stats.steps, stats.tokens, stats.accepted, stats.drafted) == (3, 4, 1, 1)
+    assert stats.to_json()["tokens_per_step"] == pytest.approx(4 / 3)
+
+
+def test_hand_worked_replay_from_the_prompt_and_learning():
+    # Prompt [5, 6, 7, 8, 5]; output [6, 7, 8, 9]. Step 1: the context ends with 5, which was
+    # followed by 6 in the prompt: p = 1 drafts [6] (alpha 1), accepted; bonus 7. Step 2: the
+    # context ends [5, 6, 7] (p = 3, count 2: the prompt's and the context's own end): child 8 has
+    # D = 1/2, then 5 and 6 follow it with C = 1: draft [8, 5, 6] (budget 3, score 1.5, beating
+    # p = 2's 1.0); accept [8], bonus 9. Two steps for 4 tokens.
+    drafter = SuffixDrafter()
+    trace = []
+    replay_call(drafter, arr(5, 6, 7, 8, 5), arr(6, 7, 8, 9), trace=trace)
+    assert trace == [(1, 1), (3, 1)]
+    # The output was learned: the same call again drafts from the global index too.
+    trace = []
+    replay_call(drafter, arr(1, 6), arr(7, 8, 9), trace=trace)
+    assert trace[0][1] >= 1
+
+
+def test_prompt_lookup_baseline():
+    # Longest suffix n-gram ([1, 2], n = 2) at its earliest occurrence (0): draft what followed.
+    drafter = PromptLookupDrafter(max_spec_tokens=3)
+    drafter.start_request(arr(1, 2, 3, 9, 1, 2, 4, 1, 2))
+    draft = drafter.speculate()
+    assert (draft.token_ids, draft.parents, draft.match_len) == ([3, 9, 1], [-1, 0, 1], 2)
+    drafter.start_request(arr(4, 5))
+    assert len(drafter.speculate()) == 0
+
+
+def test_replay_fails_loudly_when_acceptance_is_wrong(monkeypatch):
+    drafter = SuffixDrafter(SuffixIndex.build([[7, 8, 9]]))
+    monkeypatch.setattr(Draft, "accepted_path", lambda self, cont: [t + 1 for t in self.token_ids[:1]])
+    with pytest.raises(ReplayMismatch, match="first difference"):
+        replay_call(drafter, arr(1, 7), arr(8, 9, 4))
+
+
+def test_replay_groups_and_totals():
+    calls = [("a", arr(1, 2), arr(1, 2, 3)), ("b", arr(), arr(1, 2, 3)), ("a", arr(9), arr(1, 2, 3, 4))]
+    result = replay(calls, SuffixDrafter())
+    assert result.overall.calls == 3 and result.overall.tokens == 10
+    assert result.groups["a"].calls == 2 and result.groups["b"].tokens == 3
+    assert sum(t for t, _ in result.curve) == 10
+    assert result.overall.steps == sum(g.steps for g in result.groups.values())
+
+
+@pytest.mark.skipif(not AGENT_DATA.is_dir(), reason="needs ../shared/agent-data")
+def test_every_stored_output_is_rebuilt(tmp_path, tokenizer):  # noqa: F811
+    from specx.cli.replay import prompt_tokens
+    from specx.store.db import Store
+    from specx.store.ingest import ingest
+    from specx.store.selection import select_calls
+
+    with Store(tmp_path / "all.db") as store:
+        ingest(store, [AGENT_DATA], tokenizer)
+        tok_id = store.tokenizer_id(tokenizer.fingerprint)
+        calls = select_calls(store, tok_id)
+        formats = {c.format for c in calls}
+        assert {"swe-agent", "openhands", "text2sql-multiagent", "sql-lines", "openai-chat"} <= formats
+        prompts = prompt_tokens(store, tokenizer.get(), calls, 4096)
+        outputs = [store.call_tokens(c.id, tok_id) for c in calls]
+    result = replay(((c.format, p, o) for c, p, o in zip(calls, prompts, outputs)), SuffixDrafter())
+    assert result.overall.calls == len(calls)  # replay_call raised for none of them
+    assert result.overall.tokens == sum(len(o) for o in outputs)
+    for fmt in formats:
+        assert result.groups[fmt].to_json()["tokens_per_step"] > 1.0
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "specx", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_replay_and_entropy_commands(tmp_path, tokenizer):  # noqa: F811
+    tokenizer.get()
+    db = str(tmp_path / "cli.db")
+    assert run("ingest", str(good_logs(tmp_path)), "--db", db).returncode == 0
+    plot = tmp_path / "curve.png"
+    res = run("replay", "--db", db, "--json", "--plot", str(plot), "--by", "format")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert {"overall", "groups", "baselines"} <= data.keys()
+    keys = set(data["overall"])
+    assert {"calls", "output_tokens", "steps", "tokens_per_step", "accepted_per_step", "acceptance_rate",
+            "mean_draft_size", "draft_us_per_token"} <= keys
+    assert {"prompt_lookup", "request_only", "global_only"} <= data["baselines"].keys()
+    assert all(set(b) == keys for b in data["baselines"].values())
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sum(g["calls"] for g in data["groups"]) == data["overall"]["calls"]
+    res = run("replay", "--db", db, "--format", "swe-agent", "--limit", "1", "--no-baselines", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["overall"]["calls"] == 1
+    res = run("replay", "--db", db, "--format", "nonexistent")
+    assert res.returncode == 2 and "no stored call" in res.stderr
+    res = run("entropy", "--db", db, "--by", "agent", "--json")
+    assert res.returncode == 0, res.stderr
+    groups = json.loads(res.stdout)["groups"]
+    assert groups and all({"key", "calls", "tokens", "entropy_bits"} <= g.keys() for g in groups)
+    assert all(g["entropy_bits"] >= 0 for g in groups)
