@@ -23,7 +23,7 @@ from specx.store.selection import CallRef, prompt_texts
 from . import reference
 
 METHODS = ("specx", "specx_unmerged", "global_only", "request_only", "prompt_lookup", "reference")
-CHARS_PER_TOKEN = 8  # generous: rendering this many characters per token covers the window
+CHARS_PER_TOKEN = 4  # about what a token covers in agent logs; prompt_tokens checks and redoes short ones
 
 
 def make_drafter(method: str, params: dict[str, Any]) -> Any:
@@ -46,14 +46,25 @@ def make_drafter(method: str, params: dict[str, Any]) -> Any:
 
 
 def prompt_tokens(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
-    """The last `window` tokens of each call's rendered prompt."""
-    texts = prompt_texts(store, calls, lambda messages: render_prompt(tokenizer, messages),
-                         max_chars=window * CHARS_PER_TOKEN)
-    out = []
+    """The last `window` tokens of each call's rendered prompt.
+
+    Only the last messages are rendered (CHARS_PER_TOKEN characters per wanted token); a prompt
+    that comes out shorter than the window with messages left out is rendered again in full, so
+    the result equals tokenizing the whole prompt.
+    """
+    render = lambda messages: render_prompt(tokenizer, messages)  # noqa: E731
     backend = tokenizer.backend_tokenizer
+    texts = prompt_texts(store, calls, render, max_chars=window * CHARS_PER_TOKEN)
+    out: list[np.ndarray] = []
     for i in range(0, len(texts), 256):
-        for enc in backend.encode_batch(texts[i : i + 256], add_special_tokens=False):
-            out.append(np.asarray(enc.ids[-window:] if window else [], dtype=np.int32))
+        batch = texts[i : i + 256]
+        encoded = backend.encode_batch([t for t, _ in batch], add_special_tokens=False)
+        for j, (enc, (_, cut)) in enumerate(zip(encoded, batch)):
+            ids = enc.ids
+            if cut and len(ids) < window:
+                full = prompt_texts(store, [calls[i + j]], render, max_chars=None)[0][0]
+                ids = backend.encode(full, add_special_tokens=False).ids
+            out.append(np.asarray(ids[-window:] if window else [], dtype=np.int32))
     return out
 
 

@@ -78,29 +78,54 @@ def build_suffix_array(text: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _build_small(text: np.ndarray) -> np.ndarray:
-    """The algorithm of build_suffix_array, whole-array rounds, compiled: for short texts."""
+    """The algorithm of build_suffix_array, compiled: for short texts (no per-call numpy overhead)."""
     n = len(text)
     key = np.empty(n, dtype=np.int64)
     for i in range(n):
         nxt = text[i + 1] if i + 1 < n else SEP - 1
         key[i] = (np.int64(text[i]) + 2) * (1 << 32) + (nxt + 2)
     sa = np.argsort(key, kind="mergesort")
-    rank = np.empty(n, dtype=np.int64)
+    rank = np.empty(n, dtype=np.int64)  # sa position where the suffix's group starts
+    open_pos = np.empty(n, dtype=np.int64)  # sa positions of suffixes in groups of two or more
+    num_open = 0
+    j = 0
+    while j < n:
+        k = j
+        while k + 1 < n and key[sa[k + 1]] == key[sa[j]]:
+            k += 1
+        for m in range(j, k + 1):
+            rank[sa[m]] = j
+            if k > j:
+                open_pos[num_open] = m
+                num_open += 1
+        j = k + 1
     h = 2
-    while True:
-        # Rank = sa position where the suffix's group starts; count the groups.
-        start = 0
-        distinct = 0
-        for j in range(n):
-            if j == 0 or key[sa[j]] != key[sa[j - 1]]:
-                start = j
-                distinct += 1
-            rank[sa[j]] = start
-        if distinct == n or h >= SORT_DEPTH:
-            break
-        for i in range(n):
-            key[i] = rank[i] * (n + 1) + (rank[i + h] + 1 if i + h < n else 0)
-        sa = sa[np.argsort(key[sa], kind="mergesort")]  # stable on the previous order: ties keep it
+    sub_key = np.empty(n, dtype=np.int64)
+    members = np.empty(n, dtype=np.int64)
+    while num_open > 0 and h < SORT_DEPTH:
+        # Sort the open suffixes by (group, rank h tokens on); groups are contiguous, so the
+        # combined key keeps them apart. Keys read the ranks of the previous round.
+        for t in range(num_open):
+            m = sa[open_pos[t]]
+            members[t] = m
+            sub_key[t] = rank[m] * (n + 1) + (rank[m + h] + 1 if m + h < n else 0)
+        order = np.argsort(sub_key[:num_open], kind="mergesort")
+        for t in range(num_open):
+            sa[open_pos[t]] = members[order[t]]
+        still = 0
+        t = 0
+        while t < num_open:
+            u = t
+            while u + 1 < num_open and sub_key[order[u + 1]] == sub_key[order[t]]:
+                u += 1
+            start = open_pos[t]  # read before the compaction below overwrites it
+            for v in range(t, u + 1):
+                rank[members[order[v]]] = start
+                if u > t:
+                    open_pos[still] = open_pos[v]
+                    still += 1
+            t = u + 1
+        num_open = still
         h *= 2
     out = np.empty(n, dtype=np.int32)
     m = 0

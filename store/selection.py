@@ -67,20 +67,20 @@ def outside_sessions(store: Store, tokenizer_id: int, selected: list[CallRef]) -
     return [c for c in select_calls(store, tokenizer_id) if c.session_id not in chosen]
 
 
-def prompt_texts(store: Store, calls: list[CallRef], render: Any, max_chars: int) -> list[str]:
-    """Each call's prompt rendered as text, keeping only about the last `max_chars` characters' worth
-    of messages (the replay keeps the last N tokens anyway; rendering all of a 60-turn history
-    for every call would dominate its time)."""
+def prompt_texts(store: Store, calls: list[CallRef], render: Any, max_chars: int | None) -> list[tuple[str, bool]]:
+    """Each call's prompt rendered as text, from only its last messages worth about `max_chars`
+    characters (None: all), and whether messages were left out. A replay keeps the last N tokens
+    anyway; rendering and tokenizing a 60-turn history for every call would dominate its time."""
     out = []
     for call in calls:
         messages = store.call_prompt(call.id) or []
         tail, size = [], 0
         for message in reversed(messages):
+            if max_chars is not None and size >= max_chars:
+                break
             tail.append(message)
             size += len(str(message.get("content", "")))
-            if size >= max_chars:
-                break
-        out.append(render(tail[::-1]))
+        out.append((render(tail[::-1]), len(tail) < len(messages)))
     return out
 
 
