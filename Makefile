@@ -1,5 +1,5 @@
 # Set-up and the two everyday commands. Everything installs into .venv on first use.
-#   make demo   - the main job on built-in defaults (suffix-index benchmark on synthetic data + agent logs)
+#   make demo   - the main job on built-in defaults: ingest agent logs, their entropy, a model-free replay
 #   make test   - the test suite (pytest)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: setup demo test test-fast clean
+# The public agent logs beside this checkout when present, else the small fixture logs of the tests.
+LOGS ?= $(if $(wildcard ../shared/agent-data),../shared/agent-data,tests/fixtures/formats)
+DEMO_DB ?= $(VENV)/demo.db
+
+.PHONY: setup demo test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -20,7 +24,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 setup: $(VENV)/.installed
 
 demo: setup
+	$(VENV)/bin/specx ingest $(LOGS) --db $(DEMO_DB) || true  # the fixtures hold deliberately broken records
+	$(VENV)/bin/specx entropy --db $(DEMO_DB)
+	$(VENV)/bin/specx replay --db $(DEMO_DB) --limit 2000 --plot $(VENV)/demo-replay.png
+
+bench: setup
 	$(VENV)/bin/specx bench index
+	$(VENV)/bin/specx bench ingest
 
 test: setup
 	$(PY) -m pytest -q
