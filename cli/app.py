@@ -420,7 +420,7 @@ def _print_bench_table(corpora: list[dict]) -> None:
 def main() -> None:
     """Console-script entry point: domain errors become one clear line and exit status 1."""
     from specx.core.model import ModelError
-    from specx.core.suffix_index import SuffixIndexError
+    from specx.core.tokens import SuffixIndexError
     from specx.core.entropy import EntropyError
     from specx.core.replay import ReplayMismatch
     from specx.store.db import StoreError

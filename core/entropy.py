@@ -49,7 +49,7 @@ import numpy as np
 from numba import njit
 
 from .suffix_array import SEP, SORT_DEPTH, build_suffix_array
-from .suffix_index import MAX_TOKEN
+from .tokens import MAX_TOKEN
 
 # The deepest context the suffix array orders correctly is SORT_DEPTH tokens; the pass below reads
 # lcp values up to max_depth + 1, so half of it leaves ample room (and matches the index's limit).

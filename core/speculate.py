@@ -24,7 +24,8 @@ import numpy as np
 from numba import njit
 
 from .draft import Draft
-from .suffix_index import SuffixIndex, SuffixIndexError, check_speculate_args, check_tokens
+from .suffix_index import SuffixIndex, check_speculate_args
+from .tokens import SuffixIndexError, check_tokens
 
 
 class Drafter(Protocol):

@@ -25,17 +25,13 @@ import numpy as np
 
 from .draft import Draft
 from .expand import _forward_ranges, node_children, speculate_index
-from .suffix_array import (SEP, SORT_DEPTH, build_suffix_array, first_out_of_range, prefix_array_build,
-                           prefix_array_extend, prefix_narrow, psi_decode, psi_encode)
+from .live import LiveArena
+from .suffix_array import SEP, SORT_DEPTH, build_suffix_array, prefix_narrow, psi_decode, psi_encode
+from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 MAGIC = b"SPECXIDX"
 FORMAT_VERSION = 1
-MAX_TOKEN = 2**31 - 3  # build_suffix_array packs (token + 2) into the high half of an int64 key
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
-
-
-class SuffixIndexError(ValueError):
-    """Bad argument to the index: the message says which and why."""
 
 
 @dataclass
@@ -46,102 +42,6 @@ class _Segment:
     sa_hi: int
     doc_lo: int  # index into the sealed-document table
     doc_hi: int
-
-
-class _LiveArena:
-    """Live sequences as regions of one token arena and one prefix-array arena.
-
-    Flat arrays (not a list of arrays) so the compiled kernels take them at no unboxing cost. A
-    sequence that outgrows its region moves to a region twice as big at the end; the arena is
-    compacted when more than half of it is dead space.
-    """
-
-    def __init__(self) -> None:
-        self.tok = np.zeros(0, dtype=np.int32)
-        self.pa = np.zeros(0, dtype=np.int32)
-        self.used = 0  # arena prefix in use (live regions and dead space)
-        self.regions: dict[int, list[int]] = {}  # seq_id -> [base, capacity, length]
-
-    def tokens(self, seq_id: int) -> np.ndarray:
-        base, _, n = self.regions[seq_id]
-        return self.tok[base : base + n]
-
-    def nbytes(self) -> int:
-        return self.tok.nbytes + self.pa.nbytes
-
-    def start(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
-        cap = max(64, 2 * len(tokens))
-        base = self._allocate(cap)
-        n = len(tokens)
-        self.tok[base : base + n] = tokens
-        self.pa[base : base + n] = prefix_array_build(tokens)  # one sort, not n insertions
-        self.regions[seq_id] = [base, cap, n]
-
-    def extend(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
-        region = self.regions[seq_id]
-        base, cap, n = region
-        if n + len(tokens) > cap:
-            new_cap = max(n + len(tokens), 2 * cap)
-            new_base = self._allocate(new_cap)
-            base = region[0]  # _allocate may have compacted the arena
-            self.tok[new_base : new_base + n] = self.tok[base : base + n]
-            self.pa[new_base : new_base + n] = self.pa[base : base + n]
-            region[0], region[1] = new_base, new_cap
-            base = new_base
-        self.tok[base + n : base + n + len(tokens)] = tokens
-        prefix_array_extend(self.tok[base : base + region[1]], self.pa[base : base + region[1]],
-                            n, n + len(tokens), depth)
-        region[2] = n + len(tokens)
-
-    def remove(self, seq_id: int) -> None:
-        del self.regions[seq_id]
-        if not self.regions:
-            self.used = 0
-
-    def _allocate(self, cap: int) -> int:
-        live = sum(r[1] for r in self.regions.values())
-        if self.used + cap > len(self.tok) and live + cap <= len(self.tok) // 2:
-            self._compact()
-        if self.used + cap > len(self.tok):
-            size = max(2 * len(self.tok), live + cap + 1024)
-            for name in ("tok", "pa"):
-                old = getattr(self, name)
-                new = np.empty(size, dtype=np.int32)
-                new[: self.used] = old[: self.used]
-                setattr(self, name, new)
-        base = self.used
-        self.used += cap
-        return base
-
-    def _compact(self) -> None:
-        pos = 0
-        for region in sorted(self.regions.values()):
-            base, cap, n = region
-            self.tok[pos : pos + n] = self.tok[base : base + n]
-            self.pa[pos : pos + n] = self.pa[base : base + n]
-            region[0] = pos
-            pos += cap
-        self.used = pos
-
-
-def check_tokens(tokens: Sequence[int] | np.ndarray, vocab_size: int | None, what: str = "tokens") -> np.ndarray:
-    """Tokens as int32, or a ValueError naming the first bad one."""
-    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
-    if arr.ndim != 1:
-        raise SuffixIndexError(f"{what} must be a flat sequence of token ids, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int32)
-    if arr.dtype.kind not in "iu":
-        raise SuffixIndexError(f"{what} must be integer token ids, got {arr.dtype}")
-    limit = MAX_TOKEN if vocab_size is None else vocab_size - 1
-    if first_out_of_range(arr, limit) >= 0:  # one compiled pass, whatever the integer type
-        return _bad_token(arr, limit, what)
-    return arr if arr.dtype == np.int32 else arr.astype(np.int32)
-
-
-def _bad_token(arr: np.ndarray, limit: int, what: str) -> np.ndarray:
-    i = int(np.flatnonzero((arr < 0) | (arr > limit))[0])
-    raise SuffixIndexError(f"{what}[{i}] = {int(arr[i])} is out of range [0, {limit}]")
 
 
 class SuffixIndex:
@@ -164,7 +64,7 @@ class SuffixIndex:
         self._segments: list[_Segment] = []
         self._doc_ids: list[int] = []
         self._doc_starts: list[int] = []  # text position of each sealed document
-        self._live = _LiveArena()
+        self._live = LiveArena()
         self._next_id = 0
         self._kernel_args: tuple | None = None
         self._out_tok = np.empty(32, dtype=np.int32)  # draft output buffers, reused across calls
