@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specx.core.model import render_prompt
+from specx.core.model import chatml_block, chatml_blocks, render_prompt
 from specx.core.replay import ReplayResult, replay
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.suffix_index import SuffixIndex
@@ -48,10 +48,56 @@ def make_drafter(method: str, params: dict[str, Any]) -> Any:
 def prompt_tokens(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
     """The last `window` tokens of each call's rendered prompt.
 
-    Only the last messages are rendered (CHARS_PER_TOKEN characters per wanted token); a prompt
-    that comes out shorter than the window with messages left out is rendered again in full, so
-    the result equals tokenizing the whole prompt.
+    With a ChatML-style tokenizer each distinct message is tokenized once (agents resend their
+    whole history on every call), checked against rendering whole prompts on a sample of calls;
+    any difference, or another template, renders and tokenizes each prompt's tail instead.
     """
+    prefix = chatml_blocks(tokenizer)
+    if prefix is not None and calls:
+        fast = _prompt_tokens_by_message(store, tokenizer, calls, window, prefix)
+        sample = list(range(0, len(calls), max(1, len(calls) // 16)))
+        slow = _prompt_tokens_rendered(store, tokenizer, [calls[i] for i in sample], window)
+        if all(np.array_equal(fast[i], s) for i, s in zip(sample, slow)):
+            return fast
+    return _prompt_tokens_rendered(store, tokenizer, calls, window)
+
+
+def _prompt_tokens_by_message(store: Store, tokenizer: Any, calls: list[CallRef], window: int,
+                              prefix: str) -> list[np.ndarray]:
+    backend = tokenizer.backend_tokenizer
+    cache: dict[int, list[int]] = {}
+    prefix_ids = backend.encode(prefix, add_special_tokens=False).ids if prefix else []
+    out = []
+    for call in calls:
+        ids = store.call_prompt_ids(call.id) or []
+        messages = {}
+        missing = [mid for mid in ids if mid not in cache]
+        if missing:
+            for mid in missing:
+                messages[mid] = store.message(mid)
+            texts = [messages[m]["content"] if messages[m].get("role") == "prompt_text" else chatml_block(messages[m])
+                     for m in missing]
+            for mid, enc in zip(missing, backend.encode_batch(texts, add_special_tokens=False)):
+                cache[mid] = enc.ids
+        first = store.message(ids[0]) if ids else None
+        if first is not None and len(ids) == 1 and first.get("role") == "prompt_text":
+            tokens = cache[ids[0]]
+        else:
+            tokens = []
+            for mid in reversed(ids):  # from the end, until the window is full
+                tokens[:0] = cache[mid]
+                if len(tokens) >= window:
+                    break
+            else:
+                if ids and first.get("role") != "system":
+                    tokens[:0] = prefix_ids
+        out.append(np.asarray(tokens[-window:] if window else [], dtype=np.int32))
+    return out
+
+
+def _prompt_tokens_rendered(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
+    """Render each prompt's last messages (CHARS_PER_TOKEN characters per wanted token) and
+    tokenize; one that comes out shorter than the window with messages left out is redone in full."""
     render = lambda messages: render_prompt(tokenizer, messages)  # noqa: E731
     backend = tokenizer.backend_tokenizer
     texts = prompt_texts(store, calls, render, max_chars=window * CHARS_PER_TOKEN)

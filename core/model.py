@@ -98,7 +98,33 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
             return tokenizer.apply_chat_template(turns, tokenize=False)
         except Exception:  # noqa: BLE001 - templates raise anything on odd role sequences; fall back
             pass
-    return "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns)
+    return "".join(chatml_block(t) for t in turns)
+
+
+def chatml_blocks(tokenizer: Any) -> str | None:
+    """When the tokenizer renders prompts as plain ChatML turns, the text it puts before the first
+    turn when that turn is not a system message (possibly ""); None when it renders otherwise.
+
+    Then a prompt's text is that prefix (if due) followed by one block per message, each starting
+    with a special token, so its tokens are the blocks' tokens concatenated: each distinct message
+    can be tokenized once, however many calls resend it.
+    """
+    probe = [{"role": "system", "content": "s y"}, {"role": "user", "content": "u v"},
+             {"role": "assistant", "content": "a b"}]
+    blocks = [chatml_block(m) for m in probe]
+    if render_prompt(tokenizer, probe) != "".join(blocks):
+        return None
+    alone = render_prompt(tokenizer, probe[1:])
+    if not alone.endswith("".join(blocks[1:])):
+        return None
+    special = "<|im_start|>"
+    if special not in tokenizer.get_vocab() or len(tokenizer.encode(special, add_special_tokens=False)) != 1:
+        return None  # blocks must start with an unsplittable token for their tokens to concatenate
+    return alone[: len(alone) - len("".join(blocks[1:]))]
+
+
+def chatml_block(message: dict[str, Any]) -> str:
+    return f"<|im_start|>{message.get('role') or 'user'}\n{_content_text(message.get('content'))}<|im_end|>\n"
 
 
 def _content_text(content: Any) -> str:

@@ -210,17 +210,21 @@ class Store:
 
     def call_prompt(self, call_id: int) -> list[dict[str, Any]] | None:
         """A call's prompt messages (a plain-text prompt is one message with role "prompt_text")."""
+        ids = self.call_prompt_ids(call_id)
+        return None if ids is None else [self.message(mid) for mid in ids]
+
+    def call_prompt_ids(self, call_id: int) -> list[int] | None:
+        """The ids of a call's prompt messages (shared by every call that sent the same message)."""
         pack, offset, count = self.db.execute(
             "SELECT prompt_pack, prompt_offset, num_messages FROM calls WHERE id = ?", [call_id]).fetchone()
         if pack is None:
             return None
-        ids = np.frombuffer(self.read(pack, offset, 4 * count), dtype="<i4").tolist()
-        out = []
-        for mid in ids:
-            pack, offset, length = self.db.execute(
-                "SELECT pack_id, pack_offset, raw_bytes FROM messages WHERE id = ?", [mid]).fetchone()
-            out.append(json.loads(self.read(pack, offset, length).decode("utf-8", "surrogatepass")))
-        return out
+        return np.frombuffer(self.read(pack, offset, 4 * count), dtype="<i4").tolist()
+
+    def message(self, message_id: int) -> dict[str, Any]:
+        pack, offset, length = self.db.execute(
+            "SELECT pack_id, pack_offset, raw_bytes FROM messages WHERE id = ?", [message_id]).fetchone()
+        return json.loads(self.read(pack, offset, length).decode("utf-8", "surrogatepass"))
 
     def call_tokens(self, call_id: int, tokenizer_id: int) -> np.ndarray | None:
         row = self.db.execute("SELECT pack_id, pack_offset, num_tokens FROM tokens WHERE call_id = ?"

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .db import Store
 
 
@@ -82,7 +80,3 @@ def prompt_texts(store: Store, calls: list[CallRef], render: Any, max_chars: int
             size += len(str(message.get("content", "")))
         out.append((render(tail[::-1]), len(tail) < len(messages)))
     return out
-
-
-def output_tokens(store: Store, calls: list[CallRef], tokenizer_id: int) -> list[np.ndarray]:
-    return [store.call_tokens(c.id, tokenizer_id) for c in calls]  # type: ignore[misc]
