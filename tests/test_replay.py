@@ -87,6 +87,12 @@ def test_every_stored_output_is_rebuilt(tmp_path, tokenizer):  # noqa: F811
         assert {"swe-agent", "openhands", "text2sql-multiagent", "sql-lines", "openai-chat"} <= formats
         prompts = prompt_tokens(store, tokenizer.get(), calls, 4096)
         outputs = [store.call_tokens(c.id, tok_id) for c in calls]
+        # Tokenizing each message once equals rendering and tokenizing whole prompts.
+        from specx.cli.replay import _prompt_tokens_rendered
+
+        some = calls[::8]
+        slow = _prompt_tokens_rendered(store, tokenizer.get(), some, 4096)
+        assert all(np.array_equal(prompts[8 * i], s) for i, s in enumerate(slow))
     result = replay(((c.format, p, o) for c, p, o in zip(calls, prompts, outputs)), SuffixDrafter())
     assert result.overall.calls == len(calls)  # replay_call raised for none of them
     assert result.overall.tokens == sum(len(o) for o in outputs)
