@@ -120,6 +120,7 @@ def run_replay(calls: list[CallRef], prompts: list[np.ndarray], outputs: list[np
     """{"overall", "groups", "baselines", "params", "curve", "accepted_hist"} for the first method
     (specx), the others as baselines, all on the same calls."""
     results: dict[str, ReplayResult] = {}
+    _warm_up(params)
     for method in methods:
         drafter = make_drafter(method, params)
         for tokens in warm:  # sessions outside the selection, learned before the replay starts
@@ -141,6 +142,17 @@ def run_replay(calls: list[CallRef], prompts: list[np.ndarray], outputs: list[np
         "curve": {m: r.curve for m, r in results.items()},
         "accepted_hist": {m: dict(sorted(r.overall.accepted_hist.items())) for m, r in results.items()},
     }
+
+
+def _warm_up(params: dict[str, Any]) -> None:
+    """Load the compiled kernels before timing (numba loads each on first use, once per process)."""
+    drafter = make_drafter("specx", params)
+    for _ in range(2):
+        drafter.start_request(np.array([1, 2, 3, 1, 2], dtype=np.int32))
+        drafter.speculate()
+        drafter.extend([3, 1])
+        drafter.speculate()
+        drafter.finish_request()
 
 
 def plot(result: dict[str, Any], path: Path, window: int = 50) -> None:

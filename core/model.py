@@ -133,3 +133,91 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts
         return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
     return "" if content is None else str(content)
+
+
+# Conversion writes this file last, so its presence marks a complete safetensors copy.
+_WEIGHTS_FILE = "model.safetensors"
+
+
+def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device: str | None = None,
+               dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id.
+
+    The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (float32 on CPU,
+    bfloat16 on CUDA). A built-in model is de-quantized from its GGUF once (~30 s) and saved as
+    safetensors under `cache_dir/<name>`, so later loads take under a second.
+    """
+    import torch  # heavy imports: only when a model is needed
+    from transformers import AutoModelForCausalLM
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    try:
+        if model in BUILTIN:
+            cached = cache_dir / model if cache_dir is not None else None
+            tokenizer = load_tokenizer(model, cache_dir)
+            if cached is not None and (cached / _WEIGHTS_FILE).is_file():
+                net = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+            else:
+                gguf = builtin_gguf(model)
+                net = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+                if cached is not None:
+                    _save_model_atomically(net, tokenizer, cached)
+        else:
+            path = Path(model).expanduser()
+            if path.suffix == ".gguf":
+                if not path.is_file():
+                    raise ModelError(f"no such GGUF file: {path}")
+                net = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+            elif path.is_dir():
+                net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            elif path.exists() or model.startswith((".", "/", "~")):
+                raise ModelError(f"{model!r} is neither a model directory nor a .gguf file")
+            else:
+                net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            tokenizer = load_tokenizer(model, cache_dir)
+    except ModelError:
+        raise
+    except (OSError, ValueError, ImportError, KeyError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load the model {model!r}: {first}") from None
+    _clear_quantization(net)
+    net.to(device)
+    net.eval()
+    net.requires_grad_(False)  # inference only: no autograd bookkeeping on the weights
+    return net, tokenizer
+
+
+def _clear_quantization(net: Any) -> None:
+    # GGUF weights are de-quantized on load; the leftover quantization config would make
+    # save_pretrained refuse (or re-quantize on reload), so forget it.
+    if hasattr(net.config, "quantization_config"):
+        del net.config.quantization_config
+    for attr in ("hf_quantizer", "quantization_method"):
+        if getattr(net, attr, None) is not None:
+            setattr(net, attr, None)
+    if getattr(net, "is_quantized", False):
+        net.is_quantized = False
+
+
+def _save_model_atomically(net: Any, tokenizer: Any, target: Path) -> None:
+    # Same scheme as the tokenizer cache: build the copy beside the target, then rename, so a
+    # killed conversion never leaves a folder that looks complete.
+    _clear_quantization(net)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        net.save_pretrained(tmp, safe_serialization=True)
+        if target.exists():  # an older tokenizer-only cache, or a concurrent conversion
+            if (target / _WEIGHTS_FILE).is_file():
+                shutil.rmtree(tmp)
+                return
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""The decode loop: draft -> verify -> accept -> update, one Step per forward pass.
+
+Plain decoding is the same loop with empty drafts (each step then emits exactly one token), so
+the speculative and the plain path share every line that decides which token comes next.
+
+    steps = generate(model, prompt_ids, SuffixDrafter(index), max_new_tokens=64, eos_token_ids=[2])
+    output = [tok for step in steps for tok in step.new_tokens]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .draft import Draft
+from .verify import Sampling, check_draft, verify
+
+
+@dataclass
+class Step:
+    """One verification pass: the tokens it emitted (accepted draft tokens + the bonus token, cut
+    at EOS or max_new_tokens), the draft's size and how many of its nodes were accepted."""
+
+    new_tokens: list[int]
+    draft_size: int
+    accepted: int
+    draft_us: float  # time the drafter took to propose the draft
+    verify_us: float  # forward pass + accept walk + cache pruning
+
+
+def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new_tokens: int = 256,
+             eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+             top_k: int = 0, seed: int | None = None) -> Iterator[Step]:
+    """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
+
+    `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
+    `extend(tokens)` and `finish_request(learn)` are called when it has them. Greedy output
+    (temperature 0) equals plain greedy decoding token for token; with temperature > 0 every token
+    has exactly the plain sampler's distribution, and the same `seed` gives the same text with or
+    without a drafter (up to floating-point differences between the two passes).
+    """
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty: decoding needs at least one token")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0 or temperature < 0:
+        raise ValueError("top_k and temperature must be >= 0")
+    eos = _eos_set(eos_token_ids)
+    generator = torch.Generator(device="cpu")
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
+
+    _call(drafter, "start_request", prompt)
+    learn = False
+    try:
+        cache = _prefill(model, prompt[:-1])
+        # The last prompt token stays pending: the first step's pass reads it together with the
+        # first draft, so even the first output token can come with accepted draft tokens.
+        pending = [prompt[-1]]
+        num_out = 0
+        while num_out < max_new_tokens:
+            start = time.perf_counter()
+            draft = drafter.speculate() if drafter is not None else Draft()
+            check_draft(draft, model.config.vocab_size)
+            # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
+            draft = limit_depth(draft, max_new_tokens - num_out - 1)
+            drafted = time.perf_counter()
+            verdict = verify(model, cache, pending, draft, sampling)
+            verified = time.perf_counter()
+            tokens = verdict.tokens[: max_new_tokens - num_out]
+            stop = False
+            for i, tok in enumerate(tokens):
+                if tok in eos:  # the model stopped: nothing after EOS is output, drafted or not
+                    tokens, stop = tokens[: i + 1], True
+                    break
+            num_out += len(tokens)
+            _call(drafter, "extend", tokens)
+            yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
+                       (drafted - start) * 1e6, (verified - drafted) * 1e6)
+            if stop:
+                break
+            pending = [tokens[-1]]
+        learn = True
+    finally:
+        _call(drafter, "finish_request", learn)
+
+
+def limit_depth(draft: Draft, max_depth: int) -> Draft:
+    """The draft's nodes of depth <= max_depth (parents re-indexed; order kept).
+
+    >>> limit_depth(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), 1).token_ids
+    [5, 7]
+    """
+    depths = draft.depths()
+    if all(d <= max_depth for d in depths):
+        return draft
+    new_index: dict[int, int] = {}
+    tokens, parents, probs = [], [], []
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        if depths[i] <= max_depth:
+            new_index[i] = len(tokens)
+            tokens.append(tok)
+            parents.append(-1 if par < 0 else new_index[par])
+            if draft.probs:
+                probs.append(draft.probs[i])
+    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len)
+
+
+@torch.inference_mode()
+def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
+                  eos_token_ids: Iterable[int] | int | None = None) -> list[int]:
+    """Plain greedy decoding in the simplest form (forward with a KV cache, argmax): the reference
+    that speculative greedy decoding must equal token for token."""
+    from transformers import DynamicCache
+
+    eos = _eos_set(eos_token_ids)
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, S]
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits  # [1, S, V]
+        tok = int(torch.argmax(logits[0, -1]))
+        out.append(tok)
+        if tok in eos:
+            break
+        ids = torch.tensor([[tok]], dtype=torch.long, device=model.device)  # [1, 1]
+    return out
+
+
+@torch.inference_mode()
+def _prefill(model: Any, tokens: Sequence[int]) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    if tokens:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)  # [1, S]
+        # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def _eos_set(eos_token_ids: Iterable[int] | int | None) -> set[int]:
+    if eos_token_ids is None:
+        return set()
+    if isinstance(eos_token_ids, int):
+        return {eos_token_ids}
+    return {int(t) for t in eos_token_ids}
+
+
+def _call(drafter: Any, method: str, *args: Any) -> None:
+    # The Drafter protocol only requires speculate(); request hooks are optional.
+    fn = getattr(drafter, method, None) if drafter is not None else None
+    if fn is not None:
+        fn(*args)

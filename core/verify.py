@@ -1,0 +1,219 @@
+"""Tree verification (SpecInfer): score a whole draft tree in one forward pass, walk it with the
+greedy or sampling accept rule, and keep only the accepted path in the KV cache.
+
+One pass reads the *pending* tokens (committed but not yet in the cache: usually the previous
+step's bonus token) followed by every draft node. Worked example, cache of 5 tokens, pending
+[a], draft [x, y, z] with parents [-1, 0, 0] (x, then two alternatives y | z after it):
+
+    query   position   sees (besides the 5 cached tokens)
+    a       5          a
+    x       6          a x
+    y       7          a x y
+    z       7          a x     z
+
+y and z share a position (both are depth 2) and never see each other, so each node's logits are
+exactly those of the linear sequence prefix + its own path: lossless by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .draft import Draft
+
+# Attention implementations that take an arbitrary additive 4D mask; flash kernels only know
+# causal/padding masks and flex attention wants a BlockMask.
+_MASKABLE = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: temperature 0 is greedy (argmax); otherwise the processed
+    distribution (temperature, then top-k, then top-p) is sampled with `generator`."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Verdict:
+    """Result of one verification: `tokens` = accepted draft tokens + one bonus token."""
+
+    tokens: list[int]
+    accepted_nodes: list[int]  # indices into the draft, root to leaf
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+
+def check_draft(draft: Draft, vocab_size: int) -> None:
+    """ValueError unless the draft is a well-formed tree over this vocabulary."""
+    if not (len(draft.token_ids) == len(draft.parents)):
+        raise ValueError(f"draft has {len(draft.token_ids)} tokens but {len(draft.parents)} parents")
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        if not -1 <= par < i:
+            raise ValueError(f"draft node {i} has parent {par}; parents must satisfy -1 <= parent < index")
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"draft node {i} carries token {tok}, outside the vocabulary (size {vocab_size})")
+
+
+def tree_inputs(pending: Sequence[int], draft: Draft, num_cached: int, dtype: torch.dtype,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, position_ids, attention_mask) for one verification pass.
+
+    attention_mask is additive (0 = attend, dtype's min = masked), shape [1, 1, Q, num_cached + Q],
+    with Q = len(pending) + len(draft): transformers passes a 4D mask through unchanged to the
+    sdpa and eager attention functions, and an additive float mask means the same to both.
+    """
+    num_pending, num_nodes = len(pending), len(draft)
+    if num_pending < 1:
+        raise ValueError("verification needs at least one pending token (the root's logits come from it)")
+    q = num_pending + num_nodes
+    input_ids = torch.tensor([list(pending) + list(draft.token_ids)], dtype=torch.long, device=device)  # [1, Q]
+    depths = torch.tensor(draft.depths(), dtype=torch.long)  # [N]
+    positions = torch.cat([torch.arange(num_pending), num_pending - 1 + depths]) + num_cached  # [Q]
+
+    allowed = torch.zeros(q, num_cached + q, dtype=torch.bool)  # [Q, K]
+    allowed[:, :num_cached] = True
+    # pending tokens: plain causal attention among themselves; every node sees all of them
+    allowed[:, num_cached : num_cached + num_pending] = torch.ones(q, num_pending, dtype=torch.bool).tril()
+    ancestors = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)  # [N, N] row i: i and its ancestors
+    for i, parent in enumerate(draft.parents):
+        if parent >= 0:
+            ancestors[i] = ancestors[parent]
+        ancestors[i, i] = True
+    allowed[num_pending:, num_cached + num_pending :] = ancestors
+
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype)
+    mask.masked_fill_(allowed, 0.0)
+    return input_ids, positions.unsqueeze(0).to(device), mask[None, None].to(device)  # [1, Q] [1, Q] [1, 1, Q, K]
+
+
+def tree_logits(model: Any, cache: Any, pending: Sequence[int], draft: Draft) -> torch.Tensor:
+    """Run the model over pending tokens + draft nodes, appending all of them to `cache`.
+
+    Returns logits [P + N, V]: row P - 1 predicts the draft's roots, row P + i node i's children.
+    """
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl not in _MASKABLE:
+        raise ValueError(f"tree verification needs an attention implementation that takes a 4D mask "
+                         f"({', '.join(_MASKABLE)}), not {impl!r}")
+    input_ids, position_ids, mask = tree_inputs(pending, draft, cache.get_seq_length(), model.dtype, model.device)
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                past_key_values=cache, use_cache=True)
+    return out.logits[0]  # [Q, V]
+
+
+def process_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The sampling distribution for one row of logits [V] -> probs [V] (float64).
+
+    Temperature first, then top-k, then top-p (nucleus: the smallest set of most likely tokens
+    whose mass reaches top_p), the order transformers' samplers apply them in. Plain decoding in
+    `generate` uses this same function, which is what makes speculative sampling lossless.
+    """
+    scores = logits.double() / sampling.temperature  # [V]
+    if 0 < sampling.top_k < scores.numel():
+        kth = torch.topk(scores, sampling.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)  # [V]
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        # drop a token when the tokens before it already reach top_p; the first always stays
+        drop_sorted = (cum - sorted_scores.softmax(-1)) >= sampling.top_p
+        drop_sorted[0] = False
+        scores = scores.masked_fill(torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted), float("-inf"))
+    return scores.softmax(-1)
+
+
+def choose_token(logits: torch.Tensor, sampling: Sampling) -> int:
+    """The token the plain decoder would emit from these logits [V].
+
+    Sampling draws exactly one uniform number per token (inverse CDF), so plain and speculative
+    decoding consume the generator identically and, with the same seed, write the same text.
+    """
+    if sampling.greedy:
+        return int(torch.argmax(logits))
+    probs = process_logits(logits, sampling)  # [V]
+    u = torch.rand((), dtype=torch.float64, generator=sampling.generator)
+    cdf = probs.cumsum(-1)
+    idx = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0])
+    idx = min(idx, probs.numel() - 1)
+    while probs[idx] == 0:  # rounding at the top of the CDF: step back to a token that can occur
+        idx -= 1
+    return idx
+
+
+def accept(logits: torch.Tensor, draft: Draft, root_row: int, sampling: Sampling) -> Verdict:
+    """Walk the draft from the root: choose a token at the current node as plain decoding would;
+    move to the child that carries it, else emit it as the bonus token and stop.
+
+    For a draft that does not depend on the model's randomness this emits tokens with exactly the
+    target distribution (every token is a plain draw), and greedy equals plain greedy.
+    """
+    children: dict[tuple[int, int], int] = {}
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        children.setdefault((par, int(tok)), i)
+    tokens: list[int] = []
+    nodes: list[int] = []
+    node = -1
+    while True:
+        row = root_row if node < 0 else root_row + 1 + node
+        tok = choose_token(logits[row], sampling)
+        tokens.append(tok)
+        nxt = children.get((node, tok))
+        if nxt is None:
+            return Verdict(tokens, nodes)
+        nodes.append(nxt)
+        node = nxt
+
+
+def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_nodes: int) -> None:
+    """Prune `cache` to its first `num_kept` entries (cache + pending) followed by the accepted
+    nodes' entries, in path order: the cache plain decoding would hold.
+
+    The draft's entries sit at num_kept + node index. A draft whose accepted path is its first
+    nodes in order (always so for linear drafts) needs only a crop; otherwise the accepted rows
+    are gathered into place first.
+    """
+    num_accepted = len(accepted_nodes)
+    if list(accepted_nodes) != list(range(num_accepted)):
+        src = torch.tensor(accepted_nodes, dtype=torch.long) + num_kept  # [A]
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            if getattr(layer, "is_sliding", False) or type(layer).__name__ != "DynamicLayer":
+                raise ValueError(f"cannot reorder a {type(layer).__name__} cache layer; tree drafts need "
+                                 "full-attention layers")
+            idx = src.to(layer.keys.device)
+            # the right-hand side is a gathered copy, so overlapping source and target is safe
+            layer.keys[:, :, num_kept : num_kept + num_accepted] = layer.keys[:, :, idx]  # [B, H, A, D]
+            layer.values[:, :, num_kept : num_kept + num_accepted] = layer.values[:, :, idx]
+    extra = num_nodes - num_accepted
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.inference_mode()
+def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, sampling: Sampling) -> Verdict:
+    """One speculative step: score pending + draft in one pass, accept, prune the cache.
+
+    Afterwards the cache holds the pending tokens and the accepted draft tokens; the verdict's last
+    token (the bonus) is the next step's pending token.
+    """
+    check_draft(draft, model.config.vocab_size)
+    num_kept = cache.get_seq_length() + len(pending)
+    logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
+    verdict = accept(logits, draft, len(pending) - 1, sampling)
+    keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
+    return verdict

@@ -1,0 +1,189 @@
+"""The decode loop: speculative greedy equals plain greedy token for token, whatever the drafts."""
+
+import random
+
+import pytest
+import torch
+
+from specx.core.draft import Draft
+from specx.core.generate import Step, generate, greedy_decode, limit_depth
+
+from test_verify import VOCAB, tiny_model
+
+
+class FakeDrafter:
+    """Returns drafts built by `make(rng, output_so_far, reference_continuation)`; records the calls
+    the decode loop makes, so the tests can check the request protocol too."""
+
+    def __init__(self, make, reference: list[int], seed: int = 0) -> None:
+        self.make, self.reference, self.rng = make, reference, random.Random(seed)
+        self.prompt: list[int] | None = None
+        self.output: list[int] = []
+        self.finished: list[bool] = []
+
+    def start_request(self, prompt):
+        self.prompt, self.output = list(prompt), []
+
+    def extend(self, tokens):
+        self.output.extend(tokens)
+
+    def finish_request(self, learn=True):
+        self.finished.append(learn)
+
+    def speculate(self, context=None):
+        return self.make(self.rng, self.output, self.reference)
+
+
+def chain(tokens: list[int]) -> Draft:
+    return Draft(list(tokens), list(range(-1, len(tokens) - 1)), [0.5] * len(tokens), 0.5 * len(tokens), 1)
+
+
+def wrong_token(rng, right):
+    return (right + rng.randrange(1, VOCAB)) % VOCAB
+
+
+def all_wrong(rng, out, ref):
+    return chain([wrong_token(rng, ref[len(out)]) if len(out) < len(ref) else 0] + [rng.randrange(VOCAB) for _ in range(4)])
+
+
+def all_right(rng, out, ref):
+    return chain(ref[len(out) : len(out) + 6])
+
+
+def deep_chain(rng, out, ref):
+    # right for a random stretch, then wrong: partial acceptance at every depth
+    good = ref[len(out) : len(out) + rng.randrange(0, 40)]
+    return chain(good + [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 10))])
+
+
+def wide_tree(rng, out, ref):
+    # many roots and branches; the right path is hidden at a random place among siblings
+    right = ref[len(out) : len(out) + rng.randrange(0, 8)]
+    tokens, parents = [], []
+    parent = -1
+    for tok in right:
+        for _ in range(rng.randrange(0, 4)):  # wrong siblings before and their own subtrees
+            tokens.append(wrong_token(rng, tok)); parents.append(parent)
+            tokens.append(rng.randrange(VOCAB)); parents.append(len(tokens) - 2)
+        tokens.append(tok); parents.append(parent)
+        parent = len(tokens) - 1
+    for _ in range(rng.randrange(0, 5)):  # noise anywhere
+        tokens.append(rng.randrange(VOCAB)); parents.append(rng.randrange(-1, len(tokens) - 1))
+    return Draft(tokens, parents, [0.1] * len(tokens), 0.1 * len(tokens), 1)
+
+
+def empty(rng, out, ref):
+    return Draft()
+
+
+MAKERS = [all_wrong, all_right, deep_chain, wide_tree, empty]
+
+
+def collect(steps) -> tuple[list[int], list[Step]]:
+    steps = list(steps)
+    return [t for s in steps for t in s.new_tokens], steps
+
+
+@pytest.fixture(scope="module")
+def model64():
+    return tiny_model(torch.float64)
+
+
+@pytest.mark.parametrize("make", MAKERS, ids=lambda m: m.__name__)
+def test_speculative_greedy_equals_plain_greedy(model64, make):
+    rng = random.Random(hash(make.__name__) % 1000)
+    for trial in range(4):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))]
+        max_new = rng.randrange(1, 30)
+        ref = greedy_decode(model64, prompt, max_new + 30)  # longer than needed: drafts look ahead
+        drafter = FakeDrafter(make, ref, seed=trial)
+        out, steps = collect(generate(model64, prompt, drafter, max_new_tokens=max_new))
+        assert out == ref[:max_new]
+        assert drafter.prompt == prompt and drafter.output == out and drafter.finished == [True]
+        for step in steps[:-1]:
+            assert len(step.new_tokens) == step.accepted + 1
+            assert step.accepted <= step.draft_size
+        if make is all_right:  # each full-depth step accepts every node it can use
+            assert len(steps) < max_new or max_new == 1
+
+
+@pytest.mark.parametrize("make", [all_right, deep_chain, wide_tree], ids=lambda m: m.__name__)
+def test_drafts_crossing_eos_stop_at_eos(model64, make):
+    rng = random.Random(7)
+    for trial in range(3):
+        prompt = [rng.randrange(VOCAB) for _ in range(5)]
+        ref = greedy_decode(model64, prompt, 40)
+        eos = ref[rng.randrange(1, 20)]
+        want = greedy_decode(model64, prompt, 40, eos)
+        assert want[-1] == eos and len(want) <= 20
+        out, steps = collect(generate(model64, prompt, FakeDrafter(make, ref, trial), max_new_tokens=40,
+                                      eos_token_ids=[eos, VOCAB + 5]))
+        assert out == want
+        assert steps[-1].new_tokens[-1] == eos
+
+
+def test_plain_decoding_is_one_token_per_step(model64):
+    prompt = [3, 1, 4, 1, 5]
+    out, steps = collect(generate(model64, prompt, None, max_new_tokens=12))
+    assert out == greedy_decode(model64, prompt, 12)
+    assert [len(s.new_tokens) for s in steps] == [1] * 12
+    assert all(s.draft_size == 0 and s.accepted == 0 for s in steps)
+    assert list(generate(model64, prompt, None, max_new_tokens=0)) == []
+
+
+def test_float32_greedy_matches_too():
+    model = tiny_model(torch.float32, seed=3)
+    rng = random.Random(3)
+    for trial in range(4):
+        prompt = [rng.randrange(VOCAB) for _ in range(8)]
+        ref = greedy_decode(model, prompt, 50)
+        out, _ = collect(generate(model, prompt, FakeDrafter(wide_tree, ref, trial), max_new_tokens=30))
+        assert out == ref[:30]
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (10, 0.9)])
+def test_seeded_sampling_is_the_same_with_and_without_drafts(model64, top_k, top_p):
+    # One uniform draw per emitted token in both paths: same seed, same text, token for token.
+    prompt = [11, 22, 33, 44]
+    kwargs = dict(max_new_tokens=40, temperature=0.8, top_k=top_k, top_p=top_p, seed=42)
+    plain, _ = collect(generate(model64, prompt, None, **kwargs))
+    ref = plain + [0] * 40  # drafts taken from the sampled text: most are accepted
+    spec, steps = collect(generate(model64, prompt, FakeDrafter(deep_chain, ref), **kwargs))
+    assert spec == plain
+    assert len(steps) < len(plain)
+    other, _ = collect(generate(model64, prompt, None, **{**kwargs, "seed": 43}))
+    assert other != plain
+
+
+def test_limit_depth_keeps_shallow_nodes():
+    draft = Draft([1, 2, 3, 4], [-1, 0, -1, 1], [0.4, 0.3, 0.2, 0.1], 1.0, 2)
+    cut = limit_depth(draft, 2)
+    assert (cut.token_ids, cut.parents) == ([1, 2, 3], [-1, 0, -1])
+    assert len(limit_depth(draft, 0)) == 0
+
+
+def test_bad_arguments(model64):
+    with pytest.raises(ValueError, match="empty"):
+        list(generate(model64, [], None))
+    with pytest.raises(ValueError, match="top_p"):
+        list(generate(model64, [1], None, top_p=0.0))
+    bad = FakeDrafter(lambda rng, out, ref: Draft([1], [0], [], 0, 0), [])
+    with pytest.raises(ValueError, match="parent"):
+        list(generate(model64, [1, 2], bad, max_new_tokens=3))
+    assert bad.finished == [False]  # the request still ends, without learning a broken output
+
+
+@pytest.mark.slow
+def test_builtin_model_speculative_greedy_equals_plain(tmp_path_factory):
+    from specx.core.model import load_model
+    from specx.core.speculate import SuffixDrafter
+
+    model, tokenizer = load_model("smollm2-135m", tmp_path_factory.getbasetemp() / "models", device="cpu")
+    text = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+            "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n")
+    prompt = tokenizer.encode(text)
+    eos = tokenizer.eos_token_id
+    want = greedy_decode(model, prompt, 40, eos)
+    out, steps = collect(generate(model, prompt, SuffixDrafter(), max_new_tokens=40, eos_token_ids=eos))
+    assert out == want
+    assert len(steps) < len(out)  # the request index drafts the repeated function bodies
