@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .suffix_array import SEP, narrow, pattern_range, prefix_narrow
+from .suffix_array import SEP, narrow, prefix_narrow
 
 _EPS = 1e-9
 
@@ -327,21 +327,42 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
 
 
 @njit(cache=True, nogil=True)
-def _forward_ranges(text, sa, seg_lo, seg_hi, pattern):
+def _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern):
+    """Each sealed segment's range for `pattern`, and their total width.
+
+    A large segment has a first-token bucket table (seg_bucket >= 0): the range of the pattern's
+    first token is two reads instead of two binary searches over the whole segment, the searches
+    that miss the cache most.
+    """
     num_segs = len(seg_lo)
     flo = np.empty(num_segs, dtype=np.int64)
     fhi = np.empty(num_segs, dtype=np.int64)
     total = 0
     for k in range(num_segs):
-        a, b = pattern_range(text, sa, seg_lo[k], seg_hi[k], pattern)
-        flo[k] = a
-        fhi[k] = b
-        total += b - a
+        lo = seg_lo[k]
+        hi = seg_hi[k]
+        first = 0
+        if seg_bucket[k] >= 0 and len(pattern) > 0:
+            tok = pattern[0]
+            if tok < seg_vocab[k]:
+                lo = buckets[seg_bucket[k] + tok]
+                hi = buckets[seg_bucket[k] + tok + 1]
+            else:
+                hi = lo
+            first = 1
+        for d in range(first, len(pattern)):
+            if lo >= hi:
+                break
+            lo, hi = narrow(text, sa, lo, hi, d, pattern[d])
+        flo[k] = lo
+        fhi[k] = hi
+        total += hi - lo
     return flo, fhi, total
 
 
 @njit(cache=True, nogil=True)
-def speculate_index(text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live_len, context,
+def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, live_tok, live_pa, live_base,
+                    live_len, context,
                     max_depth, max_spec_tokens, alpha, min_prob, tree, floor_score, floor_len,
                     out_tok, out_par, out_prob):
     """Best draft from one index over match lengths p = 1..P, if it beats (floor_score, floor_len).
@@ -382,7 +403,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live
         bad = max_p + 1
         p = 1
         while p <= max_p:
-            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, context[t - p:])
+            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - p:])
             if total > 0:
                 good = p
                 p *= 2
@@ -395,7 +416,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live
             bad = max_p + 1
         while bad - good > 1:
             mid = (good + bad) // 2
-            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, context[t - mid:])
+            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - mid:])
             if total > 0:
                 good = mid
             else:
@@ -414,7 +435,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live
             break
         pattern = context[t - p:]
         if p <= fwd_pmax:
-            flo, fhi, count = _forward_ranges(text, sa, seg_lo, seg_hi, pattern)
+            flo, fhi, count = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern)
         else:
             flo = seg_lo.copy()
             fhi = seg_lo.copy()

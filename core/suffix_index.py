@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -34,6 +34,9 @@ FORMAT_VERSION = 1
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
 
 
+BUCKET_MIN_TOKENS = 4096  # smaller segments stay in cache: binary search is as fast there
+
+
 @dataclass
 class _Segment:
     text_lo: int
@@ -42,6 +45,26 @@ class _Segment:
     sa_hi: int
     doc_lo: int  # index into the sealed-document table
     doc_hi: int
+    bucket: np.ndarray | None = field(default=None, compare=False, repr=False)  # first-token table, lazily
+
+    def first_token_table(self, text: np.ndarray, sa: np.ndarray) -> np.ndarray | None:
+        """bucket[t] = where suffixes starting with token t begin in sa (absolute); None when small
+        or when the tokens are too sparse for a table to pay (more than 4 entries per suffix)."""
+        size = self.sa_hi - self.sa_lo
+        if size < BUCKET_MIN_TOKENS:
+            return None
+        if self.bucket is None:
+            first = text[sa[self.sa_lo : self.sa_hi]]  # ascending: the suffixes are sorted
+            vocab = int(first[-1]) + 1
+            if vocab > 4 * size:
+                return None
+            counts = np.bincount(first, minlength=vocab)
+            table = np.empty(vocab + 1, dtype=np.int64)
+            table[0] = self.sa_lo
+            np.cumsum(counts, out=table[1:])
+            table[1:] += self.sa_lo
+            self.bucket = table
+        return self.bucket
 
 
 class SuffixIndex:
@@ -176,8 +199,9 @@ class SuffixIndex:
         num_docs = len(self._doc_ids)
         drop = 0
         # Bytes the remaining sequences will need once compacted: 4 (text) + 4 (sa) per token,
-        # 4 for each separator, 16 per document-table entry, plus live sequences.
-        fixed = self._live_bytes()
+        # 4 for each separator, 16 per document-table entry, plus live sequences, plus today's
+        # first-token tables (dropping sequences never makes a table larger).
+        fixed = self._live_bytes() + self._table_bytes()
         doc_bytes = [0] * num_docs
         for i in range(num_docs):
             end = self._doc_starts[i + 1] if i + 1 < num_docs else self._text_len
@@ -204,7 +228,12 @@ class SuffixIndex:
     @property
     def nbytes(self) -> int:
         """Resident bytes of the index arrays (capacity, not just the used part)."""
-        return self._text.nbytes + self._sa.nbytes + 16 * len(self._doc_ids) + self._live_bytes()
+        return self._text.nbytes + self._sa.nbytes + self._table_bytes() + 16 * len(self._doc_ids) + self._live_bytes()
+
+    def _table_bytes(self) -> int:
+        tables = (s.first_token_table(self._text, self._sa) for s in self._segments)
+        return sum(t.nbytes for t in tables if t is not None)
+
 
     def sequences(self) -> Iterator[tuple[int, np.ndarray]]:
         """(id, tokens) of every sequence, sealed ones oldest first, then live ones."""
@@ -226,7 +255,7 @@ class SuffixIndex:
         flo, fhi, occ_doc, occ_start, total = self._node(pat)
         if total == 0:
             return {}
-        text, sa, _, _, live_tok, _, live_base, live_len = self._args()
+        text, sa, *_, live_tok, _, live_base, live_len = self._args()
         tok, cnt = node_children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start,
                                  len(pat), total)
         return dict(zip(tok.tolist(), cnt.tolist()))
@@ -453,10 +482,20 @@ class SuffixIndex:
         """The kernels' view of the index: text, sa, segment bounds, live arenas, bases, lengths."""
         if self._kernel_args is None:
             regions = list(self._live.regions.values())
+            tables = [s.first_token_table(self._text, self._sa) for s in self._segments]
+            offsets, vocabs, parts, at = [], [], [], 0
+            for table in tables:
+                offsets.append(at if table is not None else -1)
+                vocabs.append(len(table) - 1 if table is not None else 0)
+                if table is not None:
+                    parts.append(table)
+                    at += len(table)
             self._kernel_args = (
                 self._text, self._sa,
                 np.array([s.sa_lo for s in self._segments], dtype=np.int64),
                 np.array([s.sa_hi for s in self._segments], dtype=np.int64),
+                np.array(offsets, dtype=np.int64), np.array(vocabs, dtype=np.int64),
+                np.concatenate(parts) if parts else np.zeros(1, dtype=np.int64),
                 self._live.tok, self._live.pa,
                 np.array([r[0] for r in regions], dtype=np.int64),
                 np.array([r[2] for r in regions], dtype=np.int64),
@@ -465,7 +504,7 @@ class SuffixIndex:
 
     def _sync_live_args(self) -> None:
         # Appends change live lengths (and, after a move, bases) in place; arenas stay the same objects.
-        _, _, _, _, _, _, bases, lens = self._kernel_args
+        bases, lens = self._kernel_args[-2:]
         for k, (base, _, n) in enumerate(self._live.regions.values()):
             bases[k] = base
             lens[k] = n
@@ -479,8 +518,8 @@ class SuffixIndex:
     def _node(self, pattern: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """A pattern's node: sealed ranges, live occurrence starts, total count."""
         pat = self._check_pattern(pattern)
-        text, sa, seg_lo, seg_hi, live_tok, live_pa, live_base, live_len = self._args()
-        flo, fhi, total = _forward_ranges(text, sa, seg_lo, seg_hi, pat)
+        text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, live_tok, live_pa, live_base, live_len = self._args()
+        flo, fhi, total = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pat)
         docs, starts = [], []
         p = len(pat)
         for j in range(len(live_len)):

@@ -225,3 +225,24 @@ def test_round_trip_without_text():
     loaded = SuffixIndex.from_bytes(data, text=index.text().copy())
     check_against_brute(loaded, [[2, 3], [3], [], [4, 2]])
     assert all_docs(loaded) == docs + [[3, 4]]
+
+
+def test_large_segments_use_first_token_tables():
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 6, size=int(rng.integers(50, 400))).tolist() for _ in range(30)]
+    index = SuffixIndex.build(docs, max_depth=8)
+    assert index._segments[0].first_token_table(index._text, index._sa) is not None
+    index.add([7, 7, 8])  # tokens beyond the big table's vocabulary, in a small segment
+    all_ = docs + [[7, 7, 8]]
+    pats = [[t] for t in range(10)] + [rng.integers(0, 6, size=int(rng.integers(2, 5))).tolist() for _ in range(20)]
+    check_against_brute(index, pats + [[7, 8], [8, 7], []])
+    for _ in range(15):
+        ctx = rng.integers(0, 9, size=int(rng.integers(1, 10))).tolist()
+        for tree in (True, False):
+            got = index.speculate(ctx, max_spec_tokens=8, max_spec_factor=2.0, tree=tree)
+            want = brute.speculate(all_, ctx, 8, 8, 2.0, 0.1, tree)
+            assert (None if got is None else (got.token_ids, got.parents, got.probs, got.score, got.match_len)) == want
+    budget = index.nbytes // 2
+    dropped = index.evict(budget)
+    assert index.nbytes <= budget and dropped > 0
+    check_against_brute(index, pats)
