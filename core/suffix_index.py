@@ -48,18 +48,18 @@ class _Segment:
     bucket: np.ndarray | None = field(default=None, compare=False, repr=False)  # first-token table, lazily
 
     def first_token_table(self, text: np.ndarray, sa: np.ndarray) -> np.ndarray | None:
-        """bucket[t] = where suffixes starting with token t begin in sa (absolute); None when small
-        or when the tokens are too sparse for a table to pay (more than 4 entries per suffix)."""
+        """bucket[t] = where suffixes starting with token t begin in sa (absolute); None when the
+        segment is small, or when the table would cost more than a byte per suffix (4 bytes an entry)."""
         size = self.sa_hi - self.sa_lo
         if size < BUCKET_MIN_TOKENS:
             return None
         if self.bucket is None:
             first = text[sa[self.sa_lo : self.sa_hi]]  # ascending: the suffixes are sorted
             vocab = int(first[-1]) + 1
-            if vocab > 4 * size:
+            if 4 * (vocab + 1) > size:
                 return None
             counts = np.bincount(first, minlength=vocab)
-            table = np.empty(vocab + 1, dtype=np.int64)
+            table = np.empty(vocab + 1, dtype=np.int32)
             table[0] = self.sa_lo
             np.cumsum(counts, out=table[1:])
             table[1:] += self.sa_lo
@@ -495,7 +495,7 @@ class SuffixIndex:
                 np.array([s.sa_lo for s in self._segments], dtype=np.int64),
                 np.array([s.sa_hi for s in self._segments], dtype=np.int64),
                 np.array(offsets, dtype=np.int64), np.array(vocabs, dtype=np.int64),
-                np.concatenate(parts) if parts else np.zeros(1, dtype=np.int64),
+                np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32),
                 self._live.tok, self._live.pa,
                 np.array([r[0] for r in regions], dtype=np.int64),
                 np.array([r[2] for r in regions], dtype=np.int64),

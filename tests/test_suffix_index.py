@@ -231,6 +231,7 @@ def test_large_segments_use_first_token_tables():
     rng = np.random.default_rng(5)
     docs = [rng.integers(0, 6, size=int(rng.integers(50, 400))).tolist() for _ in range(30)]
     index = SuffixIndex.build(docs, max_depth=8)
+    assert index.nbytes <= 9 * index.num_tokens + 16 * 30 + 64  # the table costs under a byte a token
     assert index._segments[0].first_token_table(index._text, index._sa) is not None
     index.add([7, 7, 8])  # tokens beyond the big table's vocabulary, in a small segment
     all_ = docs + [[7, 7, 8]]
