@@ -326,6 +326,34 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
     return out_tok[:num_out], out_par[:num_out], out_prob[:num_out], score
 
 
+_SCAN_WIDTH = 8  # a range this narrow is checked suffix by suffix: sequential reads beat binary searches
+
+
+@njit(cache=True, nogil=True)
+def _scan_rest(text, sa, lo, hi, depth, pattern):
+    """Sub-range of sa[lo:hi] (equal on `depth` tokens) whose suffixes go on with pattern[depth:].
+
+    Those suffixes are contiguous (the range is sorted), and each check reads consecutive tokens;
+    a suffix that ends (SEP) mismatches before anything past its document is read.
+    """
+    new_lo = hi
+    new_hi = hi
+    for i in range(lo, hi):
+        pos = sa[i]
+        ok = True
+        for e in range(depth, len(pattern)):
+            if text[pos + e] != pattern[e]:
+                ok = False
+                break
+        if ok:
+            if new_lo == hi:
+                new_lo = i
+            new_hi = i + 1
+    if new_lo == hi:
+        return lo, lo
+    return new_lo, new_hi
+
+
 @njit(cache=True, nogil=True)
 def _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern):
     """Each sealed segment's range for `pattern`, and their total width.
@@ -352,6 +380,9 @@ def _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pa
             first = 1
         for d in range(first, len(pattern)):
             if lo >= hi:
+                break
+            if hi - lo <= _SCAN_WIDTH:
+                lo, hi = _scan_rest(text, sa, lo, hi, d, pattern)
                 break
             lo, hi = narrow(text, sa, lo, hi, d, pattern[d])
         flo[k] = lo
