@@ -9,7 +9,7 @@ tells how to build it.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,8 +39,10 @@ def why_unavailable() -> str:
 
 
 def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.ndarray],
-          continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
-    """The same figures as specx's, where the reference has them (it cannot save or load)."""
+          continuations: list[list[int]], max_depth: int, max_spec_tokens: int,
+          time_speculation: Callable) -> dict[str, Any]:
+    """The same figures as specx's, where the reference has them (it cannot save or load);
+    speculation is timed by the benchmark's own `time_speculation`, as specx's is."""
     c = _module()
     num_tokens = int(sum(len(d) for d in train))
     t0 = time.perf_counter()
@@ -55,16 +57,8 @@ def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.nda
         d = tree.speculate_ndarray(ctx, max_spec_tokens, 1.0, 0.0, 0.1, tree_mode)
         return Draft(d.token_ids, d.parents, d.probs, d.score, d.match_len)
 
-    stats = {}
-    for label, tree_mode in (("", True), ("path_", False)):
-        speculate(contexts[0], tree_mode) if contexts else None
-        latencies, accepted = [], []
-        for ctx, cont in zip(contexts, continuations):
-            t1 = time.perf_counter_ns()
-            draft = speculate(ctx, tree_mode)
-            latencies.append((time.perf_counter_ns() - t1) / 1000)
-            accepted.append(draft.accepted_len(cont))
-        stats[label] = (np.asarray(latencies), np.asarray(accepted, dtype=float))
+    stats = {label: time_speculation(lambda ctx, t=tree_mode: speculate(ctx, t), contexts, continuations)
+             for label, tree_mode in (("", True), ("path_", False))}
     live = c.SuffixTree(max_depth)
     appended = 0
     t0 = time.perf_counter()

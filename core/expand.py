@@ -18,10 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .suffix_array import SEP, narrow, prefix_narrow
-
-_EPS = 1e-9
-
+from .children import children_bound, node_children_into
+from .suffix_array import narrow, prefix_narrow
 
 @njit(cache=True, nogil=True)
 def _grow1(a: np.ndarray, n: int) -> np.ndarray:
@@ -39,128 +37,6 @@ def _grow2(a: np.ndarray, n: int) -> np.ndarray:
     b = np.empty((max(n, 2 * a.shape[0]), a.shape[1]), dtype=a.dtype)
     b[: a.shape[0]] = a
     return b
-
-
-@njit(cache=True, nogil=True)
-def _children_bound(flo, fhi, num_occ, frac):
-    """How many candidates `_children` can see: the workspace size it needs."""
-    bound = num_occ
-    for k in range(len(flo)):
-        w = fhi[k] - flo[k]
-        if w > 0:
-            stride = max(1, int(frac * w * (1.0 - _EPS)))
-            bound += min(w, w // stride + 1)
-    return bound
-
-
-@njit(cache=True, nogil=True)
-def _sort_pairs(keys, vals, n):
-    """Insertion sort of keys[:n] (ascending, stable), carrying vals: n is small here."""
-    for i in range(1, n):
-        k = keys[i]
-        v = vals[i]
-        j = i - 1
-        while j >= 0 and keys[j] > k:
-            keys[j + 1] = keys[j]
-            vals[j + 1] = vals[j]
-            j -= 1
-        keys[j + 1] = k
-        vals[j + 1] = v
-
-
-@njit(cache=True, nogil=True)
-def _children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, olo, ohi, depth, count,
-              need, ws_cand, ws_next, ws_idx, ch_tok, ch_cnt, ch_flo, ch_fhi, ch_lbeg, ch_lend):
-    """Children of a node (total `count`) with count >= `need`, written into the ch_* arrays.
-
-    Returns how many. They come sorted by count desc, then token asc; ch_lbeg/ch_lend index
-    ws_idx, which lists the node's live occurrences grouped by next token. A child holding at
-    least need/count of the node's occurrences overall holds at least that share in some part, so
-    probing each sealed range at that stride finds every candidate. The caller sizes the
-    workspaces with `_children_bound`.
-    """
-    num_segs = len(flo)
-    frac = need / count
-    num_cand = 0
-    slack = 0  # a token missed by every probe has fewer than this many sealed occurrences
-    for k in range(num_segs):
-        lo = flo[k]
-        hi = fhi[k]
-        w = hi - lo
-        if w <= 0:
-            continue
-        stride = max(1, int(frac * w * (1.0 - _EPS)))
-        slack += stride - 1
-        pos = lo
-        while pos < hi:
-            tok = text[sa[pos] + depth]
-            a, b = narrow(text, sa, pos, hi, depth, tok)
-            if tok != SEP:
-                ws_cand[num_cand] = tok
-                num_cand += 1
-            # Jump past this token's run to the next probe position.
-            nxt = pos + stride
-            if b > nxt:
-                nxt = lo + ((b - lo + stride - 1) // stride) * stride
-            pos = nxt
-    # Live occurrences: every next token, grouped (stable, so occurrence order is kept).
-    m = 0
-    for i in range(olo, ohi):
-        d = occ_doc[i]
-        p = occ_start[i] + depth
-        if p < live_len[d]:
-            ws_next[m] = live_tok[live_base[d] + p]
-            ws_idx[m] = i
-            m += 1
-    _sort_pairs(ws_next, ws_idx, m)
-    i = 0
-    while i < m:
-        j = i
-        while j < m and ws_next[j] == ws_next[i]:
-            j += 1
-        if (j - i) + slack >= need * (1.0 - _EPS):
-            ws_cand[num_cand] = ws_next[i]
-            num_cand += 1
-        i = j
-    # Unique candidates, ascending.
-    cand = ws_cand[:num_cand]
-    cand.sort()
-    kept = 0
-    prev = -2
-    for c in range(num_cand):
-        tok = cand[c]
-        if tok == prev:
-            continue
-        prev = tok
-        total = 0
-        for k in range(num_segs):
-            if fhi[k] > flo[k]:
-                a, b = narrow(text, sa, flo[k], fhi[k], depth, tok)
-            else:
-                a, b = flo[k], flo[k]
-            ch_flo[kept, k] = a
-            ch_fhi[kept, k] = b
-            total += b - a
-        a = np.searchsorted(ws_next[:m], tok, side="left")
-        b = np.searchsorted(ws_next[:m], tok, side="right")
-        total += b - a
-        if total > 0 and total >= need * (1.0 - _EPS):
-            ch_tok[kept] = tok
-            ch_cnt[kept] = total
-            ch_lbeg[kept] = a
-            ch_lend[kept] = b
-            kept += 1
-    # Count desc, token asc: a stable insertion sort on -count (kept is small).
-    for i in range(1, kept):
-        j = i
-        while j > 0 and ch_cnt[j - 1] < ch_cnt[j]:
-            for arr in (ch_tok, ch_cnt, ch_lbeg, ch_lend):
-                arr[j - 1], arr[j] = arr[j], arr[j - 1]
-            for k in range(num_segs):
-                ch_flo[j - 1, k], ch_flo[j, k] = ch_flo[j, k], ch_flo[j - 1, k]
-                ch_fhi[j - 1, k], ch_fhi[j, k] = ch_fhi[j, k], ch_fhi[j - 1, k]
-            j -= 1
-    return kept
 
 
 @njit(cache=True, nogil=True)
@@ -258,7 +134,7 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
     lend = np.empty(64, dtype=np.int64)
     while num_out < max_spec:
         need = min_prob * nd_count[u] / nd_d[u]
-        bound = _children_bound(nd_flo[u], nd_fhi[u], nd_ohi[u] - nd_olo[u], need / nd_count[u])
+        bound = children_bound(nd_flo[u], nd_fhi[u], nd_ohi[u] - nd_olo[u], need / nd_count[u])
         if bound > len(ws_cand):
             ws_cand = np.empty(2 * bound, dtype=np.int64)
             tok = np.empty(2 * bound, dtype=np.int64)
@@ -267,7 +143,7 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
             fhi = np.empty((2 * bound, num_segs), dtype=np.int64)
             lbeg = np.empty(2 * bound, dtype=np.int64)
             lend = np.empty(2 * bound, dtype=np.int64)
-        nk = _children(text, sa, nd_flo[u], nd_fhi[u], live_tok, live_base, live_len, occ_doc, occ_start,
+        nk = node_children_into(text, sa, nd_flo[u], nd_fhi[u], live_tok, live_base, live_len, occ_doc, occ_start,
                        nd_olo[u], nd_ohi[u], nd_depth[u], nd_count[u], need, ws_cand, ws_next, ws_idx,
                        tok, cnt, flo, fhi, lbeg, lend)
         live_idx = ws_idx
@@ -505,21 +381,3 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
             best_len = p
             improved = True
     return num_best, best_score, best_len, improved
-
-
-@njit(cache=True, nogil=True)
-def node_children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, depth, count):
-    """Every child of a node as (tokens, counts), token-ascending: the index's `children` query."""
-    num_occ = len(occ_doc)
-    bound = max(_children_bound(flo, fhi, num_occ, 0.0), 1)
-    num_segs = len(flo)
-    ws_next = np.empty(max(num_occ, 1), dtype=np.int64)
-    ws_idx = np.empty(max(num_occ, 1), dtype=np.int64)
-    tok = np.empty(bound, dtype=np.int64)
-    cnt = np.empty(bound, dtype=np.int64)
-    nk = _children(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, 0, num_occ, depth,
-                   count, 0.0, np.empty(bound, dtype=np.int64), ws_next, ws_idx, tok, cnt,
-                   np.empty((bound, num_segs), dtype=np.int64), np.empty((bound, num_segs), dtype=np.int64),
-                   np.empty(bound, dtype=np.int64), np.empty(bound, dtype=np.int64))
-    order = np.argsort(tok[:nk])
-    return tok[:nk][order], cnt[:nk][order]
