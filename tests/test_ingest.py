@@ -269,3 +269,16 @@ def test_ingest_all_public_agent_logs(tmp_path, tokenizer):
         assert report.calls == report.new_calls and report.calls > 5000
         again = ingest(store, [AGENT_DATA], tokenizer)
         assert again.new_calls == 0 and again.skipped_files == again.files
+
+
+def test_bench_ingest_command(tmp_path, tokenizer):
+    tokenizer.get()
+    root = good_logs(tmp_path)
+    proc = run_cli("bench", "ingest", str(root), "--json")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    data = json.loads(out)
+    assert data["calls"] == expected_calls(root) and data["errors"] == 0
+    assert data["reingest_new_calls"] == 0
+    assert 0 < data["store_bytes"] and data["log_bytes"] > 0
+    assert set(data["targets_met"]) == {"ingest_s", "reingest_s", "reingest_new_calls", "store_vs_logs"}
