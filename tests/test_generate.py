@@ -193,3 +193,21 @@ def test_builtin_model_speculative_greedy_equals_plain():
     out, steps = collect(generate(model, prompt, SuffixDrafter(), max_new_tokens=32, eos_token_ids=eos))
     assert out == want
     assert len(steps) < len(out)  # the request index drafts the repeated function bodies
+
+
+@pytest.mark.slow
+def test_generate_command_is_lossless(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECX_HOME": os.environ.get("SPECX_HOME", str(tmp_path))}
+    res = subprocess.run([sys.executable, "-m", "specx", "generate", "Count from one to ten in words.",
+                          "--max-tokens", "24", "--compare", "--json", "--db", str(tmp_path / "none.db")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads(res.stdout)
+    assert data["identical"] is True
+    assert data["tokens"] == data["plain"]["tokens"] > 0
+    assert data["steps"] <= data["tokens"]
