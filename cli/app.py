@@ -324,6 +324,10 @@ def generate_cmd(
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
                                                "are identical.")] = False,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
+    cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Measure what a forward pass "
+                                             "costs per token verified and cut each draft where expected tokens "
+                                             "per second is best (default), or verify whole drafts.")] = True,
+    verbose: Annotated[bool, typer.Option(help="Show the measured forward-pass cost curve.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text with the model, drafting from the suffix index (lossless speculative decoding).
@@ -336,6 +340,7 @@ def generate_cmd(
     """
     import time
 
+    from specx.core.cost import calibrate
     from specx.core.generate import generate
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.core.speculate import SuffixDrafter
@@ -361,13 +366,19 @@ def generate_cmd(
     eos = tok.eos_token_id
     sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed)
+    cost = None
+    if cost_aware:
+        cost = calibrate(net, sizes=tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_spec_tokens + 1))
+        if verbose and not json_out:
+            output.print_table("forward pass cost (ms) by tokens verified", ["tokens", "ms", "ms per token"],
+                               [[n, 1e3 * t, 1e3 * t / n] for n, t in zip(cost.sizes, cost.seconds)])
 
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
         tokens: list[int] = []
         steps = accepted = drafted = 0
         shown = ""
         t0 = time.perf_counter()
-        for step in generate(net, prompt_ids, drafter, **sampling):
+        for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, **sampling):
             tokens += step.new_tokens
             steps += 1
             accepted += step.accepted
@@ -399,6 +410,8 @@ def generate_cmd(
                         f"{'yes' if result['identical'] else 'NO'}")
     if json_out:
         result.pop("token_ids")
+        if cost is not None:
+            result["cost_curve"] = {"tokens": list(cost.sizes), "seconds": list(cost.seconds)}
         output.print_json(result)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .cost import ForwardCost, size_draft, subtree
 from .draft import Draft
 from .verify import Sampling, check_draft, verify
 
@@ -34,14 +35,15 @@ class Step:
 
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new_tokens: int = 256,
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None) -> Iterator[Step]:
+             top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
 
     `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
     `extend(tokens)` and `finish_request(learn)` are called when it has them. Greedy output
     (temperature 0) equals plain greedy decoding token for token; with temperature > 0 every token
     has exactly the plain sampler's distribution, and the same `seed` gives the same text with or
-    without a drafter (up to floating-point differences between the two passes).
+    without a drafter (up to floating-point differences between the two passes). With `cost`
+    (a measured forward-pass cost curve), each draft is cut to the size that pays (see cost.py).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -74,6 +76,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             check_draft(draft, model.config.vocab_size)
             # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
             draft = limit_depth(draft, max_new_tokens - num_out - 1)
+            if cost is not None:
+                draft = size_draft(draft, cost, len(pending))
             drafted = time.perf_counter()
             verdict = verify(model, cache, pending, draft, sampling)
             verified = time.perf_counter()
@@ -104,16 +108,7 @@ def limit_depth(draft: Draft, max_depth: int) -> Draft:
     depths = draft.depths()
     if all(d <= max_depth for d in depths):
         return draft
-    new_index: dict[int, int] = {}
-    tokens, parents, probs = [], [], []
-    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
-        if depths[i] <= max_depth:
-            new_index[i] = len(tokens)
-            tokens.append(tok)
-            parents.append(-1 if par < 0 else new_index[par])
-            if draft.probs:
-                probs.append(draft.probs[i])
-    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len)
+    return subtree(draft, [d <= max_depth for d in depths])
 
 
 @torch.inference_mode()

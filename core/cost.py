@@ -1,0 +1,108 @@
+"""What a forward pass costs, and how much draft that pays for.
+
+On a CPU the time of one verification pass grows quickly with the number of tokens verified; on
+a GPU it is nearly flat for small trees. So the right draft size depends on the hardware: measure
+seconds(n) once (`calibrate`), then keep the draft's most likely nodes only while the expected
+tokens per second of the step improves (`size_draft`):
+
+    rate(k) = (1 + sum of the k largest D) / seconds(pending + k)
+
+(each step emits its accepted tokens plus one). A child's D never exceeds its parent's, so taking
+nodes by D keeps the kept set a tree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .draft import Draft
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """Measured seconds of one verification pass over n tokens (linear in between and beyond)."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, n: int) -> float:
+        sizes, secs = np.asarray(self.sizes, dtype=float), np.asarray(self.seconds, dtype=float)
+        if n <= sizes[-1] or len(sizes) < 2:
+            return float(np.interp(n, sizes, secs))
+        slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2])
+        return float(secs[-1] + slope * (n - sizes[-1]))
+
+
+def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
+    """The draft's nodes where `keep` is true (their parents must be kept too), re-indexed, order kept.
+
+    >>> subtree(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), [True, False, True]).token_ids
+    [5, 7]
+    """
+    new_index: dict[int, int] = {}
+    tokens, parents, probs = [], [], []
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        if keep[i] and (par < 0 or par in new_index):
+            new_index[i] = len(tokens)
+            tokens.append(tok)
+            parents.append(-1 if par < 0 else new_index[par])
+            if draft.probs:
+                probs.append(draft.probs[i])
+    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len)
+
+
+def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1) -> Draft:
+    """The draft cut to the size that maximises expected tokens per second of the step."""
+    n = len(draft)
+    if n == 0:
+        return draft
+    probs = draft.probs if draft.probs else [1.0] * n
+    order = sorted(range(n), key=lambda i: (-probs[i], i))
+    chosen: set[int] = set()
+    taken: list[int] = []
+    best_k, best_rate, expected = 0, 1.0 / cost(num_pending), 1.0
+    for i in order:
+        if draft.parents[i] >= 0 and draft.parents[i] not in chosen:
+            continue  # a child more likely than its parent (not from suffix drafts): keep it a tree
+        chosen.add(i)
+        taken.append(i)
+        expected += probs[i]
+        rate = expected / cost(num_pending + len(taken))
+        if rate > best_rate:
+            best_k, best_rate = len(taken), rate
+    keep = [False] * n
+    for i in taken[:best_k]:
+        keep[i] = True
+    return subtree(draft, keep)
+
+
+def calibrate(model: Any, sizes: Sequence[int] = (1, 2, 4, 8, 16, 24, 32, 48, 64), repeats: int = 3,
+              context: int = 128) -> ForwardCost:
+    """Time one verification pass over n tokens (a linear draft of n - 1 after one pending token)
+    on a cache of `context` tokens; the median of `repeats` runs per size, after a warm-up."""
+    import torch
+
+    from .generate import _prefill
+    from .verify import tree_logits
+
+    rng = np.random.default_rng(0)
+    vocab = int(model.config.vocab_size)
+    cache = _prefill(model, rng.integers(0, vocab, size=context).tolist())
+    seconds = []
+    with torch.inference_mode():
+        for n in sizes:
+            draft_tokens = rng.integers(0, vocab, size=n - 1).tolist()
+            draft = Draft(draft_tokens, list(range(-1, n - 2)), [1.0] * (n - 1), float(n - 1), 1)
+            runs = []
+            for r in range(repeats + 1):
+                t0 = time.perf_counter()
+                tree_logits(model, cache, [int(rng.integers(vocab))], draft)
+                if r:  # the first run warms up
+                    runs.append(time.perf_counter() - t0)
+                cache.crop(-n)
+            seconds.append(float(np.median(runs)))
+    return ForwardCost(tuple(int(s) for s in sizes), tuple(seconds))

@@ -1,0 +1,74 @@
+"""Cost-aware draft sizing: the measured forward-pass curve decides how much draft a step verifies."""
+
+import random
+
+import pytest
+
+from specx.core.cost import ForwardCost, calibrate, size_draft, subtree
+from specx.core.draft import Draft
+from specx.core.generate import generate, greedy_decode
+
+from test_generate import FakeDrafter, all_right, wide_tree
+from test_verify import tiny_model
+
+
+def tree_with_probs(rng, n):
+    parents = [-1] + [rng.randrange(-1, i) for i in range(1, n)]
+    probs = []
+    for p in parents:  # a child is never likelier than its parent, as in suffix drafts
+        probs.append(rng.uniform(0.05, 1.0) if p < 0 else probs[p] * rng.uniform(0.1, 1.0))
+    tokens = rng.sample(range(1000), n)  # distinct, so no two siblings share a token (drafts never do)
+    return Draft(tokens, parents, probs, sum(probs), 1)
+
+
+def brute_best_rate(draft, cost, pending=1):
+    order = sorted(range(len(draft)), key=lambda i: (-draft.probs[i], i))
+    rates = [(1 + sum(draft.probs[i] for i in order[:k])) / cost(pending + k) for k in range(len(order) + 1)]
+    return max(rates)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_size_draft_maximises_expected_tokens_per_second(seed):
+    rng = random.Random(seed)
+    draft = tree_with_probs(rng, rng.randrange(1, 40))
+    cost = ForwardCost((1, 8, 32, 64), (1.0, 1.0 + rng.uniform(0, 0.5), 1.5 + rng.uniform(0, 2), 4.0))
+    cut = size_draft(draft, cost)
+    assert all(p < i for i, p in enumerate(cut.parents))  # still a tree
+    rate = (1 + sum(cut.probs)) / cost(1 + len(cut))
+    assert rate == pytest.approx(brute_best_rate(draft, cost))
+    for path in cut.paths():  # every kept path is a path of the original draft
+        assert draft.accepted_len(path) == len(path)
+
+
+def test_flat_cost_keeps_everything_and_steep_cost_keeps_nothing():
+    draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.1], 1.8, 2)
+    assert size_draft(draft, ForwardCost((1, 64), (1.0, 1.0))).token_ids == [1, 2, 3]  # GPU-like
+    assert size_draft(draft, ForwardCost((1, 64), (1.0, 64.0))).token_ids == []  # every token costs a pass
+    # In between: the 0.1 node does not pay for itself, the others do.
+    assert size_draft(draft, ForwardCost((1, 2, 3, 4), (1.0, 1.2, 1.4, 1.6))).token_ids == [1, 2]
+
+
+def test_cost_interpolates_and_extrapolates():
+    cost = ForwardCost((1, 8, 32), (1.0, 2.0, 5.0))
+    assert cost(1) == 1.0 and cost(8) == 2.0 and cost(20) == pytest.approx(3.5)
+    assert cost(64) == pytest.approx(9.0)  # the last slope, continued
+
+
+def test_subtree_drops_orphans():
+    draft = Draft([5, 6, 7, 8], [-1, 0, 1, -1], [0.5, 0.4, 0.3, 0.2], 1.4, 1)
+    assert subtree(draft, [True, False, True, True]).token_ids == [5, 8]  # 7 lost its parent
+
+
+def test_generation_with_cost_sizing_stays_lossless():
+    model = tiny_model()
+    rng = random.Random(3)
+    cost = calibrate(model, sizes=(1, 4, 16), repeats=1, context=16)
+    assert len(cost.seconds) == 3 and all(s > 0 for s in cost.seconds)
+    for trial in range(6):
+        prompt = [rng.randrange(1, 90) for _ in range(rng.randrange(2, 12))]
+        reference = greedy_decode(model, prompt, 20)
+        steep = ForwardCost((1, 64), (1.0, rng.choice([1.5, 8.0, 64.0])))
+        for make in (all_right, wide_tree):
+            out = [t for s in generate(model, prompt, FakeDrafter(make, reference), max_new_tokens=20, cost=steep)
+                   for t in s.new_tokens]
+            assert out == reference
