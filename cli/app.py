@@ -324,6 +324,9 @@ def generate_cmd(
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
                                                "are identical.")] = False,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
+    max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens (4 "
+                                                              "suits agents; cost-aware sizing cuts what does "
+                                                              "not pay).")] = 4.0,
     cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Measure what a forward pass "
                                              "costs per token verified and cut each draft where expected tokens "
                                              "per second is best (default), or verify whole drafts.")] = True,
@@ -392,7 +395,7 @@ def generate_cmd(
                 "accepted_per_step": accepted / max(steps, 1), "drafted": drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
-    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens)
+    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)
     result = run(drafter, stream=not json_out)
     if not json_out:
         output.stdout.out("")

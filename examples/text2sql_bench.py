@@ -1,0 +1,124 @@
+"""An agent-like workload on the built-in model: text-to-SQL requests over the Spider schemas.
+
+Each request is a DAIL-SQL-style prompt (the database schema, then earlier question/SQL pairs
+on the same database as examples, then the new question) answered greedily. The same requests go
+through plain decoding, transformers' own prompt lookup (`prompt_lookup_num_tokens`) and specx
+(suffix drafts from the prompt and from earlier answers, tree verification, cost-aware draft
+size); every output is compared with plain decoding's. The first `--warmup` requests are run but
+not timed (the model's first passes are slow, and specx's global index starts empty).
+
+    .venv/bin/python examples/text2sql_bench.py --requests 24 --json
+
+Needs ../shared/agent-data/text2sql-spider-dail-spider2 (Spider dev set and schemas) beside the
+checkout, or --spider pointing at a folder with spider_dev.json and spider_tables.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specx.core.cost import calibrate
+from specx.core.generate import generate
+from specx.core.model import load_model
+from specx.core.speculate import SuffixDrafter
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"
+
+
+def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
+    """The first `num` dev questions that have `shots` earlier questions on the same database."""
+    dev = json.loads((folder / "spider_dev.json").read_text())
+    schemas = {t["db_id"]: t for t in json.loads((folder / "spider_tables.json").read_text())}
+    seen: dict[str, list[dict]] = {}
+    prompts = []
+    for item in dev:
+        earlier = seen.setdefault(item["db_id"], [])
+        if len(earlier) >= shots:
+            schema = schemas[item["db_id"]]
+            tables = []
+            for t, name in enumerate(schema["table_names_original"]):
+                cols = [c for ti, c in schema["column_names_original"] if ti == t]
+                tables.append(f"CREATE TABLE {name} ({', '.join(cols)});")
+            lines = [f"/* SQLite database {item['db_id']} */", *tables, ""]
+            for ex in earlier[-shots:]:
+                lines += [f"/* Question: {ex['question']} */", ex["query"].strip() + ";", ""]
+            lines += [f"/* Question: {item['question']} */", "SELECT"]
+            prompts.append("\n".join(lines))
+            if len(prompts) == num:
+                break
+        earlier.append(item)
+    return prompts
+
+
+def run_method(name: str, net, tok, prompts: list[list[int]], max_new: int, warmup: int, cost,
+               max_spec_factor: float = 1.0) -> dict:
+    drafter = SuffixDrafter(max_spec_factor=max_spec_factor) if name == "specx" else None
+    outputs, tokens, seconds = [], 0, 0.0
+    for i, ids in enumerate(prompts):
+        t0 = time.perf_counter()
+        if name == "prompt_lookup":
+            out = net.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False,
+                               prompt_lookup_num_tokens=10, eos_token_id=tok.eos_token_id,
+                               pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
+        else:
+            out = [t for step in generate(net, ids, drafter, max_new_tokens=max_new, eos_token_ids=tok.eos_token_id,
+                                          cost=cost if drafter is not None else None) for t in step.new_tokens]
+        elapsed = time.perf_counter() - t0
+        outputs.append(out)
+        if i >= warmup:
+            tokens += len(out)
+            seconds += elapsed
+    return {"outputs": outputs, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=8, help="requests run first, untimed")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-spec-factor", type=float, default=4.0,
+                        help="specx: draft up to factor x match length (cost-aware sizing cuts what does not pay)")
+    parser.add_argument("--methods", default="plain,prompt_lookup,specx")
+    parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specx" / "models")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    if not (args.spider / "spider_dev.json").is_file():
+        sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
+    torch.set_grad_enabled(False)
+    net, tok = load_model("smollm2-135m", args.cache)
+    texts = spider_prompts(args.spider, args.warmup + args.requests)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+    cost = calibrate(net)
+    results = {}
+    for name in args.methods.split(","):
+        print(f"running {name} over {len(prompts)} requests ...", file=sys.stderr)
+        results[name] = run_method(name, net, tok, prompts, args.max_new_tokens, args.warmup, cost, args.max_spec_factor)
+    plain = results["plain"]["outputs"]
+    summary = {}
+    for name, r in results.items():
+        summary[name] = {"tokens": r["tokens"], "seconds": r["seconds"], "tokens_per_s": r["tokens_per_s"],
+                         "identical_calls": sum(a == b for a, b in zip(r["outputs"], plain)),
+                         "calls": len(plain), "speedup_vs_plain": r["tokens_per_s"] / results["plain"]["tokens_per_s"]}
+    if "specx" in results and "prompt_lookup" in results:
+        summary["specx"]["speedup_vs_prompt_lookup"] = (results["specx"]["tokens_per_s"]
+                                                        / results["prompt_lookup"]["tokens_per_s"])
+    if args.json:
+        print(json.dumps({"methods": summary, "requests": args.requests, "warmup": args.warmup,
+                          "max_new_tokens": args.max_new_tokens}, indent=2))
+        return
+    print(f"{'method':<15}{'tokens/s':>10}{'speedup':>9}{'identical':>11}")
+    for name, s in summary.items():
+        print(f"{name:<15}{s['tokens_per_s']:>10.1f}{s['speedup_vs_plain']:>8.2f}x{s['identical_calls']:>6}/{s['calls']}")
+    print("example output:", repr(tok.decode(results["specx"]["outputs"][-1])[:200]))
+
+
+if __name__ == "__main__":
+    main()
