@@ -1,5 +1,5 @@
 # Set-up and the two everyday commands. Everything installs into .venv on first use.
-#   make demo   - the main job on built-in defaults: ingest agent logs, their entropy, a model-free replay
+#   make demo   - the main job on built-in defaults: ingest agent logs, entropy, replay, generate with the model
 #   make test   - the test suite (pytest)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -27,6 +27,8 @@ demo: setup
 	$(VENV)/bin/specx ingest $(LOGS) --db $(DEMO_DB) || true  # the fixtures hold deliberately broken records
 	$(VENV)/bin/specx entropy --db $(DEMO_DB)
 	$(VENV)/bin/specx replay --db $(DEMO_DB) --limit 2000 --plot $(VENV)/demo-replay.png
+	$(VENV)/bin/specx generate "Write one SQL query listing the names of singers older than 30." \
+		--db $(DEMO_DB) --max-tokens 48 --compare
 
 bench: setup
 	$(VENV)/bin/specx bench index
