@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +89,14 @@ def load_json(path: Path) -> Any:
         raise ParseError(path, f"invalid JSON: {error.msg}", line=error.lineno) from None
 
 
-def iter_text_lines(path: Path) -> Iterator[tuple[int, str] | ParseError]:
-    """Yield `(line_number, text)` for each non-blank line, or a ParseError for a line that is not UTF-8."""
+def iter_text_lines(path: Path, parse: Callable[[str], Any] | None = None) -> Iterator[tuple[int, Any] | ParseError]:
+    """Yield `(line_number, text)` for each non-blank line, or a ParseError for a bad line.
+
+    With `parse`, yield `(line_number, parse(text))`; a ValueError from it becomes a ParseError
+    with its message. Parsing happens here, not in the caller, so that the text is dropped before
+    the value leaves: a suspended generator keeps its locals, and a single line may be hundreds
+    of MB.
+    """
     try:
         f = path.open("rb")
     except OSError as error:
@@ -100,12 +106,26 @@ def iter_text_lines(path: Path) -> Iterator[tuple[int, str] | ParseError]:
             if _BLANK.fullmatch(raw):
                 continue
             try:
-                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                value = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as error:
                 yield ParseError(path, f"not UTF-8 text (bad byte at column {error.start + 1})", line=number)
                 continue
-            del raw  # a single line may be hundreds of MB: do not hold both copies while parsing
-            yield number, text
+            del raw  # never hold the bytes and the text of a huge line together
+            if parse is not None:
+                try:
+                    value = parse(value)  # rebinding drops the text
+                except ValueError as error:
+                    yield ParseError(path, str(error), line=number)
+                    continue
+            yield number, value
+            del value
+
+
+def _json_line(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"invalid JSON: {error.msg} (column {error.colno})") from None
 
 
 def iter_json_lines(path: Path) -> Iterator[tuple[int, Any] | ParseError]:
@@ -116,22 +136,13 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, Any] | ParseError]:
     """
     num_ok = 0
     num_bad = 0
-    for item in iter_text_lines(path):
+    for item in iter_text_lines(path, parse=_json_line):
         if isinstance(item, ParseError):
             num_bad += 1
-            yield item
-            continue
-        number, text = item
+        else:
+            num_ok += 1
+        yield item
         del item
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as error:
-            num_bad += 1
-            yield ParseError(path, f"invalid JSON: {error.msg} (column {error.colno})", line=number)
-            continue
-        del text
-        num_ok += 1
-        yield number, value
     if num_ok == 0 and num_bad == 0:
         raise ParseError(path, "empty file")
     if num_ok == 0:
