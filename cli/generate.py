@@ -1,0 +1,118 @@
+"""`specx generate`: the model, drafting from the suffix index (registered in app.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from . import output
+from .options import DbOpt, JsonOpt, specx_home, store_path
+
+
+def generate_cmd(
+    prompt: Annotated[str, typer.Argument(help="The user message (or raw text with --raw).")],
+    model: Annotated[str, typer.Option(help="Model: built-in name, HF folder, .gguf file or hub id.",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    db: DbOpt = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0, help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0, max=1, help="Nucleus sampling mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(min=0, help="Sample from the k most likely tokens (0 = all).")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
+    raw: Annotated[bool, typer.Option(help="Use PROMPT as raw text instead of a chat message.")] = False,
+    compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
+                                               "are identical.")] = False,
+    max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
+    max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens (4 "
+                                                              "suits agents; cost-aware sizing cuts what does "
+                                                              "not pay).")] = 4.0,
+    cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Measure what a forward pass "
+                                             "costs per token verified and cut each draft where expected tokens "
+                                             "per second is best (default), or verify whole drafts.")] = True,
+    verbose: Annotated[bool, typer.Option(help="Show the measured forward-pass cost curve.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Generate text with the model, drafting from the suffix index (lossless speculative decoding).
+
+    The global index holds the outputs in the store (`specx ingest`) for this model's tokenizer,
+    when there are any; the request index holds the prompt and the output so far. Text streams to
+    stdout; statistics go to stderr (or all into one object with --json).
+
+    Example: [bold]specx generate "List the tables of a SQL database about singers." --compare[/]
+    """
+    import time
+
+    from specx.core.cost import calibrate
+    from specx.core.generate import generate
+    from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.core.speculate import SuffixDrafter
+    from specx.core.suffix_index import SuffixIndex
+
+    net, tok = load_model(model, specx_home() / "models")
+    global_index = SuffixIndex()
+    path = store_path(db)
+    if path.exists():
+        from specx.store.db import Store
+        from specx.store.ingest import load_index
+
+        with Store(path) as store:
+            tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
+            if tokenizer_id is not None:
+                global_index = load_index(store, tokenizer_id)
+    if raw:
+        prompt_ids = tok.encode(prompt, add_special_tokens=False)
+    else:
+        prompt_ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=True)
+        prompt_ids = list(prompt_ids["input_ids"] if hasattr(prompt_ids, "keys") else prompt_ids)
+    eos = tok.eos_token_id
+    sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
+                    top_k=top_k, seed=seed)
+    cost = None
+    if cost_aware:
+        cost = calibrate(net, sizes=tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_spec_tokens + 1))
+        if verbose and not json_out:
+            output.print_table("forward pass cost (ms) by tokens verified", ["tokens", "ms", "ms per token"],
+                               [[n, 1e3 * t, 1e3 * t / n] for n, t in zip(cost.sizes, cost.seconds)])
+
+    def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
+        tokens: list[int] = []
+        steps = accepted = drafted = 0
+        shown = ""
+        t0 = time.perf_counter()
+        for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, **sampling):
+            tokens += step.new_tokens
+            steps += 1
+            accepted += step.accepted
+            drafted += step.draft_size
+            if stream:
+                text = tok.decode(tokens, skip_special_tokens=True)
+                output.stdout.out(text[len(shown):], end="", highlight=False)
+                shown = text
+        seconds = time.perf_counter() - t0
+        return {"text": tok.decode(tokens, skip_special_tokens=True), "tokens": len(tokens), "steps": steps,
+                "accepted_per_step": accepted / max(steps, 1), "drafted": drafted, "seconds": seconds,
+                "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
+
+    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)
+    result = run(drafter, stream=not json_out)
+    if not json_out:
+        output.stdout.out("")
+        output.note(f"specx: {result['tokens']} tokens in {result['steps']} steps ({result['tokens_per_s']:.1f} tokens/s,"
+                    f" {result['accepted_per_step']:.2f} draft tokens accepted per step;"
+                    f" global index {global_index.num_tokens:,} tokens)")
+    if compare:
+        plain = run(None, stream=False)
+        result["plain"] = {k: v for k, v in plain.items() if k not in ("text", "token_ids")}
+        result["speedup"] = result["tokens_per_s"] / plain["tokens_per_s"] if plain["tokens_per_s"] else None
+        result["identical"] = plain["token_ids"] == result["token_ids"]
+        if not json_out:
+            output.note(f"plain: {plain['tokens']} tokens in {plain['steps']} steps ({plain['tokens_per_s']:.1f} "
+                        f"tokens/s); speedup {result['speedup']:.2f}x; identical output: "
+                        f"{'yes' if result['identical'] else 'NO'}")
+    if json_out:
+        result.pop("token_ids")
+        if cost is not None:
+            result["cost_curve"] = {"tokens": list(cost.sizes), "seconds": list(cost.seconds)}
+        output.print_json(result)
