@@ -37,6 +37,28 @@ class ForwardCost:
         return float(secs[-1] + slope * (n - sizes[-1]))
 
 
+class AcceptanceCalibration:
+    """Accepted draft tokens over the drafts' predicted scores, recent steps weighted most: the
+    factor by which the drafter's D(N) estimates are overconfident on this workload (capped at 1).
+
+    Sums decay by `decay` per step (a window of about 1 / (1 - decay) steps) and start from
+    `prior` tokens of perfect calibration, so one step cannot swing it.
+    """
+
+    def __init__(self, prior: float = 4.0, decay: float = 0.9) -> None:
+        self.accepted = prior
+        self.expected = prior
+        self.decay = decay
+
+    @property
+    def factor(self) -> float:
+        return min(self.accepted / self.expected, 1.0)
+
+    def update(self, expected: float, accepted: int) -> None:
+        self.expected = self.decay * self.expected + expected
+        self.accepted = self.decay * self.accepted + accepted
+
+
 def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
     """The draft's nodes where `keep` is true (their parents must be kept too), re-indexed, order kept.
 
@@ -55,12 +77,16 @@ def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
     return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len)
 
 
-def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1) -> Draft:
-    """The draft cut to the size that maximises expected tokens per second of the step."""
+def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, calibration: float = 1.0) -> Draft:
+    """The draft cut to the size that maximises expected tokens per second of the step.
+
+    `calibration` scales the drafter's probabilities by what verification has shown them to be
+    worth (see AcceptanceCalibration): counts from a few observations overstate them.
+    """
     n = len(draft)
     if n == 0:
         return draft
-    probs = draft.probs if draft.probs else [1.0] * n
+    probs = [calibration * p for p in draft.probs] if draft.probs else [calibration] * n
     order = sorted(range(n), key=lambda i: (-probs[i], i))
     chosen: set[int] = set()
     taken: list[int] = []

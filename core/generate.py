@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .cost import ForwardCost, size_draft, subtree
+from .cost import AcceptanceCalibration, ForwardCost, size_draft, subtree
 from .draft import Draft
 from .verify import Sampling, check_draft, verify
 
@@ -63,6 +63,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
 
     _call(drafter, "start_request", prompt)
+    calibration = AcceptanceCalibration()  # adaptive draft size: predicted vs accepted, this request
     learn = False
     try:
         cache = _prefill(model, prompt[:-1])
@@ -77,7 +78,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
             draft = limit_depth(draft, max_new_tokens - num_out - 1)
             if cost is not None:
-                draft = size_draft(draft, cost, len(pending))
+                draft = size_draft(draft, cost, len(pending), calibration.factor)
             drafted = time.perf_counter()
             verdict = verify(model, cache, pending, draft, sampling)
             verified = time.perf_counter()
@@ -88,6 +89,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
                     tokens, stop = tokens[: i + 1], True
                     break
             num_out += len(tokens)
+            if len(draft):
+                calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), verdict.num_accepted)
             _call(drafter, "extend", tokens)
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
                        (drafted - start) * 1e6, (verified - drafted) * 1e6)

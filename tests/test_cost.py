@@ -72,3 +72,22 @@ def test_generation_with_cost_sizing_stays_lossless():
             out = [t for s in generate(model, prompt, FakeDrafter(make, reference), max_new_tokens=20, cost=steep)
                    for t in s.new_tokens]
             assert out == reference
+
+
+def test_calibration_shrinks_drafts_after_overconfident_predictions():
+    from specx.core.cost import AcceptanceCalibration
+
+    cal = AcceptanceCalibration(prior=4.0, decay=0.9)
+    assert cal.factor == 1.0
+    cal.update(3.0, 0)
+    assert cal.factor == pytest.approx(3.6 / 6.6)  # one bad step moves it, but not all the way
+    for _ in range(20):  # drafts predicted 3 accepted tokens and got none
+        cal.update(3.0, 0)
+    assert cal.factor < 0.05
+    draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.6], 2.3, 3)
+    cost = ForwardCost((1, 2, 3, 4), (1.0, 1.2, 1.4, 1.6))
+    assert size_draft(draft, cost).token_ids == [1, 2, 3]
+    assert size_draft(draft, cost, calibration=cal.factor).token_ids == []
+    for _ in range(200):  # and recovers when drafts are accepted
+        cal.update(1.0, 1)
+    assert cal.factor > 0.9
