@@ -66,8 +66,7 @@ def bench_corpus(name: str, docs: list[np.ndarray], *, num_positions: int = 2000
         on_step(f"{name}: reference build")
         # The reference matches at most len(context) - 1 tokens: give it one more token of context.
         ref_contexts = [np.ascontiguousarray(test[k][max(0, pos - max_depth - 1) : pos]) for k, pos in positions]
-        result["reference"] = reference.bench(train, test, ref_contexts, continuations, max_depth, max_spec_tokens,
-                                              _time_speculation)
+        result["reference"] = reference.bench(train, test, ref_contexts, continuations, max_depth, max_spec_tokens)
     return result
 
 
@@ -95,9 +94,9 @@ def _bench_specx(train, test, contexts, continuations, max_depth, max_spec_token
         loaded.count(train[0][:1] if len(train) and len(train[0]) else [])  # usable, not just parsed
 
     load_s = _median_of(5, load)
-    latencies, accepted = _time_speculation(
+    latencies, accepted = time_speculation(
         lambda ctx: index.speculate(ctx, max_spec_tokens=max_spec_tokens), contexts, continuations)
-    path_lat, path_acc = _time_speculation(
+    path_lat, path_acc = time_speculation(
         lambda ctx: index.speculate(ctx, max_spec_tokens=max_spec_tokens, tree=False), contexts, continuations)
     # Live appends (the request index): a verification step adds a few tokens at a time.
     live = SuffixIndex(max_depth=max_depth)
@@ -124,15 +123,22 @@ def _bench_specx(train, test, contexts, continuations, max_depth, max_spec_token
         "load_tokens_per_s": num_tokens / load_s,
         "append_us_per_token": 1e6 * append_s / max(appended, 1),
         "add_us_per_token": 1e6 * add_s / max(added, 1),
-        "speculate_p50_us": float(np.percentile(latencies, 50)),
-        "speculate_p99_us": float(np.percentile(latencies, 99)),
-        "mean_accepted": float(np.mean(accepted)),
-        "path_speculate_p50_us": float(np.percentile(path_lat, 50)),
-        "path_mean_accepted": float(np.mean(path_acc)),
+        **speculation_figures((latencies, accepted), (path_lat, path_acc)),
     }
 
 
-def _time_speculation(speculate: Callable, contexts: list, continuations: list) -> tuple[np.ndarray, np.ndarray]:
+def speculation_figures(tree: tuple[np.ndarray, np.ndarray], path: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
+    """The reported latency and acceptance figures from (latencies, accepted) of tree and path drafts."""
+    return {
+        "speculate_p50_us": float(np.percentile(tree[0], 50)),
+        "speculate_p99_us": float(np.percentile(tree[0], 99)),
+        "mean_accepted": float(np.mean(tree[1])),
+        "path_speculate_p50_us": float(np.percentile(path[0], 50)),
+        "path_mean_accepted": float(np.mean(path[1])),
+    }
+
+
+def time_speculation(speculate: Callable, contexts: list, continuations: list) -> tuple[np.ndarray, np.ndarray]:
     if contexts:
         speculate(contexts[0])  # compile / warm caches
     latencies = np.empty(len(contexts))

@@ -9,7 +9,7 @@ tells how to build it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -39,10 +39,11 @@ def why_unavailable() -> str:
 
 
 def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.ndarray],
-          continuations: list[list[int]], max_depth: int, max_spec_tokens: int,
-          time_speculation: Callable) -> dict[str, Any]:
-    """The same figures as specx's, where the reference has them (it cannot save or load);
-    speculation is timed by the benchmark's own `time_speculation`, as specx's is."""
+          continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
+    """The same figures as specx's, where the reference has them (it cannot save or load),
+    measured and summarised by the benchmark's own code, as specx's are."""
+    from .bench import speculation_figures, time_speculation  # here: bench imports this module
+
     c = _module()
     num_tokens = int(sum(len(d) for d in train))
     t0 = time.perf_counter()
@@ -73,8 +74,6 @@ def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.nda
         tree.extend_ndarray(len(train) + i, np.ascontiguousarray(doc, dtype=np.int32))
         added += len(doc)
     add_s = time.perf_counter() - t0
-    lat, acc = stats[""]
-    path_lat, path_acc = stats["path_"]
     return {
         "tokens": num_tokens,
         "build_tokens_per_s": num_tokens / build_s,
@@ -82,11 +81,7 @@ def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.nda
         "load_tokens_per_s": None,  # no persistence: rebuilt from tokens at every start
         "append_us_per_token": 1e6 * append_s / max(appended, 1),
         "add_us_per_token": 1e6 * add_s / max(added, 1),
-        "speculate_p50_us": float(np.percentile(lat, 50)),
-        "speculate_p99_us": float(np.percentile(lat, 99)),
-        "mean_accepted": float(np.mean(acc)),
-        "path_speculate_p50_us": float(np.percentile(path_lat, 50)),
-        "path_mean_accepted": float(np.mean(path_acc)),
+        **speculation_figures(stats[""], stats["path_"]),
     }
 
 
