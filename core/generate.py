@@ -10,7 +10,7 @@ the speculative and the plain path share every line that decides which token com
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,8 @@ class Step:
 
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new_tokens: int = 256,
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None) -> Iterator[Step]:
+             top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
+             stop: Callable[[list[int]], int | None] | None = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
 
     `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
@@ -44,6 +45,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     has exactly the plain sampler's distribution, and the same `seed` gives the same text with or
     without a drafter (up to floating-point differences between the two passes). With `cost`
     (a measured forward-pass cost curve), each draft is cut to the size that pays (see cost.py).
+    `stop` (optional, e.g. a text.TextStream) sees each step's tokens and returns None to go on or
+    how many of them to keep: decoding then ends there, as at EOS.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -83,18 +86,22 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             verdict = verify(model, cache, pending, draft, sampling)
             verified = time.perf_counter()
             tokens = verdict.tokens[: max_new_tokens - num_out]
-            stop = False
+            done = False
             for i, tok in enumerate(tokens):
                 if tok in eos:  # the model stopped: nothing after EOS is output, drafted or not
-                    tokens, stop = tokens[: i + 1], True
+                    tokens, done = tokens[: i + 1], True
                     break
+            if stop is not None:
+                keep = stop(tokens)
+                if keep is not None:
+                    tokens, done = tokens[:keep], True
             num_out += len(tokens)
             if len(draft):
                 calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), verdict.num_accepted)
             _call(drafter, "extend", tokens)
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
                        (drafted - start) * 1e6, (verified - drafted) * 1e6)
-            if stop:
+            if done:
                 break
             pending = [tokens[-1]]
         learn = True

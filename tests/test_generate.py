@@ -124,6 +124,29 @@ def test_drafts_crossing_eos_stop_at_eos(model64, make):
         assert steps[-1].new_tokens[-1] == eos
 
 
+@pytest.mark.parametrize("make", [all_right, deep_chain, wide_tree], ids=lambda m: m.__name__)
+def test_stop_strings_end_decoding_on_the_completing_token(model64, make):
+    from specx.core.text import TextStream
+
+    class Letters:  # token t reads as one letter
+        def decode(self, tokens, skip_special_tokens=True):
+            return "".join(chr(97 + t % 26) for t in tokens)
+
+    rng = random.Random(11)
+    for trial in range(3):
+        prompt = [rng.randrange(VOCAB) for _ in range(6)]
+        ref = greedy_decode(model64, prompt, 40)
+        text = Letters().decode(ref)
+        at = rng.randrange(2, 30)
+        stop = text[at : at + 3]
+        end = text.find(stop) + len(stop)  # the stop string may occur earlier than where it was cut
+        stream = TextStream(Letters(), stop=[stop])
+        drafter = FakeDrafter(make, ref, trial)
+        out, _ = collect(generate(model64, prompt, drafter, max_new_tokens=40, stop=stream))
+        assert out == ref[:end] and drafter.finished == [True]  # a stop string ends the request normally
+        assert stream.text == text[: text.find(stop)] and stream.stopped_by == stop
+
+
 def test_plain_decoding_is_one_token_per_step(model64):
     prompt = [3, 1, 4, 1, 5]
     out, steps = collect(generate(model64, prompt, None, max_new_tokens=12))
