@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -145,6 +145,19 @@ def entropy_cmd(
     path = store_path(db)
     if not path.exists():
         raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    if prompt_window is None:
+        prompt_window = 4096 if model is None else 1024
+    if max_spec_factor is None:
+        max_spec_factor = 1.0 if model is None else 4.0
+    if model is not None:
+        if plot_file is not None:
+            raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
+        return _replay_with_model(path, model, prompt_window, max_tokens, warm, baselines, json_out,
+                                  dict(formats=fmt, sources=source, models=llm, agents=agent, sessions=session,
+                                       limit=limit),
+                                  {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
+                                   "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
+                                   "merge": merge, "prompt_window": prompt_window})
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     rng = np.random.default_rng(seed)
     with Store(path) as store:
@@ -187,6 +200,10 @@ def replay_cmd(
     db: DbOpt = None,
     tokenizer: Annotated[str, typer.Option(help="Tokenizer whose stored tokens to replay (as given to ingest).",
                                            envvar="SPECX_MODEL")] = "smollm2-135m",
+    model: Annotated[Optional[str], typer.Option(help="Re-run the stored prompts through this model (built-in name, "
+                                                     "HF folder, .gguf file or hub id): plain decoding, transformers' "
+                                                     "prompt lookup and specx, measured.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
     fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
     source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
     llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
@@ -196,9 +213,12 @@ def replay_cmd(
     by: Annotated[str, typer.Option(help="Group results by: format, source, model, agent or session.")] = "format",
     warm: Annotated[bool, typer.Option(help="Pre-load the outputs of sessions outside the selection into the "
                                             "global index (default: it starts empty and learns online).")] = False,
-    prompt_window: Annotated[int, typer.Option(min=0, help="Prompt tokens in the request index (the last N).")] = 4096,
+    prompt_window: Annotated[Optional[int], typer.Option(min=0, help="Prompt tokens in the request index (the last "
+                                                       "N; default 4096, or 1024 with --model).")] = None,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
-    max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens.")] = 1.0,
+    max_spec_factor: Annotated[Optional[float], typer.Option(min=0, help="Draft at most factor x match length tokens "
+                                                           "(default 1, or 4 with --model, where cost-aware "
+                                                           "sizing cuts what does not pay).")] = None,
     min_token_prob: Annotated[float, typer.Option(min=0, max=1, help="Drop draft nodes less likely than this.")] = 0.1,
     max_depth: Annotated[int, typer.Option(min=1, max=512, help="Longest context suffix matched.")] = 64,
     tree: Annotated[bool, typer.Option("--tree/--path", help="Draft trees (verified as trees) or single paths.")] = True,
@@ -217,7 +237,13 @@ def replay_cmd(
     holds the call's prompt and output so far; the global index holds the outputs of the calls
     already replayed. Every output must be rebuilt exactly.
 
+    With --model, the stored prompts go through the model instead: plain greedy decoding,
+    transformers' prompt lookup and specx take turns call by call, each output of specx entering
+    the global index at once, as when serving. Reported: tokens/s, speedups, and the calls whose
+    output is identical to plain decoding's.
+
     Example: [bold]specx replay --format swe-agent --plot swe.png[/]
+    Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
     """
     from . import replay as replay_lib
     from . import reference as reference_impl
@@ -232,6 +258,19 @@ def replay_cmd(
     path = store_path(db)
     if not path.exists():
         raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    if prompt_window is None:
+        prompt_window = 4096 if model is None else 1024
+    if max_spec_factor is None:
+        max_spec_factor = 1.0 if model is None else 4.0
+    if model is not None:
+        if plot_file is not None:
+            raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
+        return _replay_with_model(path, model, prompt_window, max_tokens, warm, baselines, json_out,
+                                  dict(formats=fmt, sources=source, models=llm, agents=agent, sessions=session,
+                                       limit=limit),
+                                  {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
+                                   "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
+                                   "merge": merge, "prompt_window": prompt_window})
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
@@ -275,6 +314,45 @@ def replay_cmd(
         rows = [["specx"] + [result["overall"][k] for k in keys]]
         rows += [[name] + [stats[k] for k in keys] for name, stats in result["baselines"].items()]
         output.print_table("methods on the same calls", ["method"] + keys, rows)
+
+
+def _replay_with_model(path: Path, model: str, window: int, max_tokens: int, warm: bool, baselines: bool,
+                       json_out: bool, selection: dict[str, Any], params: dict[str, Any]) -> None:
+    from . import replay as replay_lib
+    from specx.core.cost import calibrate
+    from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.store.db import Store
+    from specx.store.selection import outside_sessions, select_calls
+
+    net, tok = load_model(model, specx_home() / "models")
+    with Store(path) as store:
+        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
+        if tokenizer_id is None:
+            raise typer.BadParameter(f"the store has no tokens for {model!r}'s tokenizer: ingest with --model {model}",
+                                     param_hint="--model")
+        calls = select_calls(store, tokenizer_id, **selection)
+        calls, prompts = replay_lib.model_prompts(store, tok, calls, window)
+        if not calls:
+            raise typer.BadParameter("no stored call with a prompt matches the selection",
+                                     param_hint="--format/--source/...")
+        warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
+            if warm else []
+    methods = ["plain", "prompt_lookup", "specx"] if baselines else ["plain", "specx"]
+    output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
+                f"prompt tokens, at most {max_tokens} new tokens each); measuring the forward-pass cost")
+    cost = calibrate(net, sizes=tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= params["max_spec_tokens"] + 1))
+    with output.progress() as bar:
+        task = bar.add_task("replay", total=len(calls) * len(methods))
+        result = replay_lib.run_model_replay(net, tok, prompts, warm_tokens, params | {"warm_outputs": len(warm_tokens)},
+                                             methods, max_tokens, cost, on_call=lambda: bar.advance(task))
+    result["model"] = model
+    if json_out:
+        output.print_json(result)
+        return
+    keys = ["tokens_per_s", "speedup_vs_plain", "speedup_vs_prompt_lookup", "tokens", "seconds", "identical_calls",
+            "tokens_per_step", "accepted_per_step"]
+    output.print_table(f"replay through {model}: {len(calls)} calls, greedy", ["method"] + keys,
+                       [[name] + [row.get(k) for k in keys] for name, row in result["methods"].items()])
 
 
 @bench_app.command("index")

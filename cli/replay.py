@@ -187,3 +187,36 @@ def plot(result: dict[str, Any], path: Path, window: int = 50) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def model_prompts(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> tuple[list[CallRef], list[list[int]]]:
+    """The calls that have a prompt, and each prompt as the model reads it: chat template with the
+    assistant's turn opened (plain-text prompts as they are), cut to the last `window` tokens."""
+    kept, prompts = [], []
+    for call in calls:
+        messages = store.call_prompt(call.id)
+        if not messages:
+            continue
+        ids = tokenizer.encode(render_prompt(tokenizer, messages, generation_prompt=True), add_special_tokens=False)
+        kept.append(call)
+        prompts.append(list(ids[-window:]))
+    return kept, prompts
+
+
+def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: list[np.ndarray],
+                     params: dict[str, Any], methods: list[str], max_tokens: int, cost: Any,
+                     on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Plain decoding, transformers' prompt lookup and specx on the same prompts, with the model
+    (greedy); specx learns each output online. {"methods": {...}, "params": ...}."""
+    from specx.core.compare import compare, summary
+
+    drafter = SuffixDrafter(SuffixIndex(params["max_depth"]), max_depth=params["max_depth"],
+                            max_spec_tokens=params["max_spec_tokens"], max_spec_factor=params["max_spec_factor"],
+                            min_token_prob=params["min_token_prob"], tree=params["tree"], merge_indexes=params["merge"])
+    for tokens in warm:
+        drafter.global_index.add(tokens)
+    _warm_up(params)
+    compare(net, [prompts[0][-16:]], None, 4, tokenizer.eos_token_id, ["plain"])  # first passes are slow
+    runs = compare(net, prompts, drafter, max_tokens, tokenizer.eos_token_id, methods, cost=cost, on_call=on_call)
+    return summary(runs) | {"params": params | {"max_tokens": max_tokens}, "calls": len(prompts),
+                            "prompt_tokens": sum(len(p) for p in prompts)}

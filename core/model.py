@@ -87,18 +87,19 @@ def _save_atomically(tokenizer: Any, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
     """A logged prompt as the text the model would read: the tokenizer's chat template when it has
-    one, ChatML-style turns otherwise. A plain-text prompt (role "prompt_text") is its text."""
+    one, ChatML-style turns otherwise. A plain-text prompt (role "prompt_text") is its text.
+    `generation_prompt` adds what opens the assistant's turn (to have the model answer)."""
     if len(messages) == 1 and messages[0].get("role") == "prompt_text":
         return str(messages[0].get("content", ""))
     turns = [{"role": str(m.get("role") or "user"), "content": _content_text(m.get("content"))} for m in messages]
     if getattr(tokenizer, "chat_template", None):
         try:
-            return tokenizer.apply_chat_template(turns, tokenize=False)
+            return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt)
         except Exception:  # noqa: BLE001 - templates raise anything on odd role sequences; fall back
             pass
-    return "".join(chatml_block(t) for t in turns)
+    return "".join(chatml_block(t) for t in turns) + ("<|im_start|>assistant\n" if generation_prompt else "")
 
 
 def chatml_blocks(tokenizer: Any) -> str | None:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from specx.core.compare import compare, summary
 from specx.core.cost import calibrate
-from specx.core.generate import generate
 from specx.core.model import load_model
 from specx.core.speculate import SuffixDrafter
 
@@ -57,27 +57,6 @@ def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
     return prompts
 
 
-def run_method(name: str, net, tok, prompts: list[list[int]], max_new: int, warmup: int, cost,
-               max_spec_factor: float = 1.0) -> dict:
-    drafter = SuffixDrafter(max_spec_factor=max_spec_factor) if name == "specx" else None
-    outputs, tokens, seconds = [], 0, 0.0
-    for i, ids in enumerate(prompts):
-        t0 = time.perf_counter()
-        if name == "prompt_lookup":
-            out = net.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False,
-                               prompt_lookup_num_tokens=10, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
-        else:
-            out = [t for step in generate(net, ids, drafter, max_new_tokens=max_new, eos_token_ids=tok.eos_token_id,
-                                          cost=cost if drafter is not None else None) for t in step.new_tokens]
-        elapsed = time.perf_counter() - t0
-        outputs.append(out)
-        if i >= warmup:
-            tokens += len(out)
-            seconds += elapsed
-    return {"outputs": outputs, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
@@ -97,27 +76,21 @@ def main() -> None:
     texts = spider_prompts(args.spider, args.warmup + args.requests)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     cost = calibrate(net)
-    results = {}
-    for name in args.methods.split(","):
-        print(f"running {name} over {len(prompts)} requests ...", file=sys.stderr)
-        results[name] = run_method(name, net, tok, prompts, args.max_new_tokens, args.warmup, cost, args.max_spec_factor)
-    plain = results["plain"]["outputs"]
-    summary = {}
-    for name, r in results.items():
-        summary[name] = {"tokens": r["tokens"], "seconds": r["seconds"], "tokens_per_s": r["tokens_per_s"],
-                         "identical_calls": sum(a == b for a, b in zip(r["outputs"], plain)),
-                         "calls": len(plain), "speedup_vs_plain": r["tokens_per_s"] / results["plain"]["tokens_per_s"]}
-    if "specx" in results and "prompt_lookup" in results:
-        summary["specx"]["speedup_vs_prompt_lookup"] = (results["specx"]["tokens_per_s"]
-                                                        / results["prompt_lookup"]["tokens_per_s"])
+    methods = args.methods.split(",")
+    drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
+    timed = lambda i: i >= args.warmup  # noqa: E731
+    print(f"running {', '.join(methods)} over {len(prompts)} requests, taking turns ...", file=sys.stderr)
+    runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed)
+    summary_ = summary(runs, timed)["methods"]
     if args.json:
-        print(json.dumps({"methods": summary, "requests": args.requests, "warmup": args.warmup,
+        print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup,
                           "max_new_tokens": args.max_new_tokens}, indent=2))
         return
     print(f"{'method':<15}{'tokens/s':>10}{'speedup':>9}{'identical':>11}")
-    for name, s in summary.items():
-        print(f"{name:<15}{s['tokens_per_s']:>10.1f}{s['speedup_vs_plain']:>8.2f}x{s['identical_calls']:>6}/{s['calls']}")
-    print("example output:", repr(tok.decode(results["specx"]["outputs"][-1])[:200]))
+    for name, s in summary_.items():
+        print(f"{name:<15}{s['tokens_per_s']:>10.1f}{s.get('speedup_vs_plain', 1.0):>8.2f}x"
+              f"{s['identical_calls']:>6}/{s['calls']}")
+    print("example output:", repr(tok.decode(runs[methods[-1]].outputs[-1])[:200]))
 
 
 if __name__ == "__main__":

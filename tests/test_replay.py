@@ -129,3 +129,25 @@ def test_replay_and_entropy_commands(tmp_path, tokenizer):  # noqa: F811
     groups = json.loads(res.stdout)["groups"]
     assert groups and all({"key", "calls", "tokens", "entropy_bits"} <= g.keys() for g in groups)
     assert all(g["entropy_bits"] >= 0 for g in groups)
+
+
+@pytest.mark.slow
+def test_replay_with_the_model_is_lossless_and_learns(tmp_path, tokenizer):  # noqa: F811
+    tokenizer.get()
+    db = str(tmp_path / "model.db")
+    assert run("ingest", str(good_logs(tmp_path)), "--db", db).returncode == 0
+    res = run("replay", "--db", db, "--model", "smollm2-135m", "--limit", "4", "--max-tokens", "12",
+              "--prompt-window", "256", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads(res.stdout)
+    methods = data["methods"]
+    assert set(methods) == {"plain", "prompt_lookup", "specx"} and data["calls"] == 4
+    for name, row in methods.items():
+        assert {"tokens_per_s", "tokens", "seconds", "identical_calls", "calls"} <= row.keys()
+        assert row["identical_calls"] == row["calls"] == 4, name  # greedy: every method is lossless
+        assert row["tokens"] == methods["plain"]["tokens"] > 0 and row["tokens_per_s"] > 0
+    assert methods["specx"]["steps"] <= methods["specx"]["tokens"]
+    assert methods["specx"]["speedup_vs_plain"] == pytest.approx(
+        methods["specx"]["tokens_per_s"] / methods["plain"]["tokens_per_s"])
+    res = run("replay", "--db", db, "--model", "smollm2-135m", "--plot", str(tmp_path / "x.png"))
+    assert res.returncode == 2 and "--plot" in res.stderr
