@@ -14,6 +14,8 @@ def generate_cmd(
     prompt: Annotated[str, typer.Argument(help="The user message (or raw text with --raw).")],
     model: Annotated[str, typer.Option(help="Model: built-in name, HF folder, .gguf file or hub id.",
                                        envvar="SPECX_MODEL")] = "smollm2-135m",
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+                                             "bfloat16 or float16.")] = "auto",
     db: DbOpt = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(min=0, help="0 = greedy.")] = 0.0,
@@ -49,7 +51,7 @@ def generate_cmd(
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
 
-    net, tok = load_model(model, specx_home() / "models")
+    net, tok = load_model(model, specx_home() / "models", dtype=dtype)
     global_index = SuffixIndex()
     path = store_path(db)
     if path.exists():
@@ -71,7 +73,7 @@ def generate_cmd(
                     top_k=top_k, seed=seed)
     cost = None
     if cost_aware:
-        cost = calibrate(net, sizes=tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_spec_tokens + 1))
+        cost = calibrate(net, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
             output.print_table("forward pass cost (ms) by tokens verified", ["tokens", "ms", "ms per token"],
                                [[n, 1e3 * t, 1e3 * t / n] for n, t in zip(cost.sizes, cost.seconds)])

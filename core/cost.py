@@ -106,15 +106,21 @@ def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, calibratio
     return subtree(draft, keep)
 
 
-def calibrate(model: Any, sizes: Sequence[int] = (1, 2, 4, 8, 16, 24, 32, 48, 64), repeats: int = 3,
-              context: int = 128) -> ForwardCost:
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # dense where CPU GEMMs change kernels (3 -> 4 tokens)
+
+
+def calibrate(model: Any, sizes: Sequence[int] = SIZES, repeats: int = 3, context: int = 128,
+              max_size: int | None = None) -> ForwardCost:
     """Time one verification pass over n tokens (a linear draft of n - 1 after one pending token)
-    on a cache of `context` tokens; the median of `repeats` runs per size, after a warm-up."""
+    on a cache of `context` tokens; the median of `repeats` runs per size, after a warm-up.
+    `max_size` drops larger sizes (a step never verifies more than 1 + max draft tokens)."""
     import torch
 
     from .generate import _prefill
     from .verify import tree_logits
 
+    if max_size is not None:
+        sizes = [n for n in sizes if n <= max_size] or [1]
     rng = np.random.default_rng(0)
     vocab = int(model.config.vocab_size)
     cache = _prefill(model, rng.integers(0, vocab, size=context).tolist())

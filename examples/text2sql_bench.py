@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-spec-factor", type=float, default=4.0,
                         help="specx: draft up to factor x match length (cost-aware sizing cuts what does not pay)")
+    parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU), float32, bfloat16")
     parser.add_argument("--methods", default="plain,prompt_lookup,specx")
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specx" / "models")
@@ -72,7 +73,7 @@ def main() -> None:
     if not (args.spider / "spider_dev.json").is_file():
         sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
     torch.set_grad_enabled(False)
-    net, tok = load_model("smollm2-135m", args.cache)
+    net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
     texts = spider_prompts(args.spider, args.warmup + args.requests)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     cost = calibrate(net)
@@ -84,7 +85,8 @@ def main() -> None:
     summary_ = summary(runs, timed)["methods"]
     if args.json:
         print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup,
-                          "max_new_tokens": args.max_new_tokens}, indent=2))
+                          "max_new_tokens": args.max_new_tokens,
+                          "dtype": str(net.dtype).removeprefix("torch.")}, indent=2))
         return
     print(f"{'method':<15}{'tokens/s':>10}{'speedup':>9}{'identical':>11}")
     for name, s in summary_.items():
