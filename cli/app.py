@@ -15,6 +15,7 @@ import typer
 
 from . import output
 from .generate import generate_cmd
+from .serve import serve_cmd
 from .options import DbOpt, JsonOpt, ListOpt, default_agent_data, specx_home, store_path
 
 app = typer.Typer(
@@ -145,19 +146,6 @@ def entropy_cmd(
     path = store_path(db)
     if not path.exists():
         raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
-    if prompt_window is None:
-        prompt_window = 4096 if model is None else 1024
-    if max_spec_factor is None:
-        max_spec_factor = 1.0 if model is None else 4.0
-    if model is not None:
-        if plot_file is not None:
-            raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
-        return _replay_with_model(path, model, prompt_window, max_tokens, warm, baselines, json_out,
-                                  dict(formats=fmt, sources=source, models=llm, agents=agent, sessions=session,
-                                       limit=limit),
-                                  {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
-                                   "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
-                                   "merge": merge, "prompt_window": prompt_window})
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     rng = np.random.default_rng(seed)
     with Store(path) as store:
@@ -204,6 +192,7 @@ def replay_cmd(
                                                      "HF folder, .gguf file or hub id): plain decoding, transformers' "
                                                      "prompt lookup and specx, measured.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
+    dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
     fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
     source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
     llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
@@ -265,7 +254,7 @@ def replay_cmd(
     if model is not None:
         if plot_file is not None:
             raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
-        return _replay_with_model(path, model, prompt_window, max_tokens, warm, baselines, json_out,
+        return _replay_with_model(path, model, dtype, prompt_window, max_tokens, warm, baselines, json_out,
                                   dict(formats=fmt, sources=source, models=llm, agents=agent, sessions=session,
                                        limit=limit),
                                   {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
@@ -316,7 +305,7 @@ def replay_cmd(
         output.print_table("methods on the same calls", ["method"] + keys, rows)
 
 
-def _replay_with_model(path: Path, model: str, window: int, max_tokens: int, warm: bool, baselines: bool,
+def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_tokens: int, warm: bool, baselines: bool,
                        json_out: bool, selection: dict[str, Any], params: dict[str, Any]) -> None:
     from . import replay as replay_lib
     from specx.core.cost import calibrate
@@ -324,7 +313,7 @@ def _replay_with_model(path: Path, model: str, window: int, max_tokens: int, war
     from specx.store.db import Store
     from specx.store.selection import outside_sessions, select_calls
 
-    net, tok = load_model(model, specx_home() / "models")
+    net, tok = load_model(model, specx_home() / "models", dtype=dtype)
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
         if tokenizer_id is None:
@@ -340,12 +329,13 @@ def _replay_with_model(path: Path, model: str, window: int, max_tokens: int, war
     methods = ["plain", "prompt_lookup", "specx"] if baselines else ["plain", "specx"]
     output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
                 f"prompt tokens, at most {max_tokens} new tokens each); measuring the forward-pass cost")
-    cost = calibrate(net, sizes=tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= params["max_spec_tokens"] + 1))
+    cost = calibrate(net, max_size=params["max_spec_tokens"] + 1)
     with output.progress() as bar:
         task = bar.add_task("replay", total=len(calls) * len(methods))
         result = replay_lib.run_model_replay(net, tok, prompts, warm_tokens, params | {"warm_outputs": len(warm_tokens)},
                                              methods, max_tokens, cost, on_call=lambda: bar.advance(task))
     result["model"] = model
+    result["dtype"] = str(net.dtype).removeprefix("torch.")
     if json_out:
         output.print_json(result)
         return
@@ -464,6 +454,7 @@ def _print_bench_table(corpora: list[dict]) -> None:
 
 
 app.command("generate")(generate_cmd)
+app.command("serve")(serve_cmd)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .cost import ForwardCost
+from .cost import AcceptanceCalibration, ForwardCost
 from .generate import generate
 
 METHODS = ("plain", "prompt_lookup", "specx")
@@ -57,6 +57,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     runs = {m: MethodRun() for m in methods}
+    calibration = AcceptanceCalibration()  # how far the drafts' scores are to be trusted, learned across prompts
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             for method in methods:
@@ -66,7 +67,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 if method == "specx":
                     out = []
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
-                                         eos_token_ids=eos_token_id, cost=cost):
+                                         eos_token_ids=eos_token_id, cost=cost, calibration=calibration):
                         out += step.new_tokens
                         steps += 1
                         accepted += step.accepted

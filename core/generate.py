@@ -36,7 +36,8 @@ class Step:
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new_tokens: int = 256,
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
-             stop: Callable[[list[int]], int | None] | None = None) -> Iterator[Step]:
+             stop: Callable[[list[int]], int | None] | None = None,
+             calibration: AcceptanceCalibration | None = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
 
     `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
@@ -46,7 +47,9 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     without a drafter (up to floating-point differences between the two passes). With `cost`
     (a measured forward-pass cost curve), each draft is cut to the size that pays (see cost.py).
     `stop` (optional, e.g. a text.TextStream) sees each step's tokens and returns None to go on or
-    how many of them to keep: decoding then ends there, as at EOS.
+    how many of them to keep: decoding then ends there, as at EOS. `calibration` carries the
+    drafts' measured over-confidence across requests (a server or a benchmark passes one for all of
+    them); by default each request starts afresh.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -66,7 +69,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
 
     _call(drafter, "start_request", prompt)
-    calibration = AcceptanceCalibration()  # adaptive draft size: predicted vs accepted, this request
+    if calibration is None:
+        calibration = AcceptanceCalibration()  # adaptive draft size: predicted vs accepted
     learn = False
     try:
         cache = _prefill(model, prompt[:-1])

@@ -1,0 +1,101 @@
+"""`specx serve`: an OpenAI-compatible server that drafts from, and learns into, the suffix index
+(registered in app.py; the HTTP side is server.py, the model thread worker.py)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .options import DbOpt, specx_home, store_path
+
+
+def serve_cmd(
+    model: Annotated[str, typer.Option(help="Model: built-in name, HF folder, .gguf file or hub id.",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+                                             "bfloat16 or float16.")] = "auto",
+    db: DbOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.",
+                                                   envvar="SPECX_API_KEY", show_default=False)] = None,
+    served_model_name: Annotated[Optional[list[str]], typer.Option(
+        help="Name(s) clients use for the model (repeatable; default: the --model value).")] = None,
+    speculation: Annotated[bool, typer.Option("--speculation/--no-speculation", help="Draft from the suffix index "
+                                              "(default), or decode plainly, for comparison.")] = True,
+    max_queue: Annotated[int, typer.Option(min=1, help="Requests that may wait while one is decoded; more get "
+                                                       "HTTP 429.")] = 16,
+    max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
+    max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens.")] = 4.0,
+    cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Cut each draft where expected "
+                                             "tokens per second is best (measured at start), or verify whole "
+                                             "drafts.")] = True,
+) -> None:
+    """Serve the model over the OpenAI API, drafting from the suffix index and learning from every request.
+
+    Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
+    GET /health, GET /metrics (Prometheus). Point any OpenAI client at http://HOST:PORT/v1. Each
+    finished request is stored in the store (as `specx ingest` stores logs) and its output joins the
+    global index at once; the index is persisted, so a restarted server starts warm. One line per
+    request goes to stderr.
+
+    Example: [bold]specx serve --port 8000 --api-key secret[/]  then  OPENAI_BASE_URL=http://127.0.0.1:8000/v1
+    """
+    import uvicorn
+
+    from specx.core.cost import calibrate
+    from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.core.speculate import SuffixDrafter
+    from specx.core.suffix_index import SuffixIndex
+    from specx.store.db import Store
+    from specx.store.ingest import load_index
+
+    from .server import Api
+    from .worker import LockedTokenizer, Metrics, Worker
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))
+    log = logging.getLogger("specx.serve")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+    _check_address(host, port)  # before the model loads: a taken port is a quick, clear error
+    net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+    path = store_path(db)
+    with Store(path) as store:  # created when missing: the server writes what it serves
+        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
+        global_index = load_index(store, tokenizer_id) if tokenizer_id is not None else SuffixIndex()
+    cost = None
+    if speculation and cost_aware:
+        cost = calibrate(net, max_size=max_spec_tokens + 1)
+        log.info("forward pass cost by tokens verified: %s",
+                 ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
+    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
+        if speculation else None
+    worker = Worker(net, LockedTokenizer(tok), model, path, global_index, drafter, cost, max_queue, Metrics())
+    names = served_model_name or [model]
+    api = Api(worker, names, int(net.config.max_position_embeddings), api_key)
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
+    log.info("serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)", ", ".join(names),
+             host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}", path)
+    try:  # the app's lifespan starts the worker and, at shutdown, stops it and persists the index
+        uvicorn.run(api.app(), host=host, port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=10)
+    finally:
+        worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
+
+
+def _check_address(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

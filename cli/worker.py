@@ -1,0 +1,374 @@
+"""The thread that owns the model for `specx serve`: one request at a time, from a bounded queue.
+
+The HTTP side (server.py) validates a request, wraps it in a Job and submits it; a full queue
+raises queue.Full (HTTP 429). The worker decodes it with the same loop as `specx generate`
+(core.generate with a SuffixDrafter over the global index) and sends events back to the event
+loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue:
+
+    ("delta", choice_index, text)   new text, safe to show (stop strings held back)
+    ("choice", Choice)              a choice finished
+    ("done", Stats)                 the request finished (after all choices)
+    ("error", status, message)      it failed
+
+A client that goes away sets `job.cancelled`; the worker checks it between verification steps
+and closes the decode loop, which ends the request without learning from it. A finished request
+has already entered the global index (the drafter's finish_request); the worker then stores it
+(store/served.py, one transaction) and now and then persists the index, so a restarted server
+drafts from everything it served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+log = logging.getLogger("specx.serve")
+
+PERSIST_EVERY = 16  # requests between index saves while busy (a save costs ~0.1 s per 350k tokens)
+PERSIST_IDLE_S = 10.0  # save after this long with unsaved requests and nothing queued
+
+
+@dataclass
+class GenerationRequest:
+    """A validated request: what to decode and how."""
+
+    id: str
+    endpoint: str  # "chat.completions" or "completions"
+    model: str  # the name the client asked for
+    prompt_ids: list[int]
+    max_tokens: int
+    prompt_messages: list[dict[str, Any]] | None = None  # chat
+    prompt_text: str | None = None  # completions
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    steps: int
+    accepted: int
+    drafted: int
+    draft_seconds: float  # in the drafter
+    verify_seconds: float  # forward passes + acceptance
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int
+    completion_tokens: int
+    steps: int
+    accepted: int  # draft tokens accepted, over all steps
+    drafted: int
+    seconds: float  # decoding, all choices
+    queue_seconds: float  # waiting before the worker took the request
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "accepted": self.accepted, "drafted": self.drafted,
+                "accepted_per_step": round(self.accepted / self.steps, 4) if self.steps else 0.0,
+                "seconds": round(self.seconds, 4), "queue_seconds": round(self.queue_seconds, 4),
+                "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
+                "tokens_per_s": round(self.tokens_per_s, 2)}
+
+
+class Job:
+    """A request on its way through the worker, and the channel its events come back on."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.enqueued = time.perf_counter()
+
+    def emit(self, *event: Any) -> None:
+        """Send an event to the event loop (from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+class LockedTokenizer:
+    """The tokenizer behind one lock: the event loop encodes prompts while the worker decodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.lock = threading.Lock()
+
+    def decode(self, *args: Any, **kwargs: Any) -> str:
+        with self.lock:
+            return self.tokenizer.decode(*args, **kwargs)
+
+    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
+        with self.lock:
+            return self.tokenizer.encode(*args, **kwargs)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+
+class Metrics:
+    """Prometheus metrics of one server (its own registry, so several can live in one process)."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only clutter a scrape
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specx_requests", "HTTP API requests answered, by endpoint and status.",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("specx_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.completion_tokens = Counter("specx_completion_tokens", "Tokens generated by finished requests.",
+                                         registry=r)
+        self.steps = Counter("specx_verification_steps", "Forward passes (verification steps) of finished "
+                             "requests.", registry=r)
+        self.accepted = Counter("specx_accepted_draft_tokens", "Draft tokens the model accepted.", registry=r)
+        self.drafted = Counter("specx_drafted_tokens", "Draft tokens verified.", registry=r)
+        self.generation_seconds = Counter("specx_generation_seconds", "Seconds spent decoding finished requests.",
+                                          registry=r)
+        self.cancelled = Counter("specx_cancelled_requests", "Requests ended early: the client went away.",
+                                 registry=r)
+        self.stored = Counter("specx_stored_requests", "Finished requests stored (they are learned from).",
+                              registry=r)
+        self.request_seconds = Histogram("specx_request_seconds", "Seconds from submit to last token.",
+                                         buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.accepted_per_step = Gauge("specx_accepted_per_step", "Mean draft tokens accepted per step, since "
+                                       "start.", registry=r)
+        self.tokens_per_second = Gauge("specx_tokens_per_second", "Tokens per second of the last finished "
+                                       "request.", registry=r)
+        self.queue_depth = Gauge("specx_queue_depth", "Requests waiting for the worker.", registry=r)
+        self.index_tokens = Gauge("specx_global_index_tokens", "Tokens in the global suffix index.", registry=r)
+        self._accepted = self._steps = 0
+
+    def observe(self, stats: Stats) -> None:
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.completion_tokens.inc(stats.completion_tokens)
+        self.steps.inc(stats.steps)
+        self.accepted.inc(stats.accepted)
+        self.drafted.inc(stats.drafted)
+        self.generation_seconds.inc(stats.seconds)
+        self.request_seconds.observe(stats.seconds + stats.queue_seconds)
+        self.tokens_per_second.set(stats.tokens_per_s)
+        self._accepted += stats.accepted
+        self._steps += stats.steps
+        self.accepted_per_step.set(self._accepted / self._steps if self._steps else 0.0)
+
+
+class Worker:
+    """Owns the model (and its own connection to the store); answers jobs one at a time."""
+
+    def __init__(self, net: Any, tokenizer: LockedTokenizer, model_name: str, store_path: Path, global_index: Any,
+                 drafter: Any = None, cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None) -> None:
+        from specx.core.model import tokenizer_fingerprint
+
+        self.net = net
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.store_path = store_path
+        self.global_index = global_index
+        self.drafter = drafter
+        self.cost = cost if drafter is not None else None
+        from specx.core.cost import AcceptanceCalibration
+
+        self.calibration = AcceptanceCalibration()  # the drafts' measured over-confidence, across requests
+        self.eos = tokenizer.tokenizer.eos_token_id
+        self.fingerprint = tokenizer_fingerprint(tokenizer.tokenizer)
+        self.vocab_size = len(tokenizer.tokenizer)
+        self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
+        self.metrics = metrics or Metrics()
+        self.metrics.queue_depth.set_function(self.jobs.qsize)
+        self.metrics.index_tokens.set_function(lambda: self.global_index.num_tokens)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unsaved = 0  # requests stored since the index was last persisted
+        self._saved_at = time.monotonic()
+
+    # ------------------------------------------------------------ the HTTP side
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; queue.Full when the queue is at its bound, RuntimeError when stopping."""
+        if self._stopping.is_set():
+            raise RuntimeError("the server is shutting down")
+        self.jobs.put_nowait(job)
+
+    # ------------------------------------------------------------ the worker thread
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="specx-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish the running request, turn away the queued ones, persist the index."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        from specx.store.db import Store
+
+        store = Store(self.store_path)  # sqlite connections belong to the thread that opens them
+        try:
+            while True:
+                try:
+                    job = self.jobs.get(timeout=0.25)
+                except queue.Empty:
+                    if self._stopping.is_set():
+                        break
+                    if self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S:
+                        self._persist(store)
+                    continue
+                if self._stopping.is_set():
+                    job.emit("error", 503, "the server is shutting down")
+                    continue
+                self._answer(job, store)
+                if self._unsaved >= PERSIST_EVERY:
+                    self._persist(store)
+        finally:
+            if self._unsaved:
+                self._persist(store)
+            store.close()
+
+    def _answer(self, job: Job, store: Any) -> None:
+        req = job.request
+        if job.cancelled.is_set():  # the client left while the request was queued
+            self.metrics.cancelled.inc()
+            log.info("%s %s cancelled while queued", req.id, req.endpoint)
+            return
+        started_at = _now()
+        t0 = time.perf_counter()
+        queue_seconds = t0 - job.enqueued
+        choices = []
+        try:
+            for i in range(req.n):
+                choice = self._decode(job, i)
+                if choice is None:
+                    self.metrics.cancelled.inc()
+                    log.info("%s %s cancelled after %.2f s: the client went away", req.id, req.endpoint,
+                             time.perf_counter() - t0)
+                    return
+                choices.append(choice)
+                job.emit("choice", choice)
+        except Exception as exc:  # a bug or a model failure: answer 500 and keep serving
+            log.error("%s %s failed: %s: %s", req.id, req.endpoint, type(exc).__name__, exc,
+                      exc_info=bool(os.environ.get("SPECX_DEBUG")))
+            job.emit("error", 500, f"generation failed: {type(exc).__name__}: {exc}")
+            return
+        stats = Stats(len(req.prompt_ids), sum(len(c.token_ids) for c in choices), sum(c.steps for c in choices),
+                      sum(c.accepted for c in choices), sum(c.drafted for c in choices), time.perf_counter() - t0,
+                      queue_seconds, sum(c.draft_seconds for c in choices), sum(c.verify_seconds for c in choices))
+        self.metrics.observe(stats)
+        log.info("%s %s prompt=%d tokens=%d steps=%d accepted=%d (%.2f/step) tokens/s=%.1f seconds=%.2f queued=%.2f "
+                 "finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.completion_tokens, stats.steps,
+                 stats.accepted, stats.accepted / max(stats.steps, 1), stats.tokens_per_s, stats.seconds,
+                 stats.queue_seconds, ",".join(c.finish_reason for c in choices))
+        self._record(store, req, choices, started_at, stats)  # ~1 ms; the answer is durable when it arrives
+        job.emit("done", stats)
+
+    def _decode(self, job: Job, index: int) -> Choice | None:
+        """One choice, streamed as deltas; None when the client went away."""
+        from specx.core.generate import generate
+        from specx.core.text import TextStream
+
+        req = job.request
+        text = TextStream(self.tokenizer, stop=req.stop)
+        steps = generate(self.net, req.prompt_ids, self.drafter, max_new_tokens=req.max_tokens,
+                         eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                         seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
+                         calibration=self.calibration)
+        tokens: list[int] = []
+        num_steps = accepted = drafted = 0
+        draft_us = verify_us = 0.0
+        try:
+            for step in steps:
+                if job.cancelled.is_set():
+                    return None  # closing the loop below ends the request without learning
+                tokens += step.new_tokens
+                num_steps += 1
+                accepted += step.accepted
+                drafted += step.draft_size
+                draft_us += step.draft_us
+                verify_us += step.verify_us
+                piece = text.pop()
+                if piece:
+                    job.emit("delta", index, piece)
+        finally:
+            steps.close()
+        piece = text.pop(final=True)
+        if piece:
+            job.emit("delta", index, piece)
+        ended_by_model = text.stopped_by is not None or (tokens and tokens[-1] == self.eos)
+        finish = "stop" if ended_by_model or len(tokens) < req.max_tokens else "length"
+        return Choice(index, text.text, tokens, finish, num_steps, accepted, drafted, draft_us / 1e6, verify_us / 1e6)
+
+    def _record(self, store: Any, req: GenerationRequest, choices: list[Choice], started_at: str,
+                stats: Stats) -> None:
+        """Store the request (a session; one call per choice). A store failure is logged, not fatal."""
+        from specx.store.db import StoreError
+        from specx.store.formats import Call
+        from specx.store.served import record_served
+
+        ended_at = _now()
+        settings = {"endpoint": req.endpoint, "request_id": req.id, "prompt_tokens": stats.prompt_tokens,
+                    "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
+                    "top_k": req.top_k, "seed": req.seed, "stop": req.stop, "speculation": self.drafter is not None,
+                    "seconds": round(stats.seconds, 4), "queue_seconds": round(stats.queue_seconds, 4)}
+        calls = [Call(session_id=req.id, position=c.index, output_text=c.text, prompt_messages=req.prompt_messages,
+                      prompt_text=req.prompt_text, model=req.model, started_at=started_at, ended_at=ended_at,
+                      meta={**settings, "finish_reason": c.finish_reason, "completion_tokens": len(c.token_ids),
+                            "steps": c.steps, "accepted": c.accepted, "drafted": c.drafted})
+                 for c in choices]
+        try:
+            record_served(store, self.model_name, calls, [c.token_ids for c in choices], self.fingerprint,
+                          self.model_name, self.vocab_size)
+        except (sqlite3.Error, StoreError, OSError) as exc:
+            log.error("%s: could not store the request: %s", req.id, exc)
+            return
+        self.metrics.stored.inc()
+        self._unsaved += 1
+
+    def _persist(self, store: Any) -> None:
+        """Save the global index to the store (update_index: the persisted index plus every token row
+        added since, whoever added it), so the next start loads it instead of rebuilding."""
+        from specx.store.db import StoreError
+        from specx.store.ingest import update_index
+
+        self._saved_at = time.monotonic()
+        try:
+            tokenizer_id = store.tokenizer_id(self.fingerprint)
+            if tokenizer_id is not None:
+                result = update_index(store, tokenizer_id)
+                log.info("index persisted: %s, %d outputs, %d tokens (%.2f s)", result["action"], result["calls"],
+                         result["tokens"], result["seconds"])
+            self._unsaved = 0
+        except (sqlite3.Error, StoreError, OSError) as exc:
+            log.error("could not persist the index: %s", exc)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")

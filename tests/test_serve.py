@@ -1,0 +1,468 @@
+"""`specx serve` as agents use it: a real server on a free loopback port, the official openai client.
+
+The fast tests check request validation and the store of served requests without a model; the
+slow ones start `python -m specx serve` subprocesses with the built-in model.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specx.cli.server import ApiError, Tokenizers, parse_request
+from specx.store.db import Store
+from specx.store.formats import Call
+from specx.store.ingest import load_index
+from specx.store.served import record_served
+
+MODEL = "smollm2-135m"
+KEY = "test-key"
+COUNTING = "1, 2, 3, 4, 5,"  # the model goes on counting: a long, predictable output
+
+
+# --------------------------------------------------------------------------- fast: no model
+
+class FakeTokenizer:
+    """Characters as tokens; a chat template that joins role and content."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 1000 for c in text]
+
+    def decode(self, ids, **kwargs):
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **kwargs):
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+
+def parse(body, endpoint="chat.completions", context=64):
+    return parse_request(body, endpoint, [MODEL], context, Tokenizers(FakeTokenizer(), 1000))
+
+
+def chat_body(**extra):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_parse_chat_defaults_follow_openai():
+    req, stream, include_usage = parse(chat_body())
+    assert req.prompt_ids == FakeTokenizer().encode("<user>hi<assistant>")
+    assert req.max_tokens == 64 - len(req.prompt_ids)  # chat: whatever fits
+    assert (req.temperature, req.top_p, req.n, req.stop, req.seed) == (1.0, 1.0, 1, [], None)
+    assert (stream, include_usage) == (False, False)
+    assert req.id.startswith("chatcmpl-") and req.prompt_messages == [{"role": "user", "content": "hi"}]
+
+
+def test_parse_completions_and_options():
+    req, stream, include_usage = parse({"model": MODEL, "prompt": ["abc"], "stream": True, "max_completion_tokens": 5,
+                                        "stream_options": {"include_usage": True}, "stop": "\n", "seed": 3,
+                                        "temperature": 0, "n": 2}, "completions")
+    assert (req.prompt_text, req.prompt_ids, req.max_tokens, req.stop) == ("abc", [97, 98, 99], 5, ["\n"])
+    assert (stream, include_usage, req.seed, req.temperature, req.n) == (True, True, 3, 0.0, 2)
+    assert parse({"model": MODEL, "prompt": "abc"}, "completions")[0].max_tokens == 16  # OpenAI's default
+    assert parse({"model": MODEL, "prompt": [5, 6]}, "completions")[0].prompt_ids == [5, 6]
+    text = parse(chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]},
+                                     {"role": "assistant", "content": None, "tool_calls": []}]))[0]
+    assert text.prompt_ids == FakeTokenizer().encode("<user>ab<assistant><assistant>")
+
+
+@pytest.mark.parametrize("body,endpoint,status,code", [
+    ([1], "chat.completions", 400, None),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "chat.completions", 400, "missing_required_parameter"),
+    ({"model": MODEL}, "chat.completions", 400, "missing_required_parameter"),
+    ({"model": MODEL, "messages": []}, "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "messages": ["hi"]}, "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "messages": [{"role": "boss", "content": "hi"}]}, "chat.completions", 400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat.completions", 400,
+     "unsupported_content"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, "chat.completions", 404, "model_not_found"),
+    (chat_body(max_tokens=-1), "chat.completions", 400, "integer_below_min_value"),
+    (chat_body(max_tokens=0), "chat.completions", 400, "integer_below_min_value"),
+    (chat_body(max_tokens=10**9), "chat.completions", 400, "context_length_exceeded"),
+    (chat_body(max_tokens="8"), "chat.completions", 400, "invalid_type"),
+    (chat_body(max_tokens=True), "chat.completions", 400, "invalid_type"),
+    (chat_body(messages=[{"role": "user", "content": "x" * 80}]), "chat.completions", 400, "context_length_exceeded"),
+    (chat_body(temperature=2.5), "chat.completions", 400, "invalid_value"),
+    (chat_body(temperature="hot"), "chat.completions", 400, "invalid_type"),
+    (chat_body(top_p=0), "chat.completions", 400, "invalid_value"),
+    (chat_body(top_p=1.5), "chat.completions", 400, "invalid_value"),
+    (chat_body(n=0), "chat.completions", 400, "integer_below_min_value"),
+    (chat_body(n=100), "chat.completions", 400, "integer_above_max_value"),
+    (chat_body(stop=[""]), "chat.completions", 400, "invalid_value"),
+    (chat_body(stop=[1]), "chat.completions", 400, "invalid_type"),
+    (chat_body(stream="yes"), "chat.completions", 400, "invalid_type"),
+    (chat_body(stream_options={"include_usage": True}), "chat.completions", 400, None),
+    (chat_body(logprobs=True), "chat.completions", 400, "unsupported_parameter"),
+    (chat_body(frequency_penalty=0.5), "chat.completions", 400, "unsupported_parameter"),
+    (chat_body(response_format={"type": "json_object"}), "chat.completions", 400, "unsupported_parameter"),
+    ({"model": MODEL}, "completions", 400, "missing_required_parameter"),
+    ({"model": MODEL, "prompt": ""}, "completions", 400, None),
+    ({"model": MODEL, "prompt": ["a", "b"]}, "completions", 400, "unsupported_parameter"),
+    ({"model": MODEL, "prompt": [1, 5000]}, "completions", 400, "invalid_value"),
+    ({"model": MODEL, "prompt": {"text": "a"}}, "completions", 400, "invalid_type"),
+    ({"model": MODEL, "prompt": "a", "echo": True}, "completions", 400, "unsupported_parameter"),
+])
+def test_parse_rejects_bad_input(body, endpoint, status, code):
+    with pytest.raises(ApiError) as err:
+        parse(body, endpoint)
+    assert (err.value.status, err.value.code) == (status, code)
+    assert err.value.message
+
+
+def test_parse_accepts_neutral_values_of_unsupported_parameters():
+    req = parse(chat_body(logprobs=False, frequency_penalty=0, presence_penalty=0.0, logit_bias={},
+                          response_format={"type": "text"}, tools=[{"type": "function", "function": {"name": "f"}}],
+                          tool_choice="auto", user="u1", max_tokens=None))[0]
+    assert req.max_tokens >= 1
+
+
+def test_record_served_stores_a_session_and_its_tokens(tmp_path):
+    path = tmp_path / "s.db"
+    calls = [Call(session_id="chatcmpl-1", position=i, output_text=f"SELECT {i};",
+                  prompt_messages=[{"role": "user", "content": "q"}], model=MODEL, started_at="2025-01-01T00:00:00",
+                  ended_at="2025-01-01T00:00:01", meta={"steps": 3}) for i in range(2)]
+    with Store(path) as store:
+        tokenizer_id = record_served(store, MODEL, calls, [[1, 2, 3], [1, 2, 4, 2]], "fp", MODEL, 1000)
+        record_served(store, MODEL, [Call(session_id="cmpl-2", position=0, output_text="x", prompt_text="p",
+                                          model=MODEL)], [[7]], "fp", MODEL, 1000)
+        stats = store.stats()
+        assert (stats["sessions"], stats["calls"]) == (2, 3)
+        assert stats["by_format"] == [{"format": "served", "sources": 1, "calls": 3, "raw_bytes": 0}]
+        rows = [t.tolist() for _, t in store.iter_tokens(tokenizer_id)]
+        assert rows == [[1, 2, 3], [1, 2, 4, 2], [7]]
+        first = store.db.execute("SELECT id, meta, started_at FROM calls ORDER BY id").fetchone()
+        assert store.call_prompt(first[0]) == [{"role": "user", "content": "q"}]
+        assert store.call_output(first[0]) == "SELECT 0;" and json.loads(first[1]) == {"steps": 3}
+        index = load_index(store, tokenizer_id)
+        assert index.num_tokens == 8
+        assert store.index_state(tokenizer_id).num_calls == 3  # persisted
+
+
+# --------------------------------------------------------------------------- slow: real servers
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _specx_home(tmp_path_factory) -> str:
+    return os.environ.get("SPECX_TEST_HOME") or str(tmp_path_factory.getbasetemp() / "specx-home")
+
+
+class Server:
+    """`python -m specx serve` on a free loopback port, ready once /health answers."""
+
+    def __init__(self, home: str, db: Path, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = db
+        self.log_path = db.with_suffix(f".{self.port}.log")
+        env = {**os.environ, "SPECX_HOME": home}
+        env.pop("SPECX_API_KEY", None)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "specx", "serve", "--port", str(self.port), "--db",
+                                         str(db), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"specx serve exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"specx serve did not become ready:\n{self.log()[-3000:]}")
+
+    def client(self, api_key: str = KEY, **kwargs):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120, **kwargs)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))}
+
+    def stop(self) -> int:
+        """SIGTERM; the exit status is -SIGTERM (uvicorn re-raises the signal after a clean shutdown)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def post(url: str, data: bytes, key: str | None = KEY) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("serve") / "served.db", "--api-key", KEY)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def busy_server(tmp_path_factory):
+    """One request decoded at a time, one waiting, plain decoding (slow steps: easy to be busy)."""
+    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("busy") / "busy.db", "--max-queue", "1",
+                 "--no-speculation")
+    yield srv
+    srv.stop()
+
+
+def ask(client, content: str, max_tokens: int = 16, **kwargs):
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                          max_tokens=max_tokens, temperature=0, **kwargs)
+
+
+@pytest.mark.slow
+def test_text_identical_to_specx_generate(server, tmp_path):
+    prompt = "Write one SQL query listing the names of singers older than 30."
+    client = server.client()
+    chat = ask(client, prompt, 24)
+    raw = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    for extra, answer, usage in [([], chat.choices[0].message.content, chat.usage),
+                                 (["--raw"], raw.choices[0].text, raw.usage)]:
+        # --fixed-size: no cost calibration (the text is the same either way; lossless)
+        run = subprocess.run([sys.executable, "-m", "specx", "generate", prompt, "--max-tokens", "24", "--json",
+                              "--fixed-size", "--db", str(tmp_path / "none.db"), *extra], capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        reference = json.loads(run.stdout)
+        assert answer == reference["text"]
+        assert usage.completion_tokens == reference["tokens"]
+    assert chat.model == MODEL and chat.object == "chat.completion" and chat.id.startswith("chatcmpl-")
+
+
+@pytest.mark.slow
+def test_chat_streaming_equals_non_streaming_with_usage(server):
+    client = server.client()
+    whole = ask(client, "Name three colours.", 20)
+    chunks = list(ask(client, "Name three colours.", 20, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.model_dump() == whole.usage.model_dump()
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    assert last.model_extra["specx"]["steps"] >= 1
+    plain = list(ask(client, "Name three colours.", 20, stream=True))  # no usage chunk unless asked
+    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
+
+
+@pytest.mark.slow
+def test_completions_stream_and_not_and_stop_strings(server):
+    client = server.client()
+    whole = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
+    assert whole.choices[0].text.startswith(" 6, 7,")
+    parts = list(client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == whole.choices[0].text
+    assert parts[-1].usage.completion_tokens == 12
+    for stream in (False, True):
+        answer = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0, stop=[" 8"],
+                                           stream=stream)
+        chunks = list(answer) if stream else [answer]
+        assert "".join(c.choices[0].text for c in chunks) == " 6, 7,"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_concurrent_clients_get_their_own_answers(server):
+    questions = ["What is 2 + 2?", "Name a fruit.", "Say hello in French.", "What colour is the sky?"]
+    sequential = [ask(server.client(), q).choices[0].message.content for q in questions]
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        results[i] = ask(server.client(), questions[i]).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [results.get(i) for i in range(len(questions))] == sequential
+
+
+@pytest.mark.slow
+def test_n_choices(server):
+    answer = ask(server.client(), "Name a fruit.", 8, n=2)
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert answer.choices[0].message.content == answer.choices[1].message.content  # greedy: the same twice
+    assert answer.usage.completion_tokens == 2 * ask(server.client(), "Name a fruit.", 8).usage.completion_tokens
+    sampled = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=8, temperature=0.9, seed=7, n=3)
+    assert len(sampled.choices) == 3 and all(c.finish_reason in ("stop", "length") for c in sampled.choices)
+
+
+@pytest.mark.slow
+def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
+    import openai
+
+    chat, completions = server.url + "/v1/chat/completions", server.url + "/v1/completions"
+    good = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = [
+        (chat, b"{not json", KEY, 400, "invalid_json"),
+        (chat, json.dumps({"model": MODEL}).encode(), KEY, 400, "missing_required_parameter"),
+        (chat, json.dumps({**good, "model": "gpt-4o"}).encode(), KEY, 404, "model_not_found"),
+        (chat, json.dumps({**good, "max_tokens": -1}).encode(), KEY, 400, "integer_below_min_value"),
+        (chat, json.dumps({**good, "max_tokens": 10**9}).encode(), KEY, 400, "context_length_exceeded"),
+        (completions, json.dumps({"model": MODEL, "prompt": "word " * 9000}).encode(), KEY, 400,
+         "context_length_exceeded"),
+        (chat, json.dumps(good).encode(), "wrong-key", 401, "invalid_api_key"),
+        (chat, json.dumps(good).encode(), None, 401, "invalid_api_key"),
+    ]
+    for url, data, key, status, code in cases:
+        got, body = post(url, data, key)
+        assert (got, body["error"]["code"]) == (status, code), body
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        server.client().chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        ask(server.client(api_key="wrong"), "hi")
+    with pytest.raises(openai.BadRequestError):
+        ask(server.client(), "hi", max_tokens=-1)
+    status, body = post(chat, json.dumps(good).encode())
+    assert status == 200 and body["choices"][0]["message"]["role"] == "assistant"
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.slow
+def test_models_health_metrics(server):
+    assert [m.id for m in server.client().models.list().data] == [MODEL]
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as r:  # no key needed: a readiness probe
+        assert json.loads(r.read())["status"] == "ok"
+    status, _ = post(server.url + "/v1/models", b"{}")
+    assert status == 405
+    ask(server.client(), "Name a fruit.", 8)
+    m = server.metrics()
+    assert m['specx_requests_total{endpoint="chat.completions",status="200"}'] >= 1
+    assert m["specx_completion_tokens_total"] > 0 and m["specx_prompt_tokens_total"] > 0
+    assert m["specx_verification_steps_total"] >= 1 and "specx_accepted_draft_tokens_total" in m
+    assert m["specx_global_index_tokens"] == m["specx_completion_tokens_total"]  # every answer is learned
+    assert m["specx_stored_requests_total"] >= 1 and m["specx_queue_depth"] == 0
+    assert "specx_tokens_per_second" in m and "specx_accepted_per_step" in m
+    lines = re.findall(r"prompt=\d+ tokens=\d+ steps=\d+ accepted=\d+ .* tokens/s=[\d.]+ seconds=", server.log())
+    assert len(lines) == m["specx_stored_requests_total"]  # one line per finished request
+
+
+@pytest.mark.slow
+def test_full_queue_gets_429_and_a_disconnect_frees_the_slot(busy_server):
+    import openai
+
+    client = busy_server.client()
+    long = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=2000, temperature=0, stream=True)
+    next(iter(long))  # decoding: the worker is busy
+    statuses: list[object] = []
+
+    def one() -> None:
+        try:
+            answer = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=4, temperature=0)
+            statuses.append(answer.choices[0].text)
+        except openai.RateLimitError as err:
+            statuses.append(err.status_code)
+            assert err.body["code"] == "rate_limit_exceeded"
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while statuses.count(429) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert statuses == [429, 429]  # one waits in the queue (size 1), the others are turned away
+    t0 = time.monotonic()
+    long.close()  # the client goes away mid-stream: its slot frees, the waiting request runs
+    for t in threads:
+        t.join(120)
+    assert time.monotonic() - t0 < 60  # far less than 2000 tokens of plain decoding
+    assert len(statuses) == 3
+    assert statuses[2] == client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=4,
+                                                    temperature=0).choices[0].text
+    metrics = busy_server.metrics()
+    assert metrics["specx_cancelled_requests_total"] == 1
+    assert metrics['specx_requests_total{endpoint="completions",status="429"}'] == 2
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_before_its_answer_frees_the_worker(busy_server):
+    import http.client
+
+    before = busy_server.metrics()["specx_cancelled_requests_total"]
+    conn = http.client.HTTPConnection("127.0.0.1", busy_server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": COUNTING, "max_tokens": 2000,
+                                                        "temperature": 0}), {"Content-Type": "application/json"})
+    time.sleep(1.0)  # the worker is decoding its 2000 tokens
+    conn.close()  # without reading the (non-streaming) answer
+    deadline = time.monotonic() + 30
+    while busy_server.metrics()["specx_cancelled_requests_total"] == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert busy_server.metrics()["specx_cancelled_requests_total"] == before + 1
+    answer = busy_server.client().completions.create(model=MODEL, prompt=COUNTING, max_tokens=2, temperature=0)
+    assert answer.usage.completion_tokens == 2
+
+
+@pytest.mark.slow
+def test_restarted_server_drafts_from_what_it_served(tmp_path, tmp_path_factory):
+    home = _specx_home(tmp_path_factory)
+    db = tmp_path / "warm.db"
+    question = "Write a SQL query that lists every singer older than 30, ordered by name."
+    first = Server(home, db, "--fixed-size", "--max-spec-tokens", "8")  # no calibration: quick start
+    try:
+        cold = ask(first.client(), question, 24).model_extra["specx"]
+    finally:
+        assert first.stop() in (0, -signal.SIGTERM)
+    assert "index persisted" in first.log()
+    with Store(db) as store:
+        (tokenizer_id,) = store.db.execute("SELECT id FROM tokenizers").fetchone()
+        assert store.index_state(tokenizer_id).num_calls == store.token_rows(tokenizer_id)[0] == 1
+        (call_id,) = store.db.execute("SELECT id FROM calls").fetchone()
+        assert store.call_prompt(call_id) == [{"role": "user", "content": question}]
+        meta = json.loads(store.db.execute("SELECT meta FROM calls").fetchone()[0])
+        assert meta["steps"] == cold["steps"] and meta["endpoint"] == "chat.completions"
+    second = Server(home, db, "--fixed-size", "--max-spec-tokens", "8")
+    try:
+        warm_answer = ask(second.client(), question, 24)
+        warm = warm_answer.model_extra["specx"]
+        assert warm_answer.choices[0].message.content == store_output(db, call_id)
+    finally:
+        second.stop()
+    assert warm["global_index_tokens"] == 2 * cold["global_index_tokens"] > 0  # loaded + learned again
+    assert warm["accepted"] > cold["accepted"] + 8 and warm["steps"] < cold["steps"]
+
+
+def store_output(db: Path, call_id: int) -> str:
+    with Store(db) as store:
+        return store.call_output(call_id)
