@@ -29,6 +29,10 @@ demo: setup
 	$(VENV)/bin/specx replay --db $(DEMO_DB) --limit 2000 --plot $(VENV)/demo-replay.png
 	$(VENV)/bin/specx generate "Write one SQL query listing the names of singers older than 30." \
 		--db $(DEMO_DB) --max-tokens 48 --compare
+	# the model on an agent-like workload: text-to-SQL over the Spider schemas (else the stored prompts)
+	if [ -d ../shared/agent-data/text2sql-spider-dail-spider2 ]; then \
+		$(PY) examples/text2sql_bench.py --requests 8 --warmup 4 --max-new-tokens 48; \
+	else $(VENV)/bin/specx replay --db $(DEMO_DB) --model smollm2-135m --limit 4 --max-tokens 32; fi
 
 bench: setup
 	$(VENV)/bin/specx bench index

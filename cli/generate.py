@@ -22,6 +22,8 @@ def generate_cmd(
     top_p: Annotated[float, typer.Option(min=0, max=1, help="Nucleus sampling mass.")] = 1.0,
     top_k: Annotated[int, typer.Option(min=0, help="Sample from the k most likely tokens (0 = all).")] = 0,
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option(help="Stop at this text (repeatable); the output ends "
+                                                         "before it.")] = None,
     raw: Annotated[bool, typer.Option(help="Use PROMPT as raw text instead of a chat message.")] = False,
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
                                                "are identical.")] = False,
@@ -42,6 +44,7 @@ def generate_cmd(
     stdout; statistics go to stderr (or all into one object with --json).
 
     Example: [bold]specx generate "List the tables of a SQL database about singers." --compare[/]
+    Example: [bold]specx generate "SELECT name FROM" --raw --stop ";" --max-tokens 32[/]
     """
     import time
 
@@ -50,6 +53,7 @@ def generate_cmd(
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
+    from specx.core.text import TextStream
 
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
     global_index = SuffixIndex()
@@ -81,19 +85,21 @@ def generate_cmd(
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
         tokens: list[int] = []
         steps = accepted = drafted = 0
-        shown = ""
+        text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
-        for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, **sampling):
+        for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
+                             **sampling):
             tokens += step.new_tokens
             steps += 1
             accepted += step.accepted
             drafted += step.draft_size
             if stream:
-                text = tok.decode(tokens, skip_special_tokens=True)
-                output.stdout.out(text[len(shown):], end="", highlight=False)
-                shown = text
+                output.stdout.out(text.pop(), end="", highlight=False)
+        if stream:
+            output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0
-        return {"text": tok.decode(tokens, skip_special_tokens=True), "tokens": len(tokens), "steps": steps,
+        return {"text": text.text, "finish_reason": "stop" if text.stopped_by or (tokens and tokens[-1] == eos)
+                else "length", "tokens": len(tokens), "steps": steps,
                 "accepted_per_step": accepted / max(steps, 1), "drafted": drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 

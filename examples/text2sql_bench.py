@@ -27,6 +27,7 @@ from specx.core.compare import compare, summary
 from specx.core.cost import calibrate
 from specx.core.model import load_model
 from specx.core.speculate import SuffixDrafter
+from specx.cli.options import specx_home
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU), float32, bfloat16")
     parser.add_argument("--methods", default="plain,prompt_lookup,specx")
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
-    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specx" / "models")
+    parser.add_argument("--cache", type=Path, default=specx_home() / "models", help="model cache ($SPECX_HOME/models)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not (args.spider / "spider_dev.json").is_file():
