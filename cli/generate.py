@@ -79,8 +79,11 @@ def generate_cmd(
     if cost_aware:
         cost = calibrate(net, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
-            output.print_table("forward pass cost (ms) by tokens verified", ["tokens", "ms", "ms per token"],
-                               [[n, 1e3 * t, 1e3 * t / n] for n, t in zip(cost.sizes, cost.seconds)])
+            long = cost.long_seconds or [float("nan")] * len(cost.sizes)
+            output.print_table("forward pass cost (ms) by tokens verified",
+                               ["tokens", f"ms, {cost.context}-token cache", "ms per token",
+                                f"ms, {cost.long_context}-token cache"],
+                               [[n, 1e3 * t, 1e3 * t / n, 1e3 * lt] for n, t, lt in zip(cost.sizes, cost.seconds, long)])
 
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
         tokens: list[int] = []
@@ -122,5 +125,6 @@ def generate_cmd(
     if json_out:
         result.pop("token_ids")
         if cost is not None:
-            result["cost_curve"] = {"tokens": list(cost.sizes), "seconds": list(cost.seconds)}
+            result["cost_curve"] = {"tokens": list(cost.sizes), "seconds": list(cost.seconds), "context": cost.context,
+                                    "long_seconds": list(cost.long_seconds or []), "long_context": cost.long_context}
         output.print_json(result)

@@ -85,7 +85,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
             draft = limit_depth(draft, max_new_tokens - num_out - 1)
             if cost is not None:
-                draft = size_draft(draft, cost, len(pending), calibration.factor)
+                draft = size_draft(draft, cost, len(pending), calibration.factor(draft.match_len),
+                                   context=len(prompt) + num_out)
             drafted = time.perf_counter()
             verdict = verify(model, cache, pending, draft, sampling)
             verified = time.perf_counter()
@@ -101,7 +102,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
                     tokens, done = tokens[:keep], True
             num_out += len(tokens)
             if len(draft):
-                calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), verdict.num_accepted)
+                calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), verdict.num_accepted,
+                                   draft.match_len)
             _call(drafter, "extend", tokens)
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
                        (drafted - start) * 1e6, (verified - drafted) * 1e6)

@@ -74,20 +74,34 @@ def test_generation_with_cost_sizing_stays_lossless():
             assert out == reference
 
 
+def test_a_longer_cache_makes_verified_tokens_dearer():
+    cost = ForwardCost((1, 8), (1.0, 2.0), 128, (1.5, 4.5), 1024)
+    assert cost(8) == cost(8, 128) == 2.0 and cost(8, 1024) == 4.5
+    assert cost(8, 576) == pytest.approx(3.25) and cost(1, 576) == pytest.approx(1.25)
+    assert cost(8, 2048) > cost(8, 1024)  # linear beyond the measured contexts
+    draft = Draft([1, 2, 3], [-1, 0, 1], [0.5, 0.5, 0.5], 1.5, 3)
+    flat_then_steep = ForwardCost((1, 4), (1.0, 1.2), 128, (1.0, 4.0), 1024)
+    assert size_draft(draft, flat_then_steep, context=128).token_ids == [1, 2, 3]
+    assert size_draft(draft, flat_then_steep, context=1024).token_ids == []
+
+
 def test_calibration_shrinks_drafts_after_overconfident_predictions():
     from specx.core.cost import AcceptanceCalibration
 
     cal = AcceptanceCalibration(prior=4.0, decay=0.9)
-    assert cal.factor == 1.0
+    assert cal.factor() == 1.0
     cal.update(3.0, 0)
-    assert cal.factor == pytest.approx(3.6 / 6.6)  # one bad step moves it, but not all the way
+    assert cal.factor() == pytest.approx(3.6 / 6.6)  # one bad step moves it, but not all the way
     for _ in range(20):  # drafts predicted 3 accepted tokens and got none
         cal.update(3.0, 0)
-    assert cal.factor < 0.05
+    assert cal.factor() < 0.05
+    assert cal.factor(1) == cal.factor(0) < 0.05 and cal.factor(2) == cal.factor(20) == 1.0  # per match length
+    cal.update(2.0, 1, match_len=3)
+    assert cal.factor(4) == pytest.approx(4.6 / 5.6) and cal.factor(5) == 1.0
     draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.6], 2.3, 3)
     cost = ForwardCost((1, 2, 3, 4), (1.0, 1.2, 1.4, 1.6))
     assert size_draft(draft, cost).token_ids == [1, 2, 3]
-    assert size_draft(draft, cost, calibration=cal.factor).token_ids == []
+    assert size_draft(draft, cost, calibration=cal.factor()).token_ids == []
     for _ in range(200):  # and recovers when drafts are accepted
         cal.update(1.0, 1)
-    assert cal.factor > 0.9
+    assert cal.factor() > 0.9
