@@ -160,16 +160,21 @@ def _ingest_file(store: Store, path: Path, fmt: str | None, tokenizer: Tokenizer
         todo = list(dict(todo).items())  # a call repeated within the file is tokenized once
         if todo:
             encoded = tokenizer.encode([text for _, text in todo])
-            packs = PackWriter(store, "tokens")
-            rows = []
-            for (cid, _), tokens in zip(todo, encoded):
-                pack, offset = packs.add(np.asarray(tokens, dtype="<i4").tobytes())
-                rows.append((cid, tokenizer_id, len(tokens), pack, offset))
-            packs.flush()
-            store.db.conn.executemany("INSERT INTO tokens (call_id, tokenizer_id, num_tokens, pack_id, pack_offset)"
-                                      " VALUES (?,?,?,?,?)", rows)
+            insert_tokens(store, tokenizer_id, [(cid, tokens) for (cid, _), tokens in zip(todo, encoded)])
             report.new_tokens += int(sum(len(t) for t in encoded))
     report.new_calls += num_new
+
+
+def insert_tokens(store: Store, tokenizer_id: int, rows: list[tuple[int, Any]]) -> None:
+    """Token rows (call id, token ids) for calls that have none yet for this tokenizer, in one pack."""
+    packs = PackWriter(store, "tokens")
+    values = []
+    for cid, tokens in rows:
+        pack, offset = packs.add(np.asarray(tokens, dtype="<i4").tobytes())
+        values.append((cid, tokenizer_id, len(tokens), pack, offset))
+    packs.flush()
+    store.db.conn.executemany("INSERT INTO tokens (call_id, tokenizer_id, num_tokens, pack_id, pack_offset)"
+                              " VALUES (?,?,?,?,?)", values)
 
 
 def _upsert_source(store: Store, key: bytes, path: Path, fmt: str, sha: str, size: int, num_calls: int,

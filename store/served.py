@@ -13,11 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from .db import PackWriter, Store, content_key
+from .db import Store, content_key
 from .formats import Call
-from .ingest import _ids_without_tokens, _insert_calls
+from .ingest import _ids_without_tokens, _insert_calls, insert_tokens
 
 SERVED_FORMAT = "served"
 
@@ -42,14 +40,10 @@ def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequen
         source_id = store.db.execute("SELECT id FROM sources WHERE key = ?", [key]).fetchone()[0]
         call_ids, _ = _insert_calls(store, source_id, path, SERVED_FORMAT, calls)
         missing = set(_ids_without_tokens(store, call_ids, tokenizer_id))
-        packs = PackWriter(store, "tokens")
         rows = []
         for cid, tokens in zip(call_ids, token_ids):
             if cid in missing:
                 missing.discard(cid)  # the same call twice in one request: one token row
-                pack, offset = packs.add(np.asarray(tokens, dtype="<i4").tobytes())
-                rows.append((cid, tokenizer_id, len(tokens), pack, offset))
-        packs.flush()
-        store.db.conn.executemany("INSERT INTO tokens (call_id, tokenizer_id, num_tokens, pack_id, pack_offset)"
-                                  " VALUES (?,?,?,?,?)", rows)
+                rows.append((cid, tokens))
+        insert_tokens(store, tokenizer_id, rows)
     return tokenizer_id
