@@ -210,9 +210,7 @@ def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: l
     (greedy); specx learns each output online. {"methods": {...}, "params": ...}."""
     from specx.core.compare import compare, summary
 
-    drafter = SuffixDrafter(SuffixIndex(params["max_depth"]), max_depth=params["max_depth"],
-                            max_spec_tokens=params["max_spec_tokens"], max_spec_factor=params["max_spec_factor"],
-                            min_token_prob=params["min_token_prob"], tree=params["tree"], merge_indexes=params["merge"])
+    drafter = make_drafter("specx", params)
     for tokens in warm:
         drafter.global_index.add(tokens)
     _warm_up(params)

@@ -33,8 +33,8 @@ class MethodRun:
     outputs: list[list[int]] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
-    steps: int = 0  # forward passes (specx; equal to tokens for plain decoding)
-    accepted: int = 0  # draft tokens accepted (specx)
+    steps: int = 0  # forward passes (specx only)
+    accepted: int = 0  # draft tokens accepted (specx only)
     drafted: int = 0
 
 
@@ -75,7 +75,6 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 else:
                     out = hf_generate(model, prompt, max_new_tokens, eos_token_id,
                                       prompt_lookup_tokens if method == "prompt_lookup" else None)
-                    steps = len(out) if method == "plain" else 0
                 elapsed = time.perf_counter() - t0
                 run.outputs.append(out)
                 if timed(i):
