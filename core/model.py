@@ -140,9 +140,9 @@ def _content_text(content: Any) -> str:
 _WEIGHTS_FILE = "model.safetensors"
 
 
-# Weight dtypes by name. bfloat16 on a CPU with AMX (Sapphire Rapids and later) makes a pass over
-# 32 tokens cost little more than over one, which is what speculation needs; see the README.
-DTYPES = {"auto": None, "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# Weight dtypes by name ("auto": float32 on CPU, bfloat16 on CUDA). On a CPU, bfloat16 passes over
+# many tokens round differently from one-token passes, so speculation is not lossless there (README).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device: str | None = None,
@@ -150,7 +150,8 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id.
 
     The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype
-    or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A built-in model is de-quantized from its GGUF once (~30 s) and saved as
+    or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A built-in model is
+    de-quantized from its GGUF once (~30 s) and saved as
     safetensors under `cache_dir/<name>`, so later loads take under a second.
     """
     import torch  # heavy imports: only when a model is needed
@@ -161,7 +162,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-        dtype = getattr(torch, DTYPES[dtype]) if DTYPES[dtype] else None
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
     if dtype is None:
         dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     try:

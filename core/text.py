@@ -67,11 +67,7 @@ class TextStream:
         """The text not yet handed out, less a tail that could still start a stop string (or the
         whole rest when `final`, or once stopped)."""
         if final and self.stopped_by is None and self._read < len(self.tokens):
-            rest = self.tokenizer.decode(self.tokens[self._prefix :], skip_special_tokens=self.skip_special_tokens)
-            before = self.tokenizer.decode(self.tokens[self._prefix : self._read],
-                                           skip_special_tokens=self.skip_special_tokens)
-            self._text += rest[len(before) :]  # an incomplete character at the very end, as the tokenizer shows it
-            self._prefix = self._read = len(self.tokens)
+            self._decode(force=True)  # an incomplete character at the very end, as the tokenizer shows it
         end = len(self._text)
         if not final and self.stopped_by is None:
             end -= self._held_back()
@@ -88,12 +84,13 @@ class TextStream:
                     break
         return longest
 
-    def _decode(self) -> None:
+    def _decode(self, force: bool = False) -> None:
         # Decode a few tokens of context plus the new ones, and take what they add; a piece that
-        # ends in an incomplete character waits for the next token (the usual incremental scheme).
+        # ends in an incomplete character waits for the next token (the usual incremental scheme),
+        # unless `force`d at the end.
         decode = self.tokenizer.decode
         before = decode(self.tokens[self._prefix : self._read], skip_special_tokens=self.skip_special_tokens)
         after = decode(self.tokens[self._prefix :], skip_special_tokens=self.skip_special_tokens)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        if force or (len(after) > len(before) and not after.endswith("\ufffd")):
             self._text += after[len(before) :]
             self._prefix, self._read = self._read, len(self.tokens)
