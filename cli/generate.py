@@ -58,14 +58,12 @@ def generate_cmd(
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
     global_index = SuffixIndex()
     path = store_path(db)
-    if path.exists():
+    if path.exists():  # drafting from an empty index needs no store: none is created
         from specx.store.db import Store
-        from specx.store.ingest import load_index
+        from specx.store.ingest import index_for
 
         with Store(path) as store:
-            tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
-            if tokenizer_id is not None:
-                global_index = load_index(store, tokenizer_id)
+            global_index = index_for(store, tokenizer_fingerprint(tok))
     if raw:
         prompt_ids = tok.encode(prompt, add_special_tokens=False)
     else:

@@ -50,9 +50,8 @@ def serve_cmd(
     from specx.core.cost import calibrate
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.core.speculate import SuffixDrafter
-    from specx.core.suffix_index import SuffixIndex
     from specx.store.db import Store
-    from specx.store.ingest import load_index
+    from specx.store.ingest import index_for
 
     from .server import Api
     from .worker import LockedTokenizer, Metrics, Worker
@@ -68,8 +67,7 @@ def serve_cmd(
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
     path = store_path(db)
     with Store(path) as store:  # created when missing: the server writes what it serves
-        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
-        global_index = load_index(store, tokenizer_id) if tokenizer_id is not None else SuffixIndex()
+        global_index = index_for(store, tokenizer_fingerprint(tok))
     cost = None
     if speculation and cost_aware:
         cost = calibrate(net, max_size=max_spec_tokens + 1)

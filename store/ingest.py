@@ -304,3 +304,10 @@ def load_index(store: Store, tokenizer_id: int, max_depth: int = MAX_DEPTH) -> S
     update_index(store, tokenizer_id, max_depth)
     state = store.index_state(tokenizer_id)
     return _load_persisted(store, state)  # type: ignore[arg-type]
+
+
+def index_for(store: Store, fingerprint: str, max_depth: int = MAX_DEPTH) -> SuffixIndex:
+    """load_index for the tokenizer with this fingerprint; an empty index when the store has no
+    tokens for it (what `specx generate` and `specx serve` draft from)."""
+    tokenizer_id = store.tokenizer_id(fingerprint)
+    return load_index(store, tokenizer_id, max_depth) if tokenizer_id is not None else SuffixIndex(max_depth)
