@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specx.cli.server import ApiError, Tokenizers, parse_request
+from specx.cli.api_requests import ApiError, Tokenizers, parse_request
 from specx.store.db import Store
 from specx.store.formats import Call
 from specx.store.ingest import load_index
