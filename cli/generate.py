@@ -99,8 +99,8 @@ def generate_cmd(
         if stream:
             output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0
-        return {"text": text.text, "finish_reason": "stop" if text.stopped_by or (tokens and tokens[-1] == eos)
-                else "length", "tokens": len(tokens), "steps": steps,
+        return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, eos), "tokens": len(tokens),
+                "steps": steps,
                 "accepted_per_step": accepted / max(steps, 1), "drafted": drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 

@@ -322,9 +322,7 @@ class Worker:
         piece = text.pop(final=True)
         if piece:
             job.emit("delta", index, piece)
-        ended_by_model = text.stopped_by is not None or (tokens and tokens[-1] == self.eos)
-        finish = "stop" if ended_by_model or len(tokens) < req.max_tokens else "length"
-        return Choice(index, text.text, tokens, finish, num_steps, accepted, drafted, draft_us / 1e6, verify_us / 1e6)
+        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), num_steps, accepted, drafted, draft_us / 1e6, verify_us / 1e6)
 
     def _record(self, store: Any, req: GenerationRequest, choices: list[Choice], started_at: str,
                 stats: Stats) -> None:

@@ -63,6 +63,12 @@ class TextStream:
                 return i + 1
         return None
 
+    def finish_reason(self, max_tokens: int, eos_token_id: int | None = None) -> str:
+        """OpenAI's finish_reason once decoding ended: "stop" (a stop string, or the model ended,
+        EOS) or "length" (max_tokens reached)."""
+        ended = self.stopped_by is not None or bool(self.tokens and self.tokens[-1] == eos_token_id)
+        return "stop" if ended or len(self.tokens) < max_tokens else "length"
+
     def pop(self, final: bool = False) -> str:
         """The text not yet handed out, less a tail that could still start a stop string (or the
         whole rest when `final`, or once stopped)."""

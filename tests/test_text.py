@@ -32,7 +32,7 @@ def test_text_ends_before_the_first_stop_string_on_the_token_that_completed_it(c
     stream = TextStream(CharTokenizer(), stop=["END", "\n\n"])
     shown, kept = feed(stream, "SELECT 1;\n\nSELECT 2; END", chunk)
     assert shown == stream.text == "SELECT 1;"
-    assert stream.stopped_by == "\n\n"
+    assert stream.stopped_by == "\n\n" and stream.finish_reason(max_tokens=11) == "stop"
     assert "".join(map(chr, kept)) == "SELECT 1;\n\n"
 
 
@@ -40,6 +40,8 @@ def test_no_stop_string_gives_all_text_and_tokens():
     stream = TextStream(CharTokenizer(), stop="zzz")
     shown, kept = feed(stream, "abc zz abc", 3)
     assert shown == "abc zz abc" and len(kept) == 10 and stream.stopped_by is None
+    assert stream.finish_reason(max_tokens=10) == "length" and stream.finish_reason(max_tokens=11) == "stop"
+    assert stream.finish_reason(max_tokens=10, eos_token_id=ord("c")) == "stop"  # the last token was EOS
 
 
 def test_a_possible_stop_prefix_is_held_back_until_decided():
