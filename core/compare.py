@@ -21,6 +21,7 @@ import torch
 
 from .cost import AcceptanceCalibration, ForwardCost
 from .generate import generate
+from .kernels import new_cache
 
 METHODS = ("plain", "prompt_lookup", "specx")
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value (and vLLM's n-gram default range)
@@ -40,10 +41,12 @@ class MethodRun:
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None,
                 prompt_lookup_num_tokens: int | None = None) -> list[int]:
-    """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked)."""
+    """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
+    same KV cache class as specx (core.kernels.new_cache), so that only the decoding differs."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     extra = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=new_cache(model),
+                         max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=eos_token_id, pad_token_id=eos_token_id, **extra)
     return out[0, ids.shape[1] :].tolist()
 

@@ -132,10 +132,10 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
                   eos_token_ids: Iterable[int] | int | None = None) -> list[int]:
     """Plain greedy decoding in the simplest form (forward with a KV cache, argmax): the reference
     that speculative greedy decoding must equal token for token."""
-    from transformers import DynamicCache
+    from .kernels import new_cache
 
     eos = _eos_set(eos_token_ids)
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, S]
     out: list[int] = []
     while len(out) < max_new_tokens:
@@ -150,9 +150,9 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
 
 @torch.inference_mode()
 def _prefill(model: Any, tokens: Sequence[int]) -> Any:
-    from transformers import DynamicCache
+    from .kernels import new_cache
 
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     if tokens:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)  # [1, S]
         # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats

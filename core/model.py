@@ -146,13 +146,15 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device: str | None = None,
-               dtype: Any = None) -> tuple[Any, Any]:
+               dtype: Any = None, kernels: bool = True) -> tuple[Any, Any]:
     """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id.
 
     The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype
     or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A built-in model is
     de-quantized from its GGUF once (~30 s) and saved as
     safetensors under `cache_dir/<name>`, so later loads take under a second.
+    With `kernels`, core.kernels.accelerate switches the model to specx's small-batch kernels
+    (what it switched is listed in `model.specx_kernels`).
     """
     import torch  # heavy imports: only when a model is needed
     from transformers import AutoModelForCausalLM
@@ -198,6 +200,10 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     net.to(device)
     net.eval()
     net.requires_grad_(False)  # inference only: no autograd bookkeeping on the weights
+    if kernels:
+        from .kernels import accelerate
+
+        net.specx_kernels = accelerate(net)
     return net, tokenizer
 
 

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from .draft import Draft
 
-# Attention implementations that take an arbitrary additive 4D mask; flash kernels only know
-# causal/padding masks and flex attention wants a BlockMask.
-_MASKABLE = ("sdpa", "eager")
+# Attention implementations that take an arbitrary additive 4D mask (specx_sdpa: core.kernels); flash
+# kernels only know causal/padding masks and flex attention wants a BlockMask.
+_MASKABLE = ("sdpa", "eager", "specx_sdpa")
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
                 continue
-            if getattr(layer, "is_sliding", False) or type(layer).__name__ != "DynamicLayer":
+            if getattr(layer, "is_sliding", False) or not isinstance(layer, DynamicLayer):
                 raise ValueError(f"cannot reorder a {type(layer).__name__} cache layer; tree drafts need "
                                  "full-attention layers")
             idx = src.to(layer.keys.device)
