@@ -24,6 +24,7 @@ from .generate import generate
 from .kernels import new_cache
 
 METHODS = ("plain", "prompt_lookup", "specx")
+STOCK = "stock_plain"  # optional: plain decoding on a model without core.kernels (pass stock_model)
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value (and vLLM's n-gram default range)
 
 
@@ -40,13 +41,15 @@ class MethodRun:
 
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None,
-                prompt_lookup_num_tokens: int | None = None) -> list[int]:
+                prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False) -> list[int]:
     """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
-    same KV cache class as specx (core.kernels.new_cache), so that only the decoding differs."""
+    same KV cache class as specx (core.kernels.new_cache), so that only the decoding differs;
+    `stock_cache`: on transformers' default cache instead."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     extra = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=new_cache(model),
-                         max_new_tokens=max_new_tokens, do_sample=False,
+    if not stock_cache:
+        extra["past_key_values"] = new_cache(model)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=eos_token_id, pad_token_id=eos_token_id, **extra)
     return out[0, ids.shape[1] :].tolist()
 
@@ -54,11 +57,14 @@ def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_toke
 def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_tokens: int,
             eos_token_id: int | None, methods: Sequence[str] = METHODS, cost: ForwardCost | None = None,
             timed: Callable[[int], bool] = lambda i: True, on_call: Callable[[], None] = lambda: None,
-            prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS) -> dict[str, MethodRun]:
-    """Run every method on every prompt (greedy); totals count only prompts where `timed(i)`."""
-    unknown = [m for m in methods if m not in METHODS]
+            prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, stock_model: Any = None) -> dict[str, MethodRun]:
+    """Run every method on every prompt (greedy); totals count only prompts where `timed(i)`.
+    STOCK runs plain decoding on `stock_model` (the same weights loaded without core.kernels)."""
+    unknown = [m for m in methods if m not in (*METHODS, STOCK)]
     if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join((*METHODS, STOCK))}")
+    if STOCK in methods and stock_model is None:
+        raise ValueError(f"method {STOCK} needs stock_model")
     runs = {m: MethodRun() for m in methods}
     calibration = AcceptanceCalibration()  # how far the drafts' scores are to be trusted, learned across prompts
     with torch.inference_mode():
@@ -75,6 +81,8 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                         steps += 1
                         accepted += step.accepted
                         drafted += step.draft_size
+                elif method == STOCK:
+                    out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True)
                 else:
                     out = hf_generate(model, prompt, max_new_tokens, eos_token_id,
                                       prompt_lookup_tokens if method == "prompt_lookup" else None)

@@ -34,17 +34,21 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-MAX_ROWS = 16  # above this MKL's blocked GEMM is as fast (measured: benchmarks/kernels in the README)
+# Rows that go through small_matmul (measured on the built-in model, calibrate() curves): below 4
+# MKL runs a matrix-vector product that is as fast and plain decoding keeps it; above 16 MKL's
+# blocked GEMM wins.
+MIN_ROWS, MAX_ROWS = 4, 16
 ATTENTION = "specx_sdpa"
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """out[m, j] = dot(x[m], w[j]) for x [M, K], w [N, K] (a Linear's weight), out [M, N].
+    """out[m, j] = dot(x[m], w[j]) for x [M, K] with M even, w [N, K] (a Linear's weight), out [M, N].
 
-    Four weight rows at a time are kept in L1 while every input row is dotted with them: the
-    weights are read from memory once whatever M is. The k loop is a reduction that fastmath lets
-    LLVM vectorize; its order depends on K only, never on M or on the other rows.
+    Four weight rows at a time stay in L1 while every pair of input rows is dotted with them: the
+    weights are read from memory once whatever M is, and each load feeds two FMAs. Every dot
+    product is its own accumulator over k, a reduction that fastmath lets LLVM vectorize; its order
+    depends on K only, never on M, on the other rows or on a row's place in its pair.
     """
     rows, k_dim = x.shape
     n = w.shape[0]
@@ -52,21 +56,38 @@ def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
     for b in prange((n4 + 7) // 8):  # blocks of 32 output columns, split between the threads
         for q in range(b * 8, min(n4, b * 8 + 8)):
             j = 4 * q
-            for m in range(rows):
+            for m in range(0, rows, 2):
                 a0 = np.float32(0.0)
                 a1 = np.float32(0.0)
                 a2 = np.float32(0.0)
                 a3 = np.float32(0.0)
+                c0 = np.float32(0.0)
+                c1 = np.float32(0.0)
+                c2 = np.float32(0.0)
+                c3 = np.float32(0.0)
                 for k in range(k_dim):
-                    xv = x[m, k]
-                    a0 += w[j, k] * xv
-                    a1 += w[j + 1, k] * xv
-                    a2 += w[j + 2, k] * xv
-                    a3 += w[j + 3, k] * xv
+                    xa = x[m, k]
+                    xc = x[m + 1, k]
+                    w0 = w[j, k]
+                    w1 = w[j + 1, k]
+                    w2 = w[j + 2, k]
+                    w3 = w[j + 3, k]
+                    a0 += w0 * xa
+                    a1 += w1 * xa
+                    a2 += w2 * xa
+                    a3 += w3 * xa
+                    c0 += w0 * xc
+                    c1 += w1 * xc
+                    c2 += w2 * xc
+                    c3 += w3 * xc
                 out[m, j] = a0
                 out[m, j + 1] = a1
                 out[m, j + 2] = a2
                 out[m, j + 3] = a3
+                out[m + 1, j] = c0
+                out[m + 1, j + 1] = c1
+                out[m + 1, j + 2] = c2
+                out[m + 1, j + 3] = c3
     for j in range(4 * n4, n):  # columns past the last multiple of 4 (a fixed set for a given layer)
         for m in range(rows):
             acc = np.float32(0.0)
@@ -75,16 +96,26 @@ def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
             out[m, j] = acc
 
 
+def linear_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [M, K] @ w[N, K].T with `small_matmul`; an odd M gets a zero row (dropped again)."""
+    rows = x.shape[0]
+    if rows % 2:
+        x = np.concatenate([x, np.zeros((1, x.shape[1]), dtype=x.dtype)])
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    small_matmul(x, w, out)
+    return out[:rows]
+
+
 class SmallBatchLinear(torch.nn.Linear):
-    """nn.Linear that runs inputs of up to MAX_ROWS rows through `small_matmul` (inference only)."""
+    """nn.Linear that runs inputs of MIN_ROWS to MAX_ROWS rows through `small_matmul` (inference only)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not 0 < rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or (
+        if not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or (
                 torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
-        out = torch.empty(rows, self.out_features, dtype=torch.float32)  # [M, N]
-        small_matmul(x.reshape(rows, -1).contiguous().numpy(), self.weight.detach().numpy(), out.numpy())
+        out = torch.from_numpy(linear_rows(x.reshape(rows, -1).contiguous().numpy(),
+                                           self.weight.detach().numpy()))  # [M, N]
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specx.core.compare import compare, summary
+from specx.core.compare import STOCK, compare, summary
 from specx.core.cost import calibrate
 from specx.core.model import load_model
 from specx.core.speculate import SuffixDrafter
@@ -67,6 +67,8 @@ def main() -> None:
                         help="specx: draft up to factor x match length (cost-aware sizing cuts what does not pay)")
     parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU), float32, bfloat16")
     parser.add_argument("--methods", default="plain,prompt_lookup,specx")
+    parser.add_argument("--stock", action="store_true",
+                        help=f"also run plain decoding on stock transformers (no specx kernels) as {STOCK}")
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--cache", type=Path, default=specx_home() / "models", help="model cache ($SPECX_HOME/models)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -78,22 +80,26 @@ def main() -> None:
     texts = spider_prompts(args.spider, args.warmup + args.requests)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     cost = calibrate(net)
-    methods = args.methods.split(",")
+    methods = args.methods.split(",") + ([STOCK] if args.stock else [])
+    stock = load_model("smollm2-135m", args.cache, dtype=args.dtype, kernels=False)[0] if args.stock else None
     drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
     timed = lambda i: i >= args.warmup  # noqa: E731
     print(f"running {', '.join(methods)} over {len(prompts)} requests, taking turns ...", file=sys.stderr)
-    runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed)
+    runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
+                   stock_model=stock)
     summary_ = summary(runs, timed)["methods"]
     if args.json:
         print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup,
                           "max_new_tokens": args.max_new_tokens,
-                          "dtype": str(net.dtype).removeprefix("torch.")}, indent=2))
+                          "dtype": str(net.dtype).removeprefix("torch."),
+                          "kernels": getattr(net, "specx_kernels", [])}, indent=2))
         return
     print(f"{'method':<15}{'tokens/s':>10}{'speedup':>9}{'identical':>11}")
     for name, s in summary_.items():
         print(f"{name:<15}{s['tokens_per_s']:>10.1f}{s.get('speedup_vs_plain', 1.0):>8.2f}x"
               f"{s['identical_calls']:>6}/{s['calls']}")
-    print("example output:", repr(tok.decode(runs[methods[-1]].outputs[-1])[:200]))
+    shown = "specx" if "specx" in runs else methods[0]
+    print(f"example output ({shown}):", repr(tok.decode(runs[shown].outputs[-1])[:200]))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ def test_small_matmul_is_a_matmul(rows, n, k):
     rng = np.random.default_rng(rows * n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
-    out = np.full((rows, n), np.nan, dtype=np.float32)
-    kernels.small_matmul(x, w, out)
+    out = kernels.linear_rows(x, w)
+    assert out.shape == (rows, n)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
@@ -32,16 +32,12 @@ def test_small_matmul_is_batch_invariant():
     rng = np.random.default_rng(7)
     w = rng.standard_normal((70, 150), dtype=np.float32)  # 70: a tail past the last multiple of 4
     x = rng.standard_normal((16, 150), dtype=np.float32)
-    full = np.empty((16, 70), dtype=np.float32)
-    kernels.small_matmul(x, w, full)
+    full = kernels.linear_rows(x, w)
     for m in range(16):
-        alone = np.empty((1, 70), dtype=np.float32)
-        kernels.small_matmul(x[m : m + 1].copy(), w, alone)
-        assert np.array_equal(alone[0], full[m])
-    shuffled = x[::-1].copy()
-    out = np.empty((16, 70), dtype=np.float32)
-    kernels.small_matmul(shuffled, w, out)
-    assert np.array_equal(out[::-1], full)
+        assert np.array_equal(kernels.linear_rows(x[m : m + 1], w)[0], full[m])  # alone (padded)
+        assert np.array_equal(kernels.linear_rows(x[m:], w)[0], full[m])  # first of the rest
+    assert np.array_equal(kernels.linear_rows(x[::-1].copy(), w)[::-1], full)  # other partners
+    assert np.array_equal(kernels.linear_rows(x[1:], w), full[1:])  # every row in the other slot
 
 
 def test_small_batch_linear_uses_the_kernel_only_where_it_applies():
@@ -51,13 +47,14 @@ def test_small_batch_linear_uses_the_kernel_only_where_it_applies():
     fast.load_state_dict(stock.state_dict())
     fast.__class__ = kernels.SmallBatchLinear
     with torch.no_grad():
-        for shape in [(1, 40), (2, 3, 40), (1, kernels.MAX_ROWS, 40)]:
+        for shape in [(kernels.MIN_ROWS, 40), (2, 3, 40), (1, kernels.MAX_ROWS, 40)]:
             x = torch.randn(shape)
             torch.testing.assert_close(fast(x), stock(x), rtol=1e-5, atol=1e-5)
-        big = torch.randn(1, kernels.MAX_ROWS + 1, 40)  # prefill-sized: the stock path, bit for bit
-        assert torch.equal(fast(big), stock(big))
-        assert torch.equal(fast(big.double().float()), stock(big))
-    x = torch.randn(2, 40, requires_grad=True)  # training: the stock path keeps autograd working
+        # a decoding step's row or a prefill: the stock path, bit for bit
+        for shape in [(1, 40), (1, kernels.MIN_ROWS - 1, 40), (1, kernels.MAX_ROWS + 1, 40)]:
+            x = torch.randn(shape)
+            assert torch.equal(fast(x), stock(x))
+    x = torch.randn(kernels.MIN_ROWS, 40, requires_grad=True)  # training: the stock path keeps autograd working
     fast(x).sum().backward()
     assert x.grad is not None
 
