@@ -77,6 +77,7 @@ def generate_cmd(
     if cost_aware:
         cost = calibrate(net, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
+            output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
             long = cost.long_seconds or [float("nan")] * len(cost.sizes)
             output.print_table("forward pass cost (ms) by tokens verified",
                                ["tokens", f"ms, {cost.context}-token cache", "ms per token",
