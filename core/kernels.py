@@ -7,10 +7,10 @@ cost about the same for 1 token as for 8. With stock PyTorch it does not: verify
 - **Linear layers.** MKL's sgemm runs 1-3 rows as a matrix-vector product but from 4 rows on
   packs the weight matrix into a scratch buffer first, which on a model that does not fit in
   cache triples the memory traffic. `small_matmul` streams each weight row once and forms all the
-  rows' dot products from it, so up to ~16 rows cost close to one. It is also batch-invariant:
-  a row's result is the same bits whatever the other rows are and however many there are (each
-  dot product is reduced in one fixed order), so a token verified inside a draft tree gets the
-  logits plain decoding would give it. Larger inputs (prefill) stay on MKL.
+  rows' dot products from it, so 4-16 rows cost little more than one. Within that range it is
+  batch-invariant: a row's result is the same bits whatever the other rows are and however many
+  (each dot product is reduced in one fixed order). One to three rows (plain decoding) and larger
+  inputs (prefill) stay on MKL, as in stock PyTorch.
 - **Grouped-query attention with a mask.** transformers copies the key/value heads once per query
   head (`repeat_kv`) whenever a mask is passed, i.e. on every tree verification. `gqa_attention`
   instead folds the query heads that share a key/value head into extra query rows, the way

@@ -25,10 +25,11 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .draft import Draft
+from .kernels import ATTENTION
 
-# Attention implementations that take an arbitrary additive 4D mask (specx_sdpa: core.kernels); flash
+# Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.kernels'); flash
 # kernels only know causal/padding masks and flex attention wants a BlockMask.
-_MASKABLE = ("sdpa", "eager", "specx_sdpa")
+_MASKABLE = ("sdpa", "eager", ATTENTION)
 
 
 @dataclass(frozen=True)
