@@ -7,7 +7,7 @@ cost about the same for 1 token as for 8. With stock PyTorch it does not: verify
 - **Linear layers.** MKL's sgemm runs 1-3 rows as a matrix-vector product but from 4 rows on
   packs the weight matrix into a scratch buffer first, which on a model that does not fit in
   cache triples the memory traffic. `small_matmul` streams each weight row once and forms all the
-  rows' dot products from it, so 4-16 rows cost little more than one. Within that range it is
+  rows' dot products from it, so 4-24 rows cost little more than one. Within that range it is
   batch-invariant: a row's result is the same bits whatever the other rows are and however many
   (each dot product is reduced in one fixed order). One to three rows (plain decoding) and larger
   inputs (prefill) stay on MKL, as in stock PyTorch.
@@ -28,46 +28,81 @@ from typing import Any
 
 import numpy as np
 import torch
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-# Rows that go through small_matmul (measured on the built-in model, calibrate() curves): below 4
-# MKL runs a matrix-vector product that is as fast and plain decoding keeps it; above 16 MKL's
+# Rows that go through small_matmul (measured on the built-in model, linear layers alone): below 4
+# MKL runs a matrix-vector product that is as fast and plain decoding keeps it; above 24 MKL's
 # blocked GEMM wins.
-MIN_ROWS, MAX_ROWS = 4, 16
+MIN_ROWS, MAX_ROWS = 4, 24
 ATTENTION = "specx_sdpa"
+
+
+@intrinsic
+def _prefetch(typingctx, arr, index):  # pragma: no cover - compiled
+    """Ask the CPU to start loading the cache line of arr.flat[index] (LLVM's prefetch intrinsic:
+    read, keep in all cache levels); no result, no fault on any address."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+            ir.VoidType(), [byte_ptr, i32, i32, i32]))
+        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), byte_ptr),
+                          ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, index), codegen
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """out[m, j] = dot(x[m], w[j]) for x [M, K] with M even, w [N, K] (a Linear's weight), out [M, N].
+    """out[m, j] = dot(x[m], w[j]) for x [M, K] with M a multiple of 4, w [N, K] (a Linear's weight),
+    out [M, N].
 
-    Four weight rows at a time stay in L1 while every pair of input rows is dotted with them: the
-    weights are read from memory once whatever M is, and each load feeds two FMAs. Every dot
-    product is its own accumulator over k, a reduction that fastmath lets LLVM vectorize; its order
-    depends on K only, never on M, on the other rows or on a row's place in its pair.
+    Four weight rows at a time are prefetched into cache and dotted with every group of four input
+    rows: the weights are read from memory once whatever M is, and each load feeds four FMAs.
+    Every dot product is its own accumulator over k, a reduction that fastmath lets LLVM
+    vectorize; its order depends on K only, never on M, on the other rows or on a row's place in
+    its group.
     """
     rows, k_dim = x.shape
     n = w.shape[0]
     n4 = n // 4
+    flat = w.reshape(-1)
     for b in prange((n4 + 7) // 8):  # blocks of 32 output columns, split between the threads
         for q in range(b * 8, min(n4, b * 8 + 8)):
             j = 4 * q
-            for m in range(0, rows, 2):
+            for line in range(j * k_dim, (j + 4) * k_dim, 16):  # 16 floats: one 64-byte cache line
+                _prefetch(flat, line)
+            for m in range(0, rows, 4):
                 a0 = np.float32(0.0)
                 a1 = np.float32(0.0)
                 a2 = np.float32(0.0)
                 a3 = np.float32(0.0)
+                b0 = np.float32(0.0)
+                b1 = np.float32(0.0)
+                b2 = np.float32(0.0)
+                b3 = np.float32(0.0)
                 c0 = np.float32(0.0)
                 c1 = np.float32(0.0)
                 c2 = np.float32(0.0)
                 c3 = np.float32(0.0)
+                d0 = np.float32(0.0)
+                d1 = np.float32(0.0)
+                d2 = np.float32(0.0)
+                d3 = np.float32(0.0)
                 for k in range(k_dim):
                     xa = x[m, k]
-                    xc = x[m + 1, k]
+                    xb = x[m + 1, k]
+                    xc = x[m + 2, k]
+                    xd = x[m + 3, k]
                     w0 = w[j, k]
                     w1 = w[j + 1, k]
                     w2 = w[j + 2, k]
@@ -76,18 +111,34 @@ def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
                     a1 += w1 * xa
                     a2 += w2 * xa
                     a3 += w3 * xa
+                    b0 += w0 * xb
+                    b1 += w1 * xb
+                    b2 += w2 * xb
+                    b3 += w3 * xb
                     c0 += w0 * xc
                     c1 += w1 * xc
                     c2 += w2 * xc
                     c3 += w3 * xc
+                    d0 += w0 * xd
+                    d1 += w1 * xd
+                    d2 += w2 * xd
+                    d3 += w3 * xd
                 out[m, j] = a0
                 out[m, j + 1] = a1
                 out[m, j + 2] = a2
                 out[m, j + 3] = a3
-                out[m + 1, j] = c0
-                out[m + 1, j + 1] = c1
-                out[m + 1, j + 2] = c2
-                out[m + 1, j + 3] = c3
+                out[m + 1, j] = b0
+                out[m + 1, j + 1] = b1
+                out[m + 1, j + 2] = b2
+                out[m + 1, j + 3] = b3
+                out[m + 2, j] = c0
+                out[m + 2, j + 1] = c1
+                out[m + 2, j + 2] = c2
+                out[m + 2, j + 3] = c3
+                out[m + 3, j] = d0
+                out[m + 3, j + 1] = d1
+                out[m + 3, j + 2] = d2
+                out[m + 3, j + 3] = d3
     for j in range(4 * n4, n):  # columns past the last multiple of 4 (a fixed set for a given layer)
         for m in range(rows):
             acc = np.float32(0.0)
@@ -97,10 +148,11 @@ def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
 
 
 def linear_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [M, K] @ w[N, K].T with `small_matmul`; an odd M gets a zero row (dropped again)."""
+    """x [M, K] @ w[N, K].T with `small_matmul`; M is padded with zero rows to a multiple of 4
+    (dropped again)."""
     rows = x.shape[0]
-    if rows % 2:
-        x = np.concatenate([x, np.zeros((1, x.shape[1]), dtype=x.dtype)])
+    if rows % 4:
+        x = np.concatenate([x, np.zeros((4 - rows % 4, x.shape[1]), dtype=x.dtype)])
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     small_matmul(x, w, out)
     return out[:rows]
