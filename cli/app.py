@@ -193,6 +193,9 @@ def replay_cmd(
                                                      "prompt lookup and specx, measured.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
     dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
+    prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="With --model: KV entries of past prompts each "
+                                                                 "method may reuse for prompts that start the same "
+                                                                 "way (0: prefill every prompt whole).")] = 8192,
     fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
     source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
     llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
@@ -259,7 +262,7 @@ def replay_cmd(
                                        limit=limit),
                                   {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
                                    "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
-                                   "merge": merge, "prompt_window": prompt_window})
+                                   "merge": merge, "prompt_window": prompt_window}, prefix_cache_tokens)
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
@@ -306,7 +309,8 @@ def replay_cmd(
 
 
 def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_tokens: int, warm: bool, baselines: bool,
-                       json_out: bool, selection: dict[str, Any], params: dict[str, Any]) -> None:
+                       json_out: bool, selection: dict[str, Any], params: dict[str, Any],
+                       prefix_cache_tokens: int = 0) -> None:
     from . import replay as replay_lib
     from specx.core.cost import calibrate
     from specx.core.model import load_model, tokenizer_fingerprint
@@ -333,7 +337,8 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
     with output.progress() as bar:
         task = bar.add_task("replay", total=len(calls) * len(methods))
         result = replay_lib.run_model_replay(net, tok, prompts, warm_tokens, params | {"warm_outputs": len(warm_tokens)},
-                                             methods, max_tokens, cost, on_call=lambda: bar.advance(task))
+                                             methods, max_tokens, cost, on_call=lambda: bar.advance(task),
+                                             prefix_cache_tokens=prefix_cache_tokens)
     result["model"] = model
     result["dtype"] = str(net.dtype).removeprefix("torch.")
     if json_out:

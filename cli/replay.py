@@ -205,7 +205,7 @@ def model_prompts(store: Store, tokenizer: Any, calls: list[CallRef], window: in
 
 def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: list[np.ndarray],
                      params: dict[str, Any], methods: list[str], max_tokens: int, cost: Any,
-                     on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
+                     on_call: Callable[[], None] = lambda: None, prefix_cache_tokens: int = 0) -> dict[str, Any]:
     """Plain decoding, transformers' prompt lookup and specx on the same prompts, with the model
     (greedy); specx learns each output online. {"methods": {...}, "params": ...}."""
     from specx.core.compare import compare, summary
@@ -215,6 +215,8 @@ def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: l
         drafter.global_index.add(tokens)
     _warm_up(params)
     compare(net, [prompts[0][-16:]], None, 4, tokenizer.eos_token_id, ["plain"])  # first passes are slow
-    runs = compare(net, prompts, drafter, max_tokens, tokenizer.eos_token_id, methods, cost=cost, on_call=on_call)
-    return summary(runs) | {"params": params | {"max_tokens": max_tokens}, "calls": len(prompts),
+    runs = compare(net, prompts, drafter, max_tokens, tokenizer.eos_token_id, methods, cost=cost, on_call=on_call,
+                   prefix_cache_tokens=prefix_cache_tokens)
+    return summary(runs) | {"params": params | {"max_tokens": max_tokens, "prefix_cache_tokens": prefix_cache_tokens},
+                            "calls": len(prompts),
                             "prompt_tokens": sum(len(p) for p in prompts)}

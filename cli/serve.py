@@ -34,6 +34,9 @@ def serve_cmd(
     cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Cut each draft where expected "
                                              "tokens per second is best (measured at start), or verify whole "
                                              "drafts.")] = True,
+    prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="KV entries of recent prompts kept for prompts "
+                                                                 "that start the same way: only the rest is "
+                                                                 "prefilled (0: off).")] = 8192,
 ) -> None:
     """Serve the model over the OpenAI API, drafting from the suffix index and learning from every request.
 
@@ -49,6 +52,7 @@ def serve_cmd(
 
     from specx.core.cost import calibrate
     from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
     from specx.store.db import Store
     from specx.store.ingest import index_for
@@ -75,7 +79,8 @@ def serve_cmd(
                  ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
     drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
         if speculation else None
-    worker = Worker(net, LockedTokenizer(tok), model, path, global_index, drafter, cost, max_queue, Metrics())
+    worker = Worker(net, LockedTokenizer(tok), model, path, global_index, drafter, cost, max_queue, Metrics(),
+                    PrefixCache(prefix_cache_tokens))
     names = served_model_name or [model]
     api = Api(worker, names, int(net.config.max_position_embeddings), api_key)
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):

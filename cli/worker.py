@@ -182,7 +182,8 @@ class Worker:
     """Owns the model (and its own connection to the store); answers jobs one at a time."""
 
     def __init__(self, net: Any, tokenizer: LockedTokenizer, model_name: str, store_path: Path, global_index: Any,
-                 drafter: Any = None, cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None) -> None:
+                 drafter: Any = None, cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None,
+                 prefix_cache: Any = None) -> None:
         from specx.core.model import tokenizer_fingerprint
 
         self.net = net
@@ -192,6 +193,7 @@ class Worker:
         self.global_index = global_index
         self.drafter = drafter
         self.cost = cost if drafter is not None else None
+        self.prefix_cache = prefix_cache  # core.prefix_cache.PrefixCache shared by the requests (None: off)
         from specx.core.cost import AcceptanceCalibration
 
         self.calibration = AcceptanceCalibration()  # the drafts' measured over-confidence, across requests
@@ -300,7 +302,7 @@ class Worker:
         steps = generate(self.net, req.prompt_ids, self.drafter, max_new_tokens=req.max_tokens,
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
-                         calibration=self.calibration)
+                         calibration=self.calibration, prefix_cache=self.prefix_cache)
         tokens: list[int] = []
         num_steps = accepted = drafted = 0
         draft_us = verify_us = 0.0

@@ -13,15 +13,18 @@ the index at once, as when serving.
 from __future__ import annotations
 
 import time
+from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from .cost import AcceptanceCalibration, ForwardCost
 from .generate import generate
 from .kernels import new_cache
+from .prefix_cache import PrefixCache
 
 METHODS = ("plain", "prompt_lookup", "specx")
 STOCK = "stock_plain"  # optional: plain decoding on a model without core.kernels (pass stock_model)
@@ -41,31 +44,57 @@ class MethodRun:
 
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None,
-                prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False) -> list[int]:
+                prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False,
+                prefix_cache: PrefixCache | None = None) -> list[int]:
     """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
     same KV cache class as specx (core.kernels.new_cache), so that only the decoding differs;
-    `stock_cache`: on transformers' default cache instead."""
+    `stock_cache`: on transformers' default cache instead. With `prefix_cache`, the prompt but its
+    last token is prefilled through it first (transformers then runs only the last token)."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     extra = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
-    if not stock_cache:
-        extra["past_key_values"] = new_cache(model)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=eos_token_id, pad_token_id=eos_token_id, **extra)
+    cache = DynamicCache() if stock_cache else new_cache(model)
+    if prefix_cache is not None:
+        cache = prefix_cache.prefill(model, prompt[:-1], cache)
+    if prefix_cache is not None or not stock_cache:
+        extra["past_key_values"] = cache
+    if prompt_lookup_num_tokens and cache.get_seq_length():
+        # transformers' assisted decoding runs its first pass over the whole prompt even when the
+        # cache already holds all of it but the last token; run it over the uncached tokens only
+        model.prepare_inputs_for_generation = partial(_uncached_first_pass, type(model).prepare_inputs_for_generation,
+                                                      model)
+    try:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id, **extra)
+    finally:
+        model.__dict__.pop("prepare_inputs_for_generation", None)
     return out[0, ids.shape[1] :].tolist()
+
+
+def _uncached_first_pass(prepare: Callable[..., Any], model: Any, input_ids: torch.Tensor,
+                         next_sequence_length: int | None = None, past_key_values: Any = None,
+                         is_first_iteration: bool | None = False, **kwargs: Any) -> Any:
+    if is_first_iteration and next_sequence_length is None and past_key_values is not None:
+        next_sequence_length = input_ids.shape[1] - past_key_values.get_seq_length()
+    return prepare(model, input_ids, next_sequence_length=next_sequence_length, past_key_values=past_key_values,
+                   is_first_iteration=is_first_iteration, **kwargs)
 
 
 def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_tokens: int,
             eos_token_id: int | None, methods: Sequence[str] = METHODS, cost: ForwardCost | None = None,
             timed: Callable[[int], bool] = lambda i: True, on_call: Callable[[], None] = lambda: None,
-            prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, stock_model: Any = None) -> dict[str, MethodRun]:
+            prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, stock_model: Any = None,
+            prefix_cache_tokens: int = 0) -> dict[str, MethodRun]:
     """Run every method on every prompt (greedy); totals count only prompts where `timed(i)`.
-    STOCK runs plain decoding on `stock_model` (the same weights loaded without core.kernels)."""
+    STOCK runs plain decoding on `stock_model` (the same weights loaded without core.kernels).
+    `prefix_cache_tokens` > 0 gives every method a prefix cache of that many tokens (its own, so
+    that each method's cached entries are computed as it would compute them)."""
     unknown = [m for m in methods if m not in (*METHODS, STOCK)]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join((*METHODS, STOCK))}")
     if STOCK in methods and stock_model is None:
         raise ValueError(f"method {STOCK} needs stock_model")
     runs = {m: MethodRun() for m in methods}
+    prefixes = {m: PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
     calibration = AcceptanceCalibration()  # how far the drafts' scores are to be trusted, learned across prompts
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
@@ -76,16 +105,19 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 if method == "specx":
                     out = []
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
-                                         eos_token_ids=eos_token_id, cost=cost, calibration=calibration):
+                                         eos_token_ids=eos_token_id, cost=cost, calibration=calibration,
+                                         prefix_cache=prefixes[method]):
                         out += step.new_tokens
                         steps += 1
                         accepted += step.accepted
                         drafted += step.draft_size
                 elif method == STOCK:
-                    out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True)
+                    out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True,
+                                      prefix_cache=prefixes[method])
                 else:
                     out = hf_generate(model, prompt, max_new_tokens, eos_token_id,
-                                      prompt_lookup_tokens if method == "prompt_lookup" else None)
+                                      prompt_lookup_tokens if method == "prompt_lookup" else None,
+                                      prefix_cache=prefixes[method])
                 elapsed = time.perf_counter() - t0
                 run.outputs.append(out)
                 if timed(i):

@@ -37,7 +37,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
-             calibration: AcceptanceCalibration | None = None) -> Iterator[Step]:
+             calibration: AcceptanceCalibration | None = None, prefix_cache: Any = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
 
     `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
@@ -49,7 +49,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     `stop` (optional, e.g. a text.TextStream) sees each step's tokens and returns None to go on or
     how many of them to keep: decoding then ends there, as at EOS. `calibration` carries the
     drafts' measured over-confidence across requests (a server or a benchmark passes one for all of
-    them); by default each request starts afresh.
+    them); by default each request starts afresh. `prefix_cache` (a core.prefix_cache.PrefixCache
+    shared by the requests) skips the prefill of the prompt's longest prefix it has seen before.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -73,7 +74,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
         calibration = AcceptanceCalibration()  # adaptive draft size: predicted vs accepted
     learn = False
     try:
-        cache = _prefill(model, prompt[:-1])
+        cache = _prefill(model, prompt[:-1], prefix_cache)
         # The last prompt token stays pending: the first step's pass reads it together with the
         # first draft, so even the first output token can come with accepted draft tokens.
         pending = [prompt[-1]]
@@ -148,16 +149,10 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
     return out
 
 
-@torch.inference_mode()
-def _prefill(model: Any, tokens: Sequence[int]) -> Any:
-    from .kernels import new_cache
+def _prefill(model: Any, tokens: Sequence[int], prefixes: Any = None) -> Any:
+    from .prefix_cache import PrefixCache
 
-    cache = new_cache(model)
-    if tokens:
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)  # [1, S]
-        # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return cache
+    return (prefixes if prefixes is not None else PrefixCache(0)).prefill(model, tokens)
 
 
 def _eos_set(eos_token_ids: Iterable[int] | int | None) -> set[int]:

@@ -236,12 +236,15 @@ class GrowingCache(DynamicCache):
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
 
 
+def full_attention(config: Any) -> bool:
+    """Whether every layer attends to the whole sequence (no sliding window)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return not getattr(config, "sliding_window", None) and all(t == "full_attention" for t in layer_types)
+
+
 def new_cache(model: Any) -> Any:
     """The KV cache to decode `model` with: a GrowingCache when every layer is full attention."""
-    types = getattr(model.config, "layer_types", None) or ["full_attention"]
-    if getattr(model.config, "sliding_window", None) or any(t != "full_attention" for t in types):
-        return DynamicCache(config=model.config)
-    return GrowingCache()
+    return GrowingCache() if full_attention(model.config) else DynamicCache(config=model.config)
 
 
 def accelerate(model: Any) -> list[str]:

@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--methods", default="plain,prompt_lookup,specx")
     parser.add_argument("--stock", action="store_true",
                         help=f"also run plain decoding on stock transformers (no specx kernels) as {STOCK}")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=8192,
+                        help="KV entries of past prompts each method may reuse (a serving engine's prefix cache; "
+                             "0: prefill every prompt whole)")
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--cache", type=Path, default=specx_home() / "models", help="model cache ($SPECX_HOME/models)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -85,11 +88,11 @@ def main() -> None:
     timed = lambda i: i >= args.warmup  # noqa: E731
     print(f"running {', '.join(methods)} over {len(prompts)} requests, taking turns ...", file=sys.stderr)
     runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
-                   stock_model=stock)
+                   stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens)
     summary_ = summary(runs, timed)["methods"]
     if args.json:
         print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup,
-                          "max_new_tokens": args.max_new_tokens,
+                          "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
                           "dtype": str(net.dtype).removeprefix("torch."),
                           "kernels": getattr(net, "specx_kernels", [])}, indent=2))
         return

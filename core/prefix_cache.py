@@ -1,0 +1,91 @@
+"""Prefix caching: the KV cache of recent prompts, reused by later prompts that start the same way.
+
+An agent's calls share long prefixes (the system prompt, the tool list, the conversation so far; in
+text-to-SQL the schema and the example pairs), and a prefill costs as much as many decode steps on
+a CPU. Like a serving engine's prefix cache (vLLM, SGLang), `PrefixCache.prefill` copies the KV
+entries of the longest prefix a stored prompt shares with the new one and runs the model only on
+the rest; the new prompt's entries are then stored too (least recently used first out, within a
+budget of tokens).
+
+    prefixes = PrefixCache(max_tokens=8192)
+    cache = prefixes.prefill(model, prompt_ids[:-1])   # a KV cache holding every token given
+
+The reused entries are the ones an earlier prefill computed for the same tokens at the same
+positions; a fresh prefill of the whole prompt would compute them in a larger batch, which can
+differ from them in the last bits (as any two matrix kernels do), never more.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .kernels import full_attention, new_cache
+
+
+class PrefixCache:
+    """Stored prompts' KV entries (full-attention models; others are always prefilled whole)."""
+
+    def __init__(self, max_tokens: int = 8192) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = int(max_tokens)
+        self._entries: OrderedDict[int, tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
+        self._next_key = 0
+        self.hit_tokens = 0  # prompt tokens whose entries were copied instead of computed
+        self.miss_tokens = 0  # prompt tokens prefilled
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(tokens) for tokens, _ in self._entries.values())
+
+    def longest_prefix(self, tokens: Sequence[int]) -> tuple[int, int | None]:
+        """(length, entry key) of the longest prefix of `tokens` that a stored prompt starts with."""
+        query = np.asarray(tokens, dtype=np.int64)
+        best, best_key = 0, None
+        for key, (stored, _) in self._entries.items():
+            n = min(len(stored), len(query))
+            differ = np.flatnonzero(stored[:n] != query[:n])
+            shared = int(differ[0]) if len(differ) else n
+            if shared > best:
+                best, best_key = shared, key
+        return best, best_key
+
+    @torch.no_grad()  # not inference_mode: transformers' generate (no_grad) must be able to append to it
+    def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> Any:
+        """A KV cache (`cache`, or a new one) holding `tokens`: the longest stored prefix is copied,
+        the rest run through `model`; then `tokens` are stored (when the budget allows)."""
+        tokens = [int(t) for t in tokens]
+        if cache is None:
+            cache = new_cache(model)
+        usable = self.max_tokens > 0 and full_attention(model.config)
+        reuse, key = self.longest_prefix(tokens) if usable else (0, None)
+        if key is not None:
+            stored, layers = self._entries[key]
+            for layer, (keys, values) in enumerate(layers):
+                cache.update(keys[..., :reuse, :], values[..., :reuse, :], layer)
+            if reuse == len(stored) < len(tokens):
+                del self._entries[key]  # the new prompt extends it (an agent's next turn): it replaces it
+            else:
+                self._entries.move_to_end(key)
+        if len(tokens) > reuse:
+            ids = torch.tensor([tokens[reuse:]], dtype=torch.long, device=model.device)  # [1, S - reuse]
+            # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats
+            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.hit_tokens += reuse
+        self.miss_tokens += len(tokens) - reuse
+        if usable and reuse < len(tokens) <= self.max_tokens:
+            self._store(tokens, cache)
+        return cache
+
+    def _store(self, tokens: list[int], cache: Any) -> None:
+        layers = [(layer.keys[..., : len(tokens), :].clone(), layer.values[..., : len(tokens), :].clone())
+                  for layer in cache.layers]
+        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64), layers)
+        self._next_key += 1
+        while self.num_tokens > self.max_tokens:
+            self._entries.popitem(last=False)

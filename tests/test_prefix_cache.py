@@ -1,0 +1,116 @@
+"""core.prefix_cache: prompts that share a prefix with an earlier one prefill only the rest, their KV
+entries equal a whole prefill's, decoding through it (specx and transformers' own generate, prompt
+lookup included) equals plain greedy decoding, and the token budget holds."""
+
+import random
+
+import pytest
+import torch
+
+from specx.core.compare import hf_generate
+from specx.core.generate import generate, greedy_decode
+from specx.core.kernels import new_cache
+from specx.core.prefix_cache import PrefixCache
+
+from test_generate import MAKERS, FakeDrafter
+from test_verify import VOCAB, tiny_model
+
+SHARED = [5, 9, 17, 33, 2, 71, 40, 8, 61, 23, 19, 88, 3, 54]  # a system prompt every request starts with
+
+
+def agent_prompts(rng: random.Random, num: int) -> list[list[int]]:
+    """Requests as an agent sends them: a common head, then either a new question or the previous
+    request extended by a new turn."""
+    prompts = [SHARED + [rng.randrange(VOCAB) for _ in range(6)]]
+    for _ in range(num - 1):
+        base = prompts[-1] if rng.random() < 0.5 else SHARED
+        prompts.append(base + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))])
+    return prompts
+
+
+def kv(cache):
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def test_reused_entries_equal_a_whole_prefill():
+    model = tiny_model(torch.float64)
+    prefixes = PrefixCache()
+    first = SHARED + [1, 2, 3]
+    second = SHARED + [4, 5, 6, 7]
+    prefixes.prefill(model, first)
+    cache = prefixes.prefill(model, second)
+    assert (prefixes.hit_tokens, prefixes.miss_tokens) == (len(SHARED), len(first) + 4)
+    whole = PrefixCache(0).prefill(model, second)
+    assert cache.get_seq_length() == len(second)
+    for (k, v), (k0, v0) in zip(kv(cache), kv(whole), strict=True):
+        torch.testing.assert_close(k, k0, rtol=0, atol=1e-12)
+        torch.testing.assert_close(v, v0, rtol=0, atol=1e-12)
+
+
+def test_a_copy_is_handed_out_and_the_stored_entries_stay_intact():
+    model = tiny_model(torch.float64)
+    prefixes = PrefixCache()
+    prompt = SHARED + [1, 2, 3]
+    prefixes.prefill(model, prompt)
+    stored = [(k.clone(), v.clone()) for k, v in prefixes._entries[0][1]]
+    cache = prefixes.prefill(model, prompt)  # all of it reused: nothing to run
+    assert prefixes.miss_tokens == len(prompt)
+    model(input_ids=torch.tensor([[7, 7, 7]]), past_key_values=cache, use_cache=True)  # decoding appends
+    cache.crop(-(cache.get_seq_length() - len(SHARED)))
+    model(input_ids=torch.tensor([[9] * 6]), past_key_values=cache, use_cache=True)  # and overwrites after a crop
+    for (k, v), (k0, v0) in zip(prefixes._entries[0][1], stored, strict=True):
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+
+
+@pytest.mark.parametrize("make", MAKERS, ids=lambda m: m.__name__)
+def test_speculative_greedy_through_the_prefix_cache_equals_plain(make):
+    model = tiny_model(torch.float64)
+    rng = random.Random(make.__name__)
+    prefixes = PrefixCache()
+    for i, prompt in enumerate(agent_prompts(rng, 6)):
+        ref = greedy_decode(model, prompt, 16)
+        steps = generate(model, prompt, FakeDrafter(make, ref, seed=i), max_new_tokens=16, prefix_cache=prefixes)
+        assert [t for s in steps for t in s.new_tokens] == ref
+    assert prefixes.hit_tokens >= 5 * len(SHARED)
+
+
+def test_transformers_generate_and_prompt_lookup_through_the_prefix_cache():
+    # transformers' assisted decoding runs its first pass over the whole input; with a filled cache
+    # that would feed the prompt twice (compare.hf_generate runs it over the uncached tokens)
+    model = tiny_model(torch.float64)
+    rng = random.Random(3)
+    plain, lookup = PrefixCache(), PrefixCache()
+    for prompt in agent_prompts(rng, 5):
+        prompt = prompt + prompt[-6:]  # a repeat for prompt lookup to find
+        ref = greedy_decode(model, prompt, 20)
+        assert hf_generate(model, prompt, 20, None, prefix_cache=plain) == ref
+        assert hf_generate(model, prompt, 20, None, prompt_lookup_num_tokens=4, prefix_cache=lookup) == ref
+        assert "prepare_inputs_for_generation" not in model.__dict__  # the override is gone afterwards
+    assert plain.hit_tokens == lookup.hit_tokens >= 4 * len(SHARED)
+
+
+def test_budget_least_recently_used_first_out_and_extensions_replace():
+    model = tiny_model(torch.float64)
+    prefixes = PrefixCache(max_tokens=50)
+    a, b = SHARED + [1] * 6, [2] * 20
+    prefixes.prefill(model, a)
+    prefixes.prefill(model, b)
+    prefixes.prefill(model, a + [3, 3])  # an agent's next turn: it replaces the entry it extends
+    assert [len(t) for t, _ in prefixes._entries.values()] == [20, 22]
+    prefixes.prefill(model, b)  # used again: now the most recent
+    prefixes.prefill(model, [4] * 10)  # over the budget: the least recently used entry goes
+    assert [len(t) for t, _ in prefixes._entries.values()] == [20, 10]
+    assert prefixes.num_tokens == 30
+    prefixes.prefill(model, [5] * 51)  # longer than the whole budget: prefilled, not stored
+    assert [len(t) for t, _ in prefixes._entries.values()] == [20, 10]
+
+
+def test_zero_budget_and_other_caches():
+    model = tiny_model(torch.float64)
+    off = PrefixCache(0)
+    off.prefill(model, SHARED)
+    cache = off.prefill(model, SHARED)
+    assert off.hit_tokens == 0 and off.num_tokens == 0 and cache.get_seq_length() == len(SHARED)
+    assert type(cache) is type(new_cache(model))
+    with pytest.raises(ValueError, match="max_tokens"):
+        PrefixCache(-1)
