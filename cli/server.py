@@ -34,9 +34,10 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 # --------------------------------------------------------------------------- responses
 
-def usage_json(stats: Stats) -> dict[str, int]:
+def usage_json(stats: Stats) -> dict[str, Any]:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
 
 
 def completion_json(req: GenerationRequest, created: int, choices: list[Choice], stats: Stats,

@@ -275,8 +275,11 @@ def test_chat_streaming_equals_non_streaming_with_usage(server):
     assert finishes == [whole.choices[0].finish_reason]
     assert all(c.usage is None for c in chunks[:-1])
     last = chunks[-1]
-    assert last.choices == [] and last.usage.model_dump() == whole.usage.model_dump()
+    assert last.choices == [] and last.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert last.usage.completion_tokens == whole.usage.completion_tokens
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    # the same prompt again: all of it but the last token (read with the first draft) from the prefix cache
+    assert last.usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
     assert last.model_extra["specx"]["steps"] >= 1
     plain = list(ask(client, "Name three colours.", 20, stream=True))  # no usage chunk unless asked
     assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
@@ -371,11 +374,13 @@ def test_models_health_metrics(server):
     m = server.metrics()
     assert m['specx_requests_total{endpoint="chat.completions",status="200"}'] >= 1
     assert m["specx_completion_tokens_total"] > 0 and m["specx_prompt_tokens_total"] > 0
+    assert 0 <= m["specx_cached_prompt_tokens_total"] < m["specx_prompt_tokens_total"]
     assert m["specx_verification_steps_total"] >= 1 and "specx_accepted_draft_tokens_total" in m
     assert m["specx_global_index_tokens"] == m["specx_completion_tokens_total"]  # every answer is learned
     assert m["specx_stored_requests_total"] >= 1 and m["specx_queue_depth"] == 0
     assert "specx_tokens_per_second" in m and "specx_accepted_per_step" in m
-    lines = re.findall(r"prompt=\d+ tokens=\d+ steps=\d+ accepted=\d+ .* tokens/s=[\d.]+ seconds=", server.log())
+    lines = re.findall(r"prompt=\d+ \(cached \d+\) tokens=\d+ steps=\d+ accepted=\d+ .* tokens/s=[\d.]+ seconds=",
+                       server.log())
     assert len(lines) == m["specx_stored_requests_total"]  # one line per finished request
 
 
