@@ -49,7 +49,7 @@ def generate_cmd(
     import time
 
     from specx.core.cost import calibrate
-    from specx.core.generate import generate
+    from specx.core.generate import Totals, generate
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
@@ -85,24 +85,21 @@ def generate_cmd(
                                [[n, 1e3 * t, 1e3 * t / n, 1e3 * lt] for n, t, lt in zip(cost.sizes, cost.seconds, long)])
 
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
-        tokens: list[int] = []
-        steps = accepted = drafted = 0
+        totals = Totals()
         text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
         for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
                              **sampling):
-            tokens += step.new_tokens
-            steps += 1
-            accepted += step.accepted
-            drafted += step.draft_size
+            totals.add(step)
             if stream:
                 output.stdout.out(text.pop(), end="", highlight=False)
         if stream:
             output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0
+        tokens = totals.tokens
         return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, eos), "tokens": len(tokens),
-                "steps": steps,
-                "accepted_per_step": accepted / max(steps, 1), "drafted": drafted, "seconds": seconds,
+                "steps": totals.steps, "accepted_per_step": totals.accepted / max(totals.steps, 1),
+                "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
     drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)

@@ -304,7 +304,7 @@ class Worker:
 
     def _decode(self, job: Job, index: int) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
-        from specx.core.generate import generate
+        from specx.core.generate import Totals, generate
         from specx.core.text import TextStream
 
         req = job.request
@@ -313,19 +313,12 @@ class Worker:
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
                          calibration=self.calibration, prefix_cache=self.prefix_cache)
-        tokens: list[int] = []
-        num_steps = accepted = drafted = 0
-        draft_us = verify_us = 0.0
+        totals = Totals()
         try:
             for step in steps:
                 if job.cancelled.is_set():
                     return None  # closing the loop below ends the request without learning
-                tokens += step.new_tokens
-                num_steps += 1
-                accepted += step.accepted
-                drafted += step.draft_size
-                draft_us += step.draft_us
-                verify_us += step.verify_us
+                totals.add(step)
                 piece = text.pop()
                 if piece:
                     job.emit("delta", index, piece)
@@ -334,7 +327,8 @@ class Worker:
         piece = text.pop(final=True)
         if piece:
             job.emit("delta", index, piece)
-        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), num_steps, accepted, drafted, draft_us / 1e6, verify_us / 1e6)
+        return Choice(index, text.text, totals.tokens, text.finish_reason(req.max_tokens, self.eos), totals.steps,
+                      totals.accepted, totals.drafted, totals.draft_us / 1e6, totals.verify_us / 1e6)
 
     def _record(self, store: Any, req: GenerationRequest, choices: list[Choice], started_at: str,
                 stats: Stats) -> None:

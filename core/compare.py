@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from .cost import AcceptanceCalibration, ForwardCost
-from .generate import generate
+from .generate import Totals, generate
 from .kernels import new_cache
 from .prefix_cache import PrefixCache
 
@@ -100,17 +100,14 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
         for i, prompt in enumerate(prompts):
             for method in methods:
                 run = runs[method]
-                steps = accepted = drafted = 0
+                totals = Totals()
                 t0 = time.perf_counter()
                 if method == "specx":
-                    out = []
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
                                          eos_token_ids=eos_token_id, cost=cost, calibration=calibration,
                                          prefix_cache=prefixes[method]):
-                        out += step.new_tokens
-                        steps += 1
-                        accepted += step.accepted
-                        drafted += step.draft_size
+                        totals.add(step)
+                    out = totals.tokens
                 elif method == STOCK:
                     out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True,
                                       prefix_cache=prefixes[method])
@@ -123,9 +120,9 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 if timed(i):
                     run.tokens += len(out)
                     run.seconds += elapsed
-                    run.steps += steps
-                    run.accepted += accepted
-                    run.drafted += drafted
+                    run.steps += totals.steps
+                    run.accepted += totals.accepted
+                    run.drafted += totals.drafted
                 on_call()
     return runs
 

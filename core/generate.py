@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,26 @@ class Step:
     accepted: int
     draft_us: float  # time the drafter took to propose the draft
     verify_us: float  # forward pass + accept walk + cache pruning
+
+
+@dataclass
+class Totals:
+    """What the steps of one decode add up to (callers stream the steps and `add` each)."""
+
+    tokens: list[int] = field(default_factory=list)
+    steps: int = 0
+    accepted: int = 0  # draft tokens accepted
+    drafted: int = 0  # draft tokens verified
+    draft_us: float = 0.0
+    verify_us: float = 0.0
+
+    def add(self, step: Step) -> None:
+        self.tokens += step.new_tokens
+        self.steps += 1
+        self.accepted += step.accepted
+        self.drafted += step.draft_size
+        self.draft_us += step.draft_us
+        self.verify_us += step.verify_us
 
 
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new_tokens: int = 256,
