@@ -277,6 +277,7 @@ def test_chat_streaming_equals_non_streaming_with_usage(server):
     last = chunks[-1]
     assert last.choices == [] and last.usage.prompt_tokens == whole.usage.prompt_tokens
     assert last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.usage.total_tokens == whole.usage.total_tokens
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
     # the same prompt again: all of it but the last token (read with the first draft) from the prefix cache
     assert last.usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
