@@ -159,14 +159,18 @@ def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -
     vocab = int(model.config.vocab_size)
     cache = _prefill(model, rng.integers(0, vocab, size=context).tolist())
     seconds = []
+    # a GPU runs the pass asynchronously: wait for it (a step waits too, when it reads the logits)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         for n in sizes:
             draft_tokens = rng.integers(0, vocab, size=n - 1).tolist()
             draft = Draft(draft_tokens, list(range(-1, n - 2)), [1.0] * (n - 1), float(n - 1), 1)
             runs = []
             for r in range(repeats + 1):
+                sync()
                 t0 = time.perf_counter()
                 tree_logits(model, cache, [int(rng.integers(vocab))], draft)
+                sync()
                 if r:  # the first run warms up
                     runs.append(time.perf_counter() - t0)
                 cache.crop(-n)
