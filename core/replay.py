@@ -11,6 +11,13 @@ index holds [7, 8, 9]; prompt [1]; recorded output [7, 8, 9, 5].
   step 2: context ends [7]: p = 1, draft [8]; accept 1, bonus 9            -> [7, 8, 9]
   step 3: context ends [7, 8, 9]: the indexed sequence ends there: empty   -> [7, 8, 9, 5]
 three steps for four tokens: 1.33 tokens per step, 1 of 1 drafted tokens accepted.
+
+With a cost curve (`cost`, a core.cost.ForwardCost: seconds of one verification pass over n
+tokens), the replay also times itself as a device with that curve would: each step costs
+cost(1 + draft size), plain decoding cost(1) per token, and (with `size`) each draft is first
+cut as `generate` cuts it (size_draft with the running AcceptanceCalibration). That predicts the
+speedup of a decoding method on hardware whose curve is known, or a curve's shape that does not
+exist yet (examples/cost_bound.py).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
+from .cost import AcceptanceCalibration, ForwardCost, size_draft
 from .draft import Draft
 
 
@@ -47,6 +55,8 @@ class ReplayStats:
     drafted: int = 0  # draft tokens proposed
     draft_seconds: float = 0.0  # speculate calls
     update_seconds: float = 0.0  # index updates: request start, appends, learning the output
+    pass_seconds: float = 0.0  # with a cost curve: the verification passes' simulated time
+    plain_seconds: float = 0.0  # with a cost curve: plain decoding's (one pass per output token)
     accepted_hist: Counter = field(default_factory=Counter)  # accepted length -> steps
 
     def add(self, other: "ReplayStats") -> None:
@@ -57,11 +67,15 @@ class ReplayStats:
         self.drafted += other.drafted
         self.draft_seconds += other.draft_seconds
         self.update_seconds += other.update_seconds
+        self.pass_seconds += other.pass_seconds
+        self.plain_seconds += other.plain_seconds
         self.accepted_hist.update(other.accepted_hist)
 
     def to_json(self) -> dict[str, Any]:
         steps = max(self.steps, 1)
-        return {
+        simulated = {"simulated_seconds": self.pass_seconds, "simulated_plain_seconds": self.plain_seconds,
+                     "simulated_speedup": self.plain_seconds / self.pass_seconds} if self.pass_seconds else {}
+        return simulated | {
             "calls": self.calls,
             "output_tokens": self.tokens,
             "steps": self.steps,
@@ -75,11 +89,16 @@ class ReplayStats:
 
 
 def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
-                trace: list[tuple[int, int]] | None = None) -> ReplayStats:
+                trace: list[tuple[int, int]] | None = None, cost: ForwardCost | None = None, size: bool = True,
+                calibration: AcceptanceCalibration | None = None) -> ReplayStats:
     """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt.
 
-    With `trace`, (draft size, accepted) of every step is appended to it.
+    With `trace`, (draft size, accepted) of every step is appended to it. With `cost`, the steps
+    are timed by that curve (pass_seconds, plain_seconds) and, if `size`, drafts are cut to the
+    size that pays, learning `calibration` (pass one to carry it across calls) as `generate` does.
     """
+    if calibration is None:
+        calibration = AcceptanceCalibration()
     stats = ReplayStats(calls=1, tokens=len(output))
     out = output.tolist()
     rebuilt: list[int] = []
@@ -93,8 +112,17 @@ def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, 
         t0 = clock()
         draft = drafter.speculate()
         drafting += clock() - t0
+        context = len(prompt) + pos
+        if cost is not None and size:
+            draft = size_draft(draft, cost, 1, calibration.factor(draft.match_len), context=context)
         path = draft.accepted_path(out[pos : pos + len(draft)])
         step = path + out[pos + len(path) : pos + len(path) + 1]  # + the bonus token, if the output goes on
+        if cost is not None:
+            stats.pass_seconds += cost(1 + len(draft), context)
+            stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step)))
+            if len(draft):
+                calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), len(path),
+                                   draft.match_len)
         rebuilt.extend(step)
         t0 = clock()
         drafter.extend(step)

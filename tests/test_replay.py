@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import AGENT_DATA
+from specx.core.cost import ForwardCost
 from specx.core.draft import Draft
 from specx.core.replay import ReplayMismatch, replay, replay_call
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
@@ -28,6 +29,36 @@ def test_hand_worked_replay_from_the_global_index():
     assert trace == [(0, 0), (1, 1), (0, 0)]  # (draft size, accepted) per step
     assert (stats.steps, stats.tokens, stats.accepted, stats.drafted) == (3, 4, 1, 1)
     assert stats.to_json()["tokens_per_step"] == pytest.approx(4 / 3)
+
+
+def test_replay_timed_by_a_cost_curve():
+    # The docstring's replay again, on a device where a pass over n tokens takes 1 + (n - 1) / 2 s:
+    # steps of 1, 2 and 1 tokens take 1 + 1.5 + 1 s; plain decoding takes 1 s per output token.
+    cost = ForwardCost((1, 2), (1.0, 1.5))
+    for size in (False, True):  # the one-node draft pays (2 tokens expected for 1.5 s), so sizing keeps it
+        trace = []
+        stats = replay_call(SuffixDrafter(SuffixIndex.build([[7, 8, 9]])), arr(1), arr(7, 8, 9, 5), trace=trace,
+                            cost=cost, size=size)
+        assert trace == [(0, 0), (1, 1), (0, 0)]
+        assert (stats.pass_seconds, stats.plain_seconds) == (3.5, 4.0)
+        assert stats.to_json()["simulated_speedup"] == pytest.approx(4 / 3.5)
+    assert "simulated_speedup" not in replay_call(SuffixDrafter(), arr(1), arr(7, 8)).to_json()
+
+
+def test_replay_sizing_by_cost_curve():
+    # Data where the drafts are right: outputs repeat, so the global index predicts them.
+    outputs = [arr(*range(10, 40))] * 4
+    flat = ForwardCost((1, 64), (1.0, 1.0))  # a GPU-like curve: drafts cost nothing
+    steep = ForwardCost((1, 2), (1.0, 2.0))  # a pass costs per token: no draft can pay
+    runs = {}
+    for name, cost in (("flat", flat), ("steep", steep)):
+        drafter, total = SuffixDrafter(max_spec_factor=4.0), []
+        for out in outputs:
+            total.append(replay_call(drafter, arr(1, 2), out, cost=cost))
+        runs[name] = total[-1]
+    assert runs["steep"].drafted == 0 and runs["steep"].steps == 30
+    assert runs["steep"].pass_seconds == runs["steep"].plain_seconds == 30.0
+    assert runs["flat"].steps < 10 and runs["flat"].pass_seconds == runs["flat"].steps
 
 
 def test_hand_worked_replay_from_the_prompt_and_learning():
