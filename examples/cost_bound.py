@@ -1,0 +1,134 @@
+"""What specx could gain over prompt lookup if verifying more tokens cost less: a model-free bound.
+
+text2sql_bench measures the methods on this machine. This script asks what the same requests
+would give on hardware whose forward-pass cost grows more slowly with the number of tokens
+verified (a GPU's curve is nearly flat for small trees). It decodes the requests plainly once,
+measures this machine's cost curve (core.cost.calibrate) and the prefill time, then replays the
+recorded outputs model-free (core.replay.replay_call with a cost curve) for each method:
+
+- prompt lookup: transformers' rule (the last 2-gram, else 1-gram, at its earliest occurrence;
+  the 10 tokens after it), every draft verified whole;
+- specx: suffix drafts from the request and the global index, cut by the cost curve as
+  `generate` cuts them, for several max-spec factors.
+
+Each curve is this machine's with its marginal cost scaled by alpha:
+cost_alpha(n) = cost(1) + alpha * (cost(n) - cost(1)); alpha 1 is the measured curve (its row
+should match text2sql_bench), alpha 0 a pass over 64 tokens that costs what one token costs.
+Prefill is counted at its measured time for every method, as in the benchmark.
+
+    .venv/bin/python examples/cost_bound.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specx.cli.options import specx_home
+from specx.core.cost import AcceptanceCalibration, ForwardCost, calibrate
+from specx.core.generate import Totals, generate
+from specx.core.model import load_model
+from specx.core.prefix_cache import PrefixCache
+from specx.core.replay import ReplayStats, replay_call
+from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
+
+
+def scaled(cost: ForwardCost, alpha: float) -> ForwardCost:
+    """The curve with its growth over one token scaled by alpha (both context lengths)."""
+
+    def scale(seconds: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        return None if seconds is None else tuple(seconds[0] + alpha * (s - seconds[0]) for s in seconds)
+
+    return ForwardCost(cost.sizes, scale(cost.seconds), cost.context, scale(cost.long_seconds), cost.long_context)
+
+
+def simulate(prompts: list[list[int]], outputs: list[list[int]], prefill: list[float], make_drafter, size: bool,
+             cost: ForwardCost, warmup: int) -> dict[str, float]:
+    """Replay every request through a fresh drafter; totals over the requests after `warmup`."""
+    drafter, calibration, total = make_drafter(), AcceptanceCalibration(), ReplayStats()
+    seconds = plain = 0.0
+    for i, (prompt, output) in enumerate(zip(prompts, outputs)):
+        stats = replay_call(drafter, np.asarray(prompt, dtype=np.int32), np.asarray(output, dtype=np.int32),
+                            cost=cost, size=size, calibration=calibration)
+        if i >= warmup:
+            total.add(stats)
+            seconds += stats.pass_seconds + prefill[i]
+            plain += stats.plain_seconds + prefill[i]
+    return {"speedup_vs_plain": plain / seconds, "tokens_per_step": total.tokens / total.steps,
+            "drafted_per_step": total.drafted / total.steps, "simulated_tokens_per_s": total.tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="example: .venv/bin/python examples/cost_bound.py --alphas 1,0 --json")
+    parser.add_argument("--requests", type=int, default=24, help="requests counted (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=8, help="requests replayed first, not counted")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--alphas", default="1,0.5,0.3,0.2,0.1,0", help="marginal-cost scales to try")
+    parser.add_argument("--factors", default="2,4,8", help="specx max-spec factors to try")
+    parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
+    parser.add_argument("--cache", type=Path, default=specx_home() / "models", help="model cache ($SPECX_HOME/models)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    if args.requests < 1 or args.warmup < 0:
+        sys.exit("error: --requests must be at least 1 and --warmup at least 0")
+    if not (args.spider / "spider_dev.json").is_file():
+        sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
+    torch.set_grad_enabled(False)
+    net, tok = load_model("smollm2-135m", args.cache)
+    prompts = [tok.encode(t, add_special_tokens=False)
+               for t in spider_prompts(args.spider, args.warmup + args.requests)]
+    cost = calibrate(net)
+    outputs, prefill, prefixes = [], [], PrefixCache()
+    print(f"decoding {len(prompts)} requests plainly ...", file=sys.stderr)
+    for prompt in prompts:
+        totals, t0 = Totals(), time.perf_counter()
+        for step in generate(net, prompt, None, args.max_new_tokens, tok.eos_token_id, prefix_cache=prefixes):
+            totals.add(step)
+        outputs.append(totals.tokens)
+        prefill.append(time.perf_counter() - t0 - (totals.draft_us + totals.verify_us) / 1e6)
+
+    factors = [float(f) for f in args.factors.split(",")]
+    rows = []
+    for alpha in (float(a) for a in args.alphas.split(",")):
+        curve = scaled(cost, alpha)
+        row = {"alpha": alpha, "prompt_lookup": simulate(
+            prompts, outputs, prefill, lambda: PromptLookupDrafter(max_spec_tokens=10, max_ngram=2), False, curve,
+            args.warmup)}
+        for f in factors:
+            row[f"specx_f{f:g}"] = simulate(prompts, outputs, prefill, lambda: SuffixDrafter(max_spec_factor=f),
+                                            True, curve, args.warmup)
+        best = max((k for k in row if k.startswith("specx")), key=lambda k: row[k]["speedup_vs_plain"])
+        row["best_specx"] = best
+        row["best_vs_prompt_lookup"] = row[best]["speedup_vs_plain"] / row["prompt_lookup"]["speedup_vs_plain"]
+        rows.append(row)
+    timed = slice(args.warmup, None)
+    report = {"rows": rows, "requests": args.requests, "warmup": args.warmup, "max_new_tokens": args.max_new_tokens,
+              "prefill_s_mean": float(np.mean(prefill[timed])),
+              "curve_ms": {"sizes": list(cost.sizes), "context": cost.context,
+                           "seconds": [round(1e3 * s, 2) for s in cost.seconds], "long_context": cost.long_context,
+                           "long_seconds": [round(1e3 * s, 2) for s in cost.long_seconds or ()]}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"cost curve (ms at {cost.context} cached tokens): "
+          + ", ".join(f"{n}: {1e3 * s:.1f}" for n, s in zip(cost.sizes, cost.seconds)))
+    print(f"prefill {report['prefill_s_mean']:.3f} s per request; speedups over plain decoding (simulated):")
+    names = ["prompt_lookup", *(f"specx_f{f:g}" for f in factors)]
+    print(f"{'alpha':>6}" + "".join(f"{n:>15}" for n in names) + f"{'best/PL':>10}")
+    for row in rows:
+        print(f"{row['alpha']:>6g}" + "".join(f"{row[n]['speedup_vs_plain']:>14.2f}x" for n in names)
+              + f"{row['best_vs_prompt_lookup']:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()
