@@ -6,11 +6,13 @@ cost about the same for 1 token as for 8. With stock PyTorch it does not: verify
 
 - **Linear layers.** MKL's sgemm runs 1-3 rows as a matrix-vector product but from 4 rows on
   packs the weight matrix into a scratch buffer first, which on a model that does not fit in
-  cache triples the memory traffic. `small_matmul` streams each weight row once and forms all the
-  rows' dot products from it, so 4-24 rows cost little more than one. Within that range it is
-  batch-invariant: a row's result is the same bits whatever the other rows are and however many
-  (each dot product is reduced in one fixed order). One to three rows (plain decoding) and larger
-  inputs (prefill) stay on MKL, as in stock PyTorch.
+  cache triples the memory traffic. `panel_matmul` keeps a copy of each weight packed in panels
+  of 16 output features and streams it once per pass, every row's products from each load (an
+  outer-product micro-kernel in LLVM IR, accumulators in registers), so 4-24 rows cost little more
+  than one. It is batch-invariant: a row's result is the same bits whatever the other rows are
+  and however many (each output is one multiply-add chain over k in order). One to three rows
+  (plain decoding) and larger inputs (prefill) stay on MKL, as in stock PyTorch. The packed copy
+  doubles the memory of the linear layers' weights.
 - **Grouped-query attention with a mask.** transformers copies the key/value heads once per query
   head (`repeat_kv`) whenever a mask is passed, i.e. on every tree verification. `gqa_attention`
   instead folds the query heads that share a key/value head into extra query rows, the way
@@ -36,138 +38,145 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-# Rows that go through small_matmul (measured on the built-in model, linear layers alone): below 4
+# Rows that go through panel_matmul (measured on the built-in model, linear layers alone): below 4
 # MKL runs a matrix-vector product that is as fast and plain decoding keeps it; above 24 MKL's
 # blocked GEMM wins.
 MIN_ROWS, MAX_ROWS = 4, 24
 ATTENTION = "specx_sdpa"
 
-
-@intrinsic
-def _prefetch(typingctx, arr, index):  # pragma: no cover - compiled
-    """Ask the CPU to start loading the cache line of arr.flat[index] (LLVM's prefetch intrinsic:
-    read, keep in all cache levels); no result, no fault on any address."""
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte_ptr = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
-            ir.VoidType(), [byte_ptr, i32, i32, i32]))
-        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), byte_ptr),
-                          ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(arr, index), codegen
+PANEL = 16  # output features per packed panel: one 512-bit vector of float32
+# rows (padded to a multiple of 4) -> panels per block: rows x panels accumulators, at most 24 of
+# the 32 vector registers, and every row in one pass over the weights
+PANELS_PER_BLOCK = {4: 6, 8: 3, 12: 2, 16: 1, 20: 1, 24: 1}
+PACK = PANEL * 6  # output features are padded to a multiple of every block's width
+_F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+_VEC = ir.VectorType(_F32, PANEL)
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def small_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """out[m, j] = dot(x[m], w[j]) for x [M, K] with M a multiple of 4, w [N, K] (a Linear's weight),
-    out [M, N].
-
-    Four weight rows at a time are prefetched into cache and dotted with every group of four input
-    rows: the weights are read from memory once whatever M is, and each load feeds four FMAs.
-    Every dot product is its own accumulator over k, a reduction that fastmath lets LLVM
-    vectorize; its order depends on K only, never on M, on the other rows or on a row's place in
-    its group.
-    """
-    rows, k_dim = x.shape
-    n = w.shape[0]
-    n4 = n // 4
-    flat = w.reshape(-1)
-    for b in prange((n4 + 7) // 8):  # blocks of 32 output columns, split between the threads
-        for q in range(b * 8, min(n4, b * 8 + 8)):
-            j = 4 * q
-            for line in range(j * k_dim, (j + 4) * k_dim, 16):  # 16 floats: one 64-byte cache line
-                _prefetch(flat, line)
-            for m in range(0, rows, 4):
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                b0 = np.float32(0.0)
-                b1 = np.float32(0.0)
-                b2 = np.float32(0.0)
-                b3 = np.float32(0.0)
-                c0 = np.float32(0.0)
-                c1 = np.float32(0.0)
-                c2 = np.float32(0.0)
-                c3 = np.float32(0.0)
-                d0 = np.float32(0.0)
-                d1 = np.float32(0.0)
-                d2 = np.float32(0.0)
-                d3 = np.float32(0.0)
-                for k in range(k_dim):
-                    xa = x[m, k]
-                    xb = x[m + 1, k]
-                    xc = x[m + 2, k]
-                    xd = x[m + 3, k]
-                    w0 = w[j, k]
-                    w1 = w[j + 1, k]
-                    w2 = w[j + 2, k]
-                    w3 = w[j + 3, k]
-                    a0 += w0 * xa
-                    a1 += w1 * xa
-                    a2 += w2 * xa
-                    a3 += w3 * xa
-                    b0 += w0 * xb
-                    b1 += w1 * xb
-                    b2 += w2 * xb
-                    b3 += w3 * xb
-                    c0 += w0 * xc
-                    c1 += w1 * xc
-                    c2 += w2 * xc
-                    c3 += w3 * xc
-                    d0 += w0 * xd
-                    d1 += w1 * xd
-                    d2 += w2 * xd
-                    d3 += w3 * xd
-                out[m, j] = a0
-                out[m, j + 1] = a1
-                out[m, j + 2] = a2
-                out[m, j + 3] = a3
-                out[m + 1, j] = b0
-                out[m + 1, j + 1] = b1
-                out[m + 1, j + 2] = b2
-                out[m + 1, j + 3] = b3
-                out[m + 2, j] = c0
-                out[m + 2, j + 1] = c1
-                out[m + 2, j + 2] = c2
-                out[m + 2, j + 3] = c3
-                out[m + 3, j] = d0
-                out[m + 3, j + 1] = d1
-                out[m + 3, j + 2] = d2
-                out[m + 3, j + 3] = d3
-    for j in range(4 * n4, n):  # columns past the last multiple of 4 (a fixed set for a given layer)
-        for m in range(rows):
-            acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += w[j, k] * x[m, k]
-            out[m, j] = acc
+def pack_weight(w: np.ndarray) -> np.ndarray:
+    """A Linear's weight [N, K] as panels [P, K, 16]: panel p holds output features 16p..16p+15,
+    k-major, so that one 64-byte load at (p, k) gives all sixteen; N is zero-padded to PACK."""
+    n, k = w.shape
+    padded = np.zeros((-(-n // PACK) * PACK, k), dtype=np.float32)
+    padded[:n] = w
+    return np.ascontiguousarray(padded.reshape(-1, PANEL, k).transpose(0, 2, 1))
 
 
-def linear_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [M, K] @ w[N, K].T with `small_matmul`; M is padded with zero rows to a multiple of 4
-    (dropped again)."""
+def _block(rows: int, panels: int) -> Any:
+    """An LLVM-IR micro-kernel: out[:, 16 p0 : 16 (p0 + panels)] = x @ panels p0.. of `packed`,
+    for x [rows, K]. Outer-product form: for each k, one vector load per panel, each row's x[m, k]
+    broadcast, one fused multiply-add per (row, panel) into accumulators that stay in registers;
+    the next block's panels are prefetched into L2 at the same pace. Every output is one FMA
+    chain over k in order, so its bits do not depend on the rows beside it or on `rows`."""
+
+    @intrinsic
+    def block(typingctx, x, packed, out, p0):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            xd, wd, od = (context.make_array(t)(context, builder, a).data
+                          for t, a in zip(signature.args[:3], args[:3]))
+            k_dim = builder.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 1)
+            n_out = builder.extract_value(context.make_array(signature.args[2])(context, builder, args[2]).shape, 1)
+            fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_VEC, [_VEC] * 3))
+            byte_ptr = ir.IntType(8).as_pointer()
+            prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+                ir.VoidType(), [byte_ptr, _I32, _I32, _I32]))
+            const = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            k = builder.phi(_I64)
+            k.add_incoming(const(0), entry)
+            acc = [[builder.phi(_VEC) for _ in range(panels)] for _ in range(rows)]
+            for a in (a for row in acc for a in row):
+                a.add_incoming(ir.Constant(_VEC, None), entry)
+
+            def panel_at(j: int) -> Any:  # flat index of packed[p0 + j, k, 0]
+                return builder.mul(builder.add(builder.mul(builder.add(args[3], const(j)), k_dim), k), const(PANEL))
+
+            w = [builder.load(builder.bitcast(builder.gep(wd, [panel_at(j)]), _VEC.as_pointer()), align=4)
+                 for j in range(panels)]
+            for j in range(panels):  # the next block's line (read, keep in L2, data)
+                builder.call(prefetch, [builder.bitcast(builder.gep(wd, [panel_at(panels + j)]), byte_ptr),
+                                        ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+            new = []
+            for m in range(rows):
+                xm = builder.load(builder.gep(xd, [builder.add(builder.mul(const(m), k_dim), k)]))
+                splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_VEC, ir.Undefined), xm,
+                                                                      ir.Constant(_I32, 0)),
+                                               ir.Constant(_VEC, ir.Undefined),
+                                               ir.Constant(ir.VectorType(_I32, PANEL), [0] * PANEL))
+                new.append([builder.call(fma, [splat, w[j], acc[m][j]]) for j in range(panels)])
+            k_next = builder.add(k, const(1))
+            k.add_incoming(k_next, builder.block)
+            for m in range(rows):
+                for j in range(panels):
+                    acc[m][j].add_incoming(new[m][j], builder.block)
+            builder.cbranch(builder.icmp_signed("<", k_next, k_dim), loop, done)
+            builder.position_at_end(done)
+            for m in range(rows):
+                for j in range(panels):
+                    at = builder.add(builder.mul(const(m), n_out), builder.mul(builder.add(args[3], const(j)),
+                                                                                const(PANEL)))
+                    builder.store(new[m][j], builder.bitcast(builder.gep(od, [at]), _VEC.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(x, packed, out, p0), codegen
+
+    return block
+
+
+def _compile(rows: int) -> Any:
+    panels = PANELS_PER_BLOCK[rows]
+    block = _block(rows, panels)
+
+    @njit(parallel=True, nogil=True)
+    def matmul(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+        for b in prange(packed.shape[0] // panels):  # blocks of panels, split between the threads
+            block(x, packed, out, np.int64(b * panels))
+
+    return matmul
+
+
+_kernels: dict[int, Any] = {}
+
+
+def panel_matmul(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T for x [M, K] (M one of PANELS_PER_BLOCK's keys), `packed` = pack_weight(W),
+    out [M, 16 P]; the kernel for M rows is compiled on first use (well under a second)."""
+    rows = x.shape[0]
+    if rows not in _kernels:
+        _kernels[rows] = _compile(rows)
+    _kernels[rows](x, packed, out)
+
+
+def linear_rows(x: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
+    """x [M, K] @ W[:n].T with `panel_matmul` (M from 1 to MAX_ROWS), `packed` = pack_weight(W);
+    M is padded with zero rows to a multiple of 4 (dropped again)."""
     rows = x.shape[0]
     if rows % 4:
         x = np.concatenate([x, np.zeros((4 - rows % 4, x.shape[1]), dtype=x.dtype)])
-    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-    small_matmul(x, w, out)
-    return out[:rows]
+    out = np.empty((x.shape[0], packed.shape[0] * PANEL), dtype=np.float32)
+    panel_matmul(np.ascontiguousarray(x), packed, out)
+    return out[:rows, :n]
 
 
 class SmallBatchLinear(torch.nn.Linear):
-    """nn.Linear that runs inputs of MIN_ROWS to MAX_ROWS rows through `small_matmul` (inference only)."""
+    """nn.Linear that runs inputs of MIN_ROWS to MAX_ROWS rows through `panel_matmul` (inference
+    only) on a packed copy of its weight, made by `pack()` (or at first use): the weight as it is
+    then; a later change of the weight needs another `pack()`."""
+
+    def pack(self) -> None:
+        self._specx_packed = pack_weight(self.weight.detach().numpy())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or (
                 torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
-        out = torch.from_numpy(linear_rows(x.reshape(rows, -1).contiguous().numpy(),
-                                           self.weight.detach().numpy()))  # [M, N]
+        if "_specx_packed" not in self.__dict__:
+            self.pack()
+        out = linear_rows(x.reshape(rows, -1).contiguous().numpy(), self._specx_packed, self.out_features)
+        out = torch.from_numpy(np.ascontiguousarray(out))  # [M, N]
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -256,6 +265,7 @@ def accelerate(model: Any) -> list[str]:
             m.weight.is_contiguous() for m in linears):
         for m in linears:
             m.__class__ = SmallBatchLinear
+            m.pack()
         done.append(f"small-batch linear ({len(linears)} layers)")
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(ATTENTION)

@@ -17,12 +17,12 @@ from test_generate import MAKERS, FakeDrafter, collect
 from test_verify import VOCAB, prefilled, random_tree, tiny_model
 
 
-@pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (5, 37, 19), (16, 96, 576), (3, 3, 7)])
+@pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (5, 37, 19), (16, 96, 576), (3, 3, 7), (24, 200, 1536)])
 def test_small_matmul_is_a_matmul(rows, n, k):
     rng = np.random.default_rng(rows * n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
-    out = kernels.linear_rows(x, w)
+    out = kernels.linear_rows(x, kernels.pack_weight(w), n)
     assert out.shape == (rows, n)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
 
@@ -30,14 +30,14 @@ def test_small_matmul_is_a_matmul(rows, n, k):
 def test_small_matmul_is_batch_invariant():
     # a row's result is the same bits alone, among others, and at any position in the batch
     rng = np.random.default_rng(7)
-    w = rng.standard_normal((70, 150), dtype=np.float32)  # 70: a tail past the last multiple of 4
-    x = rng.standard_normal((16, 150), dtype=np.float32)
-    full = kernels.linear_rows(x, w)
-    for m in range(16):
-        assert np.array_equal(kernels.linear_rows(x[m : m + 1], w)[0], full[m])  # alone (padded)
-        assert np.array_equal(kernels.linear_rows(x[m:], w)[0], full[m])  # first of the rest
-    assert np.array_equal(kernels.linear_rows(x[::-1].copy(), w)[::-1], full)  # other partners
-    assert np.array_equal(kernels.linear_rows(x[1:], w), full[1:])  # every row in the other slot
+    w = kernels.pack_weight(rng.standard_normal((70, 150), dtype=np.float32))  # 70: padded to 96
+    x = rng.standard_normal((kernels.MAX_ROWS, 150), dtype=np.float32)
+    full = kernels.linear_rows(x, w, 70)
+    for m in range(kernels.MAX_ROWS):  # every kernel (4, 8, ... 24 rows) in turn
+        assert np.array_equal(kernels.linear_rows(x[m : m + 1], w, 70)[0], full[m])  # alone (padded)
+        assert np.array_equal(kernels.linear_rows(x[m:], w, 70)[0], full[m])  # first of the rest
+    assert np.array_equal(kernels.linear_rows(x[::-1].copy(), w, 70)[::-1], full)  # other partners
+    assert np.array_equal(kernels.linear_rows(x[1:], w, 70), full[1:])  # every row in the other slot
 
 
 def test_small_batch_linear_uses_the_kernel_only_where_it_applies():
