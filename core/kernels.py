@@ -26,6 +26,7 @@ baselines) runs on the same kernels as specx.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,7 @@ PANEL = 16  # output features per packed panel: one 512-bit vector of float32
 # rows (padded to a multiple of 4) -> panels per block: rows x panels accumulators, at most 24 of
 # the 32 vector registers, and every row in one pass over the weights
 PANELS_PER_BLOCK = {4: 6, 8: 3, 12: 2, 16: 1, 20: 1, 24: 1}
-PACK = PANEL * 6  # output features are padded to a multiple of every block's width
+PACK = PANEL * math.lcm(*PANELS_PER_BLOCK.values())  # N is padded to a multiple of every block's width
 _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 _VEC = ir.VectorType(_F32, PANEL)
 
@@ -72,10 +73,11 @@ def _block(rows: int, panels: int) -> Any:
     @intrinsic
     def block(typingctx, x, packed, out, p0):  # pragma: no cover - compiled
         def codegen(context, builder, signature, args):
-            xd, wd, od = (context.make_array(t)(context, builder, a).data
-                          for t, a in zip(signature.args[:3], args[:3]))
-            k_dim = builder.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 1)
-            n_out = builder.extract_value(context.make_array(signature.args[2])(context, builder, args[2]).shape, 1)
+            x_arr, w_arr, out_arr = (context.make_array(t)(context, builder, a)
+                                     for t, a in zip(signature.args[:3], args[:3]))
+            xd, wd, od = x_arr.data, w_arr.data, out_arr.data
+            k_dim = builder.extract_value(x_arr.shape, 1)
+            n_out = builder.extract_value(out_arr.shape, 1)
             fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_VEC, [_VEC] * 3))
             byte_ptr = ir.IntType(8).as_pointer()
             prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(

@@ -18,7 +18,7 @@ from test_verify import VOCAB, prefilled, random_tree, tiny_model
 
 
 @pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (5, 37, 19), (16, 96, 576), (3, 3, 7), (24, 200, 1536)])
-def test_small_matmul_is_a_matmul(rows, n, k):
+def test_panel_matmul_is_a_matmul(rows, n, k):
     rng = np.random.default_rng(rows * n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
@@ -27,7 +27,7 @@ def test_small_matmul_is_a_matmul(rows, n, k):
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
-def test_small_matmul_is_batch_invariant():
+def test_panel_matmul_is_batch_invariant():
     # a row's result is the same bits alone, among others, and at any position in the batch
     rng = np.random.default_rng(7)
     w = kernels.pack_weight(rng.standard_normal((70, 150), dtype=np.float32))  # 70: padded to 96
