@@ -198,9 +198,9 @@ class Worker:
         self.drafter = drafter
         self.cost = cost if drafter is not None else None
         self.prefix_cache = prefix_cache  # core.prefix_cache.PrefixCache shared by the requests (None: off)
-        from specx.core.cost import AcceptanceCalibration
+        from specx.core.cost import AcceptanceModel
 
-        self.calibration = AcceptanceCalibration()  # the drafts' measured over-confidence, across requests
+        self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
         self.eos = tokenizer.tokenizer.eos_token_id
         self.fingerprint = tokenizer_fingerprint(tokenizer.tokenizer)
         self.vocab_size = len(tokenizer.tokenizer)
@@ -312,7 +312,7 @@ class Worker:
         steps = generate(self.net, req.prompt_ids, self.drafter, max_new_tokens=req.max_tokens,
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
-                         calibration=self.calibration, prefix_cache=self.prefix_cache)
+                         acceptance=self.acceptance, prefix_cache=self.prefix_cache)
         totals = Totals()
         try:
             for step in steps:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .cost import AcceptanceCalibration, ForwardCost
+from .cost import AcceptanceModel, ForwardCost
 from .generate import Totals, generate
 from .kernels import new_cache
 from .prefix_cache import PrefixCache
@@ -95,7 +95,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
         raise ValueError(f"method {STOCK} needs stock_model")
     runs = {m: MethodRun() for m in methods}
     prefixes = {m: PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
-    calibration = AcceptanceCalibration()  # how far the drafts' scores are to be trusted, learned across prompts
+    acceptance = AcceptanceModel()  # what the drafts are worth, learned from the verdicts across prompts
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             for method in methods:
@@ -104,7 +104,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 t0 = time.perf_counter()
                 if method == "specx":
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
-                                         eos_token_ids=eos_token_id, cost=cost, calibration=calibration,
+                                         eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
                                          prefix_cache=prefixes[method]):
                         totals.add(step)
                     out = totals.tokens

@@ -5,10 +5,11 @@ a GPU it is nearly flat for small trees. So the right draft size depends on the 
 seconds(n) once (`calibrate`), then keep the draft's most likely nodes only while the expected
 tokens per second of the step improves (`size_draft`):
 
-    rate(k) = (1 + sum of the k largest D) / seconds(pending + k)
+    rate(k) = (1 + sum of the k largest P) / seconds(pending + k)
 
-(each step emits its accepted tokens plus one). A child's D never exceeds its parent's, so taking
-nodes by D keeps the kept set a tree.
+(each step emits its accepted tokens plus one), P being each node's chance of acceptance as an
+AcceptanceModel learns it from the verdicts (or the drafter's D). A child's P never exceeds its
+parent's, so taking nodes by P keeps the kept set a tree.
 """
 
 from __future__ import annotations
@@ -50,35 +51,78 @@ def _curve(sizes: Sequence[int], seconds: Sequence[float], n: int) -> float:
     return float(ys[-1] + slope * (n - xs[-1]))
 
 
-class AcceptanceCalibration:
-    """Accepted draft tokens over the drafts' predicted scores, recent steps weighted most: the
-    factor by which the drafter's D(N) estimates are overconfident on this workload (capped at 1),
-    kept per match-length bucket (1, 2, 3-4, 5-8, 9-16, 17+ tokens): a draft continuing a 1-token
-    match is worth much less than its counts say, one continuing a 20-token match about as much.
+def _bucket(n: int) -> int:
+    """1, 2, 3-4, 5-8, 9-16, 17+ -> 0..5."""
+    return min((max(int(n), 1) - 1).bit_length(), 5)
 
-    Sums decay by `decay` per step of the bucket (a window of about 1 / (1 - decay) steps) and
-    start from `prior` tokens of perfect calibration, so one step cannot swing it.
+
+class AcceptanceModel:
+    """The chance that the verifier accepts a draft node, learned from the verifier's verdicts.
+
+    A suffix index scores node i by D(i) = D(parent) x share(i), share being the fraction of the
+    parent's continuations that went on with node i's token. Counts from a few occurrences
+    overstate that, and how much depends on the node: a node grown from a 1-token match or deep in
+    a chain is worth much less than its counts say; one grown from a 20-token match, or proposed
+    by the request's own index (prompt + output so far) rather than by other requests' outputs,
+    about as much. So each node falls in a cell (its sources, match length, depth and share, each
+    bucketed) and its chance of being accepted once its parent was is estimated per cell:
+
+        h(cell) = (accepted + prior x share) / (tried + prior)
+
+    counted over every node the verifier reached (a root, or a child of an accepted node). A
+    node's estimate is the product of h along its path, so a child never beats its parent.
+    Counts are halved when a cell reaches `window` tries, to follow a workload that changes.
+
+    >>> model = AcceptanceModel()
+    >>> chain = Draft([7, 8], [-1, 0], [1.0, 1.0], 2.0, 1)
+    >>> for _ in range(50):
+    ...     model.update(chain, [0])  # the first node is always accepted, the second never
+    >>> [round(p, 2) for p in model.estimates(chain)]
+    [1.0, 0.04]
     """
 
-    BUCKETS = 6
+    def __init__(self, prior: float = 2.0, window: int = 1000) -> None:
+        self.prior = float(prior)
+        self.window = int(window)
+        self.tried = np.zeros((4, 6, 6, 4))  # sources bit mask, match length, depth, share
+        self.accepted = np.zeros_like(self.tried)
 
-    def __init__(self, prior: float = 4.0, decay: float = 0.9) -> None:
-        self.accepted = [prior] * self.BUCKETS
-        self.expected = [prior] * self.BUCKETS
-        self.decay = decay
+    def _cells(self, draft: Draft) -> tuple[list[tuple[int, int, int, int]], list[float]]:
+        n = len(draft.token_ids)
+        probs = draft.probs if len(draft.probs) == n else [1.0] * n
+        sources = draft.sources if len(draft.sources) == n else [0] * n
+        lens = draft.match_lens if len(draft.match_lens) == n else [draft.match_len] * n
+        cells, shares, depths = [], [], []
+        for i, par in enumerate(draft.parents):
+            above = probs[par] if par >= 0 else 1.0
+            share = min(max(probs[i] / above, 0.0), 1.0) if above > 0 else 0.0
+            depths.append(1 if par < 0 else depths[par] + 1)
+            share_bucket = 0 if share >= 0.99 else 1 if share >= 0.5 else 2 if share >= 0.25 else 3
+            cells.append((sources[i] & 3, _bucket(lens[i]), _bucket(depths[i]), share_bucket))
+            shares.append(share)
+        return cells, shares
 
-    @classmethod
-    def bucket(cls, match_len: int) -> int:
-        return min((max(int(match_len), 1) - 1).bit_length(), cls.BUCKETS - 1)
+    def estimates(self, draft: Draft) -> list[float]:
+        """Each node's estimated chance of being accepted (non-increasing along every path)."""
+        cells, shares = self._cells(draft)
+        out: list[float] = []
+        for i, (cell, share, par) in enumerate(zip(cells, shares, draft.parents)):
+            h = (self.accepted[cell] + self.prior * share) / (self.tried[cell] + self.prior)
+            out.append(float(h) * (out[par] if par >= 0 else 1.0))
+        return out
 
-    def factor(self, match_len: int = 1) -> float:
-        b = self.bucket(match_len)
-        return min(self.accepted[b] / self.expected[b], 1.0)
-
-    def update(self, expected: float, accepted: int, match_len: int = 1) -> None:
-        b = self.bucket(match_len)
-        self.expected[b] = self.decay * self.expected[b] + expected
-        self.accepted[b] = self.decay * self.accepted[b] + accepted
+    def update(self, draft: Draft, accepted_nodes: Sequence[int]) -> None:
+        """Learn from one verdict: `accepted_nodes` are the draft's accepted path (root first)."""
+        cells, _ = self._cells(draft)
+        on_path = set(accepted_nodes)
+        for i, par in enumerate(draft.parents):
+            if par < 0 or par in on_path:  # the verifier reached this node
+                cell = cells[i]
+                self.tried[cell] += 1
+                self.accepted[cell] += i in on_path
+                if self.tried[cell] >= self.window:
+                    self.tried[cell] /= 2
+                    self.accepted[cell] /= 2
 
 
 def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
@@ -88,29 +132,31 @@ def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
     [5, 7]
     """
     new_index: dict[int, int] = {}
-    tokens, parents, probs = [], [], []
+    tokens, parents = [], []
     for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
         if keep[i] and (par < 0 or par in new_index):
             new_index[i] = len(tokens)
             tokens.append(tok)
             parents.append(-1 if par < 0 else new_index[par])
-            if draft.probs:
-                probs.append(draft.probs[i])
-    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len)
+    kept = list(new_index)
+    pick = lambda values: [values[i] for i in kept] if values else []  # noqa: E731
+    probs = pick(draft.probs)
+    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len, pick(draft.sources),
+                 pick(draft.match_lens))
 
 
-def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, calibration: float = 1.0,
+def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, acceptance: AcceptanceModel | None = None,
                context: int | None = None) -> Draft:
     """The draft cut to the size that maximises expected tokens per second of the step.
 
-    `calibration` scales the drafter's probabilities by what verification has shown them to be
-    worth (see AcceptanceCalibration): counts from a few observations overstate them. `context` is
-    the number of tokens in the cache (a longer one makes each verified token dearer).
+    Nodes are worth their chance of being accepted: `acceptance.estimates` (what verification has
+    shown drafts like this one to be worth), else the drafter's own D. `context` is the number of
+    tokens in the cache (a longer one makes each verified token dearer).
     """
     n = len(draft)
     if n == 0:
         return draft
-    probs = [calibration * p for p in draft.probs] if draft.probs else [calibration] * n
+    probs = acceptance.estimates(draft) if acceptance is not None else list(draft.probs) or [1.0] * n
     order = sorted(range(n), key=lambda i: (-probs[i], i))
     chosen: set[int] = set()
     taken: list[int] = []
@@ -130,7 +176,10 @@ def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, calibratio
     return subtree(draft, keep)
 
 
-SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # dense where CPU GEMMs change kernels (3 -> 4 tokens)
+# On a CPU, core.kernels pads 4 to 24 rows to a multiple of 4 (and MKL takes the rest): the cost is
+# a step function there, so both ends of each step are measured (interpolation between 5 and 8 is
+# then flat, as the kernel is); a GPU's flat curve needs none of it.
+SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 32, 48, 64)
 
 
 def calibrate(model: Any, sizes: Sequence[int] = SIZES, repeats: int = 3, context: int = 128,

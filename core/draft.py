@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+REQUEST, GLOBAL = 1, 2  # Draft.sources bits: the request's own index, the global index of past outputs
+
 
 @dataclass
 class Draft:
@@ -13,7 +15,9 @@ class Draft:
     parents[i] < i is the index of node i's parent, -1 for a child of the matched context; a linear
     draft has parents [-1, 0, 1, ...]. probs[i] is D(node i), the estimated chance the verifier
     accepts it; score is their sum (expected accepted tokens); match_len is the length p of the
-    context suffix the draft grew from.
+    context suffix the draft grew from. Optionally per node: sources[i], which indexes proposed it
+    (a bit mask: REQUEST, GLOBAL), and match_lens[i], the match its index grew it from (a merged
+    draft's nodes come from different matches); core.cost.AcceptanceModel reads both.
 
     >>> Draft([5, 6], [-1, 0], [0.5, 0.25], 0.75, 3).depths()
     [1, 2]
@@ -24,6 +28,8 @@ class Draft:
     probs: list[float] = field(default_factory=list)
     score: float = 0.0
     match_len: int = 0
+    sources: list[int] = field(default_factory=list)
+    match_lens: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -52,8 +58,8 @@ class Draft:
                 out.append(path[::-1])
         return out
 
-    def accepted_path(self, continuation: Sequence[int]) -> list[int]:
-        """Draft tokens along the longest path that equals a prefix of `continuation`.
+    def accepted_nodes(self, continuation: Sequence[int]) -> list[int]:
+        """Indices of the nodes along the longest path that equals a prefix of `continuation`.
 
         This is the greedy verifier when `continuation` is what the model would write: walk from
         the root, moving to the child that carries the next token, stop at the first miss.
@@ -67,9 +73,19 @@ class Draft:
             nxt = node_at.get((parent, int(tok)))
             if nxt is None:
                 break
-            path.append(self.token_ids[nxt])
+            path.append(nxt)
             parent = nxt
         return path
+
+    def accepted_path(self, continuation: Sequence[int]) -> list[int]:
+        """Draft tokens along `accepted_nodes(continuation)`."""
+        return [self.token_ids[i] for i in self.accepted_nodes(continuation)]
+
+    def tagged(self, source: int) -> "Draft":
+        """The same draft with every node's source set to `source` and its match length to match_len."""
+        n = len(self.token_ids)
+        return Draft(self.token_ids, self.parents, self.probs, self.score, self.match_len, [source] * n,
+                     [self.match_len] * n)
 
     def accepted_len(self, continuation: Sequence[int]) -> int:
         """Length of `accepted_path`."""
@@ -78,8 +94,8 @@ class Draft:
     def merge(self, other: "Draft", limit: int) -> "Draft":
         """The union of two draft trees (self's nodes first), at most `limit` nodes.
 
-        Shared prefixes become shared nodes (keeping the higher D); other's nodes follow in their
-        best-first order while room remains. A verifier accepts at least as much from the union
+        Shared prefixes become shared nodes (keeping the higher D, the union of the sources and
+        the longer match); other's nodes follow in their best-first order while room remains. A verifier accepts at least as much from the union
         as from either tree: every path of each is still a path. (SpecInfer merges the token trees
         of several drafters the same way.)
 
@@ -87,6 +103,8 @@ class Draft:
         [3, 4, 5]
         """
         tokens, parents, probs = list(self.token_ids), list(self.parents), list(self.probs)
+        sources, lens = self._tags()
+        other_sources, other_lens = other._tags()
         node_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
         mapped: dict[int, int] = {}
         for i, (tok, par, prob) in enumerate(zip(other.token_ids, other.parents, other.probs)):
@@ -101,8 +119,17 @@ class Draft:
                 tokens.append(tok)
                 parents.append(parent)
                 probs.append(prob)
+                sources.append(other_sources[i])
+                lens.append(other_lens[i])
                 node_at[(parent, tok)] = j
             else:
                 probs[j] = max(probs[j], prob)
+                sources[j] |= other_sources[i]
+                lens[j] = max(lens[j], other_lens[i])
             mapped[i] = j
-        return Draft(tokens, parents, probs, float(sum(probs)), max(self.match_len, other.match_len))
+        return Draft(tokens, parents, probs, float(sum(probs)), max(self.match_len, other.match_len), sources, lens)
+
+    def _tags(self) -> tuple[list[int], list[int]]:
+        n = len(self.token_ids)
+        return (list(self.sources) if self.sources else [0] * n,
+                list(self.match_lens) if self.match_lens else [self.match_len] * n)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .cost import AcceptanceCalibration, ForwardCost, size_draft, subtree
+from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
 from .draft import Draft
 from .verify import Sampling, check_draft, verify
 
@@ -57,7 +57,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
-             calibration: AcceptanceCalibration | None = None, prefix_cache: Any = None) -> Iterator[Step]:
+             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
 
     `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
@@ -67,9 +67,9 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     without a drafter (up to floating-point differences between the two passes). With `cost`
     (a measured forward-pass cost curve), each draft is cut to the size that pays (see cost.py).
     `stop` (optional, e.g. a text.TextStream) sees each step's tokens and returns None to go on or
-    how many of them to keep: decoding then ends there, as at EOS. `calibration` carries the
-    drafts' measured over-confidence across requests (a server or a benchmark passes one for all of
-    them); by default each request starts afresh. `prefix_cache` (a core.prefix_cache.PrefixCache
+    how many of them to keep: decoding then ends there, as at EOS. `acceptance` carries what the
+    verdicts taught about the drafts' worth across requests (a server or a benchmark passes one for
+    all of them); by default each request starts afresh. `prefix_cache` (a core.prefix_cache.PrefixCache
     shared by the requests) skips the prefill of the prompt's longest prefix it has seen before.
     """
     prompt = [int(t) for t in prompt_ids]
@@ -90,8 +90,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
     sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
 
     _call(drafter, "start_request", prompt)
-    if calibration is None:
-        calibration = AcceptanceCalibration()  # adaptive draft size: predicted vs accepted
+    if acceptance is None:
+        acceptance = AcceptanceModel()  # adaptive draft size: each node's chance, learned from verdicts
     learn = False
     try:
         cache = _prefill(model, prompt[:-1], prefix_cache)
@@ -106,8 +106,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
             draft = limit_depth(draft, max_new_tokens - num_out - 1)
             if cost is not None:
-                draft = size_draft(draft, cost, len(pending), calibration.factor(draft.match_len),
-                                   context=len(prompt) + num_out)
+                draft = size_draft(draft, cost, len(pending), acceptance, context=len(prompt) + num_out)
             drafted = time.perf_counter()
             verdict = verify(model, cache, pending, draft, sampling)
             verified = time.perf_counter()
@@ -123,8 +122,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
                     tokens, done = tokens[:keep], True
             num_out += len(tokens)
             if len(draft):
-                calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), verdict.num_accepted,
-                                   draft.match_len)
+                acceptance.update(draft, verdict.accepted_nodes)
             _call(drafter, "extend", tokens)
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
                        (drafted - start) * 1e6, (verified - drafted) * 1e6)

@@ -15,7 +15,7 @@ three steps for four tokens: 1.33 tokens per step, 1 of 1 drafted tokens accepte
 With a cost curve (`cost`, a core.cost.ForwardCost: seconds of one verification pass over n
 tokens), the replay also times itself as a device with that curve would: each step costs
 cost(1 + draft size), plain decoding cost(1) per token, and (with `size`) each draft is first
-cut as `generate` cuts it (size_draft with the running AcceptanceCalibration). That predicts the
+cut as `generate` cuts it (size_draft with the running AcceptanceModel). That predicts the
 speedup of a decoding method on hardware whose curve is known, or a curve's shape that does not
 exist yet (examples/cost_bound.py).
 """
@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from .cost import AcceptanceCalibration, ForwardCost, size_draft
+from .cost import AcceptanceModel, ForwardCost, size_draft
 from .draft import Draft
 
 
@@ -90,15 +90,15 @@ class ReplayStats:
 
 def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
                 trace: list[tuple[int, int]] | None = None, cost: ForwardCost | None = None, size: bool = True,
-                calibration: AcceptanceCalibration | None = None) -> ReplayStats:
+                acceptance: AcceptanceModel | None = None) -> ReplayStats:
     """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt.
 
     With `trace`, (draft size, accepted) of every step is appended to it. With `cost`, the steps
     are timed by that curve (pass_seconds, plain_seconds) and, if `size`, drafts are cut to the
-    size that pays, learning `calibration` (pass one to carry it across calls) as `generate` does.
+    size that pays, learning `acceptance` (pass one to carry it across calls) as `generate` does.
     """
-    if calibration is None:
-        calibration = AcceptanceCalibration()
+    if acceptance is None:
+        acceptance = AcceptanceModel()
     stats = ReplayStats(calls=1, tokens=len(output))
     out = output.tolist()
     rebuilt: list[int] = []
@@ -114,15 +114,15 @@ def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, 
         drafting += clock() - t0
         context = len(prompt) + pos
         if cost is not None and size:
-            draft = size_draft(draft, cost, 1, calibration.factor(draft.match_len), context=context)
-        path = draft.accepted_path(out[pos : pos + len(draft)])
+            draft = size_draft(draft, cost, 1, acceptance, context=context)
+        nodes = draft.accepted_nodes(out[pos : pos + len(draft)])
+        path = [draft.token_ids[i] for i in nodes]
         step = path + out[pos + len(path) : pos + len(path) + 1]  # + the bonus token, if the output goes on
         if cost is not None:
             stats.pass_seconds += cost(1 + len(draft), context)
             stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step)))
             if len(draft):
-                calibration.update(sum(draft.probs) if draft.probs else float(len(draft)), len(path),
-                                   draft.match_len)
+                acceptance.update(draft, nodes)
         rebuilt.extend(step)
         t0 = clock()
         drafter.extend(step)

@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 import numpy as np
 from numba import njit
 
-from .draft import Draft
+from .draft import GLOBAL, REQUEST, Draft
 from .suffix_index import SuffixIndex, check_speculate_args
 from .tokens import SuffixIndexError, check_tokens
 
@@ -99,13 +99,13 @@ class SuffixDrafter:
         args = (self.max_spec_tokens, self.max_spec_factor, self.min_token_prob, self.tree)
         best = Draft()
         if self.use_request and self.request_index is not None:
-            best = self.request_index._speculate(ctx, *args, (0.0, 0)) or best
+            best = (self.request_index._speculate(ctx, *args, (0.0, 0)) or best).tagged(REQUEST)
         if not self.use_global:
             return best
         if not self.merge_indexes:
             better = self.global_index._speculate(ctx, *args, (best.score, best.match_len))
-            return better if better is not None else best
-        other = self.global_index._speculate(ctx, *args, (0.0, 0)) or Draft()
+            return better.tagged(GLOBAL) if better is not None else best
+        other = (self.global_index._speculate(ctx, *args, (0.0, 0)) or Draft()).tagged(GLOBAL)
         if (other.score, other.match_len) > (best.score, best.match_len):
             best, other = other, best
         return best.merge(other, self.max_spec_tokens) if len(other) else best

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core.cost import AcceptanceCalibration, ForwardCost, calibrate
+from specx.core.cost import AcceptanceModel, ForwardCost, calibrate
 from specx.core.generate import Totals, generate
 from specx.core.model import load_model
 from specx.core.prefix_cache import PrefixCache
@@ -54,11 +54,11 @@ def scaled(cost: ForwardCost, alpha: float) -> ForwardCost:
 def simulate(prompts: list[list[int]], outputs: list[list[int]], prefill: list[float], make_drafter, size: bool,
              cost: ForwardCost, warmup: int) -> dict[str, float]:
     """Replay every request through a fresh drafter; totals over the requests after `warmup`."""
-    drafter, calibration, total = make_drafter(), AcceptanceCalibration(), ReplayStats()
+    drafter, acceptance, total = make_drafter(), AcceptanceModel(), ReplayStats()
     seconds = plain = 0.0
     for i, (prompt, output) in enumerate(zip(prompts, outputs)):
         stats = replay_call(drafter, np.asarray(prompt, dtype=np.int32), np.asarray(output, dtype=np.int32),
-                            cost=cost, size=size, calibration=calibration)
+                            cost=cost, size=size, acceptance=acceptance)
         if i >= warmup:
             total.add(stats)
             seconds += stats.pass_seconds + prefill[i]

@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=8, help="requests run first, untimed")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--max-spec-factor", type=float, default=2.0,
+    parser.add_argument("--max-spec-factor", type=float, default=4.0,
                         help="specx: draft up to factor x match length (cost-aware sizing cuts what does not pay)")
     parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU), float32, bfloat16")
     parser.add_argument("--methods", default="plain,prompt_lookup,specx")

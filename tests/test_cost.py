@@ -85,23 +85,46 @@ def test_a_longer_cache_makes_verified_tokens_dearer():
     assert size_draft(draft, flat_then_steep, context=1024).token_ids == []
 
 
-def test_calibration_shrinks_drafts_after_overconfident_predictions():
-    from specx.core.cost import AcceptanceCalibration
+def test_acceptance_model_starts_from_the_drafters_scores_and_learns_overconfidence():
+    from specx.core.cost import AcceptanceModel
 
-    cal = AcceptanceCalibration(prior=4.0, decay=0.9)
-    assert cal.factor() == 1.0
-    cal.update(3.0, 0)
-    assert cal.factor() == pytest.approx(3.6 / 6.6)  # one bad step moves it, but not all the way
-    for _ in range(20):  # drafts predicted 3 accepted tokens and got none
-        cal.update(3.0, 0)
-    assert cal.factor() < 0.05
-    assert cal.factor(1) == cal.factor(0) < 0.05 and cal.factor(2) == cal.factor(20) == 1.0  # per match length
-    cal.update(2.0, 1, match_len=3)
-    assert cal.factor(4) == pytest.approx(4.6 / 5.6) and cal.factor(5) == 1.0
-    draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.6], 2.3, 3)
+    model = AcceptanceModel(prior=2.0)
+    draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.81, 0.729], 2.439, 3)
+    assert model.estimates(draft) == pytest.approx(draft.probs)  # no verdicts yet: D itself
     cost = ForwardCost((1, 2, 3, 4), (1.0, 1.2, 1.4, 1.6))
-    assert size_draft(draft, cost).token_ids == [1, 2, 3]
-    assert size_draft(draft, cost, calibration=cal.factor()).token_ids == []
-    for _ in range(200):  # and recovers when drafts are accepted
-        cal.update(1.0, 1)
-    assert cal.factor() > 0.9
+    assert size_draft(draft, cost, acceptance=model).token_ids == [1, 2, 3]
+    model.update(draft, [])  # the root was tried and rejected; its children were never reached
+    assert model.tried.sum() == 1 and model.accepted.sum() == 0
+    assert model.estimates(draft)[0] == pytest.approx(2 * 0.9 / 3)  # one verdict moves it, not all the way
+    for _ in range(20):
+        model.update(draft, [])
+    assert model.estimates(draft)[0] < 0.1
+    assert size_draft(draft, cost, acceptance=model).token_ids == []
+    for _ in range(200):  # and it recovers when such drafts are accepted
+        model.update(draft, [0, 1, 2])
+    assert model.estimates(draft)[0] > 0.9
+    assert size_draft(draft, cost, acceptance=model).token_ids == [1, 2, 3]
+
+
+def test_acceptance_model_tells_cells_apart_and_keeps_a_tree():
+    from specx.core.cost import AcceptanceModel
+    from specx.core.draft import GLOBAL, REQUEST
+
+    model = AcceptanceModel(prior=2.0, window=64)
+    own = Draft([5, 6], [-1, 0], [1.0, 1.0], 2.0, 2).tagged(REQUEST)
+    past = Draft([7, 8], [-1, 0], [1.0, 1.0], 2.0, 2).tagged(GLOBAL)
+    for _ in range(100):  # the request's own continuations hold, other requests' do not
+        model.update(own, [0, 1])
+        model.update(past, [])
+    assert model.tried.max() < 64  # halved at the window
+    merged = past.merge(own, 8)  # the global draft first, as a higher score would put it
+    assert merged.sources == [GLOBAL, GLOBAL, REQUEST, REQUEST]
+    est = model.estimates(merged)
+    assert est[2] > 0.9 and est[3] > 0.9 and est[0] < 0.1 and est[1] <= est[0]
+    cost = ForwardCost((1, 2, 3, 4, 5), (1.0, 1.1, 1.2, 1.3, 1.4))
+    assert size_draft(merged, cost, acceptance=model).token_ids == [5, 6]
+    deep = Draft([1, 2, 3, 4], [-1, 0, 1, 2], [1.0] * 4, 4.0, 1)
+    for _ in range(100):  # 1-token matches: the root holds, deeper nodes do not
+        model.update(deep, [0])
+    est = model.estimates(deep)
+    assert est == sorted(est, reverse=True) and est[0] > 0.9 and est[1] < 0.1

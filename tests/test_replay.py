@@ -88,8 +88,8 @@ def test_prompt_lookup_baseline():
 
 
 def test_replay_fails_loudly_when_acceptance_is_wrong(monkeypatch):
-    drafter = SuffixDrafter(SuffixIndex.build([[7, 8, 9]]))
-    monkeypatch.setattr(Draft, "accepted_path", lambda self, cont: [t + 1 for t in self.token_ids[:1]])
+    drafter = SuffixDrafter(SuffixIndex.build([[7, 5, 6]]))  # drafts 5 after 7: the output has 8
+    monkeypatch.setattr(Draft, "accepted_nodes", lambda self, cont: list(range(len(self.token_ids))))  # all, always
     with pytest.raises(ReplayMismatch, match="first difference"):
         replay_call(drafter, arr(1, 7), arr(8, 9, 4))
 

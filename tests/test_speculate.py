@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brute
-from specx.core.draft import Draft
+from specx.core.draft import GLOBAL, REQUEST, Draft
 from specx.core.speculate import SuffixDrafter
 from specx.core.suffix_index import SuffixIndex
 
@@ -158,15 +158,19 @@ def test_merge_keeps_every_path_within_the_limit(a_paths, b_paths, limit):
                 parent = at[(parent, tok)]
         return Draft(tokens, parents, [0.5] * len(tokens), 0.5 * len(tokens), 1)
 
-    a, b = tree(a_paths), tree(b_paths)
+    a, b = tree(a_paths).tagged(REQUEST), tree(b_paths)
+    b = Draft(b.token_ids, b.parents, b.probs, b.score, 3).tagged(GLOBAL)
     union = a.merge(b, max(limit, len(a)))
     assert len(union) <= max(limit, len(a))
+    assert len(union.sources) == len(union.match_lens) == len(union)
     assert all(p < i for i, p in enumerate(union.parents))
     for path in a.paths():
         assert union.accepted_len(path) == len(path)  # all of a is kept
-    if len(union) < limit:  # room was left: all of b is in
+        assert all(union.sources[i] & REQUEST for i in union.accepted_nodes(path))
+    if len(union) < limit:  # room was left: all of b is in, each node knowing it came from b
         for path in b.paths():
             assert union.accepted_len(path) == len(path)
+            assert all(union.sources[i] & GLOBAL and union.match_lens[i] == 3 for i in union.accepted_nodes(path))
     for cont in ([0, 1, 2], [3, 3, 3], [1, 0, 2, 3]):
         assert union.accepted_len(cont) >= max(a.accepted_len(cont), b.accepted_len(cont) if len(union) < limit else 0)
 
