@@ -1,7 +1,9 @@
 """An agent-like workload on the built-in model: text-to-SQL requests over the Spider schemas.
 
 Each request is a DAIL-SQL-style prompt (the database schema, then earlier question/SQL pairs
-on the same database as examples, then the new question) answered greedily. The same requests go
+on the same database as examples, then the new question) answered greedily; with `--shots 0`,
+the schema and the question only (the examples then reach specx only through its global index of
+earlier answers, and prompt lookup not at all). The same requests go
 through plain decoding, transformers' own prompt lookup (`prompt_lookup_num_tokens`) and specx
 (suffix drafts from the prompt and from earlier answers, tree verification, cost-aware draft
 size); every output is compared with plain decoding's. The first `--warmup` requests are run but
@@ -47,7 +49,7 @@ def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
                 cols = [c for ti, c in schema["column_names_original"] if ti == t]
                 tables.append(f"CREATE TABLE {name} ({', '.join(cols)});")
             lines = [f"/* SQLite database {item['db_id']} */", *tables, ""]
-            for ex in earlier[-shots:]:
+            for ex in earlier[len(earlier) - shots :]:
                 lines += [f"/* Question: {ex['question']} */", ex["query"].strip() + ";", ""]
             lines += [f"/* Question: {item['question']} */", "SELECT"]
             prompts.append("\n".join(lines))
@@ -62,6 +64,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=8, help="requests run first, untimed")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--shots", type=int, default=3,
+                        help="earlier question/SQL pairs on the same database in each prompt (0: schema and question only)")
     parser.add_argument("--max-spec-factor", type=float, default=4.0,
                         help="specx: draft up to factor x match length (cost-aware sizing cuts what does not pay)")
     parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU), float32, bfloat16")
@@ -79,7 +83,7 @@ def main() -> None:
         sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
     torch.set_grad_enabled(False)
     net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
-    texts = spider_prompts(args.spider, args.warmup + args.requests)
+    texts = spider_prompts(args.spider, args.warmup + args.requests, args.shots)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     cost = calibrate(net)
     methods = args.methods.split(",") + ([STOCK] if args.stock else [])
@@ -91,7 +95,7 @@ def main() -> None:
                    stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens)
     summary_ = summary(runs, timed)["methods"]
     if args.json:
-        print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup,
+        print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup, "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
                           "dtype": str(net.dtype).removeprefix("torch."),
                           "kernels": getattr(net, "specx_kernels", [])}, indent=2))
