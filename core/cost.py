@@ -90,8 +90,7 @@ class AcceptanceModel:
     def _cells(self, draft: Draft) -> tuple[list[tuple[int, int, int, int]], list[float]]:
         n = len(draft.token_ids)
         probs = draft.probs if len(draft.probs) == n else [1.0] * n
-        sources = draft.sources if len(draft.sources) == n else [0] * n
-        lens = draft.match_lens if len(draft.match_lens) == n else [draft.match_len] * n
+        sources, lens = draft.node_tags()
         cells, shares, depths = [], [], []
         for i, par in enumerate(draft.parents):
             above = probs[par] if par >= 0 else 1.0

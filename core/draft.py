@@ -95,16 +95,16 @@ class Draft:
         """The union of two draft trees (self's nodes first), at most `limit` nodes.
 
         Shared prefixes become shared nodes (keeping the higher D, the union of the sources and
-        the longer match); other's nodes follow in their best-first order while room remains. A verifier accepts at least as much from the union
-        as from either tree: every path of each is still a path. (SpecInfer merges the token trees
-        of several drafters the same way.)
+        the longer match); other's nodes follow in their best-first order while room remains. A
+        verifier accepts at least as much from the union as from either tree: every path of each
+        is still a path. (SpecInfer merges the token trees of several drafters the same way.)
 
         >>> Draft([3, 4], [-1, 0], [0.9, 0.5], 1.4, 2).merge(Draft([3, 5], [-1, 0], [0.6, 0.6], 1.2, 1), 8).token_ids
         [3, 4, 5]
         """
         tokens, parents, probs = list(self.token_ids), list(self.parents), list(self.probs)
-        sources, lens = self._tags()
-        other_sources, other_lens = other._tags()
+        sources, lens = self.node_tags()
+        other_sources, other_lens = other.node_tags()
         node_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
         mapped: dict[int, int] = {}
         for i, (tok, par, prob) in enumerate(zip(other.token_ids, other.parents, other.probs)):
@@ -129,7 +129,8 @@ class Draft:
             mapped[i] = j
         return Draft(tokens, parents, probs, float(sum(probs)), max(self.match_len, other.match_len), sources, lens)
 
-    def _tags(self) -> tuple[list[int], list[int]]:
+    def node_tags(self) -> tuple[list[int], list[int]]:
+        """(sources, match_lens) per node, new lists; a draft without them: source 0, match_len."""
         n = len(self.token_ids)
         return (list(self.sources) if self.sources else [0] * n,
                 list(self.match_lens) if self.match_lens else [self.match_len] * n)
