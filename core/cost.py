@@ -175,9 +175,10 @@ def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, acceptance
     return subtree(draft, keep)
 
 
-# On a CPU, core.kernels pads 4 to 24 rows to a multiple of 4 (and MKL takes the rest): the cost is
-# a step function there, so both ends of each step are measured (interpolation between 5 and 8 is
-# then flat, as the kernel is); a GPU's flat curve needs none of it.
+# On a CPU, core.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
+# a step function there, so both ends of each step are measured up to 25, where most drafts end
+# (interpolation between 5 and 8 is then flat, as the kernel is); beyond, a straight line between
+# the sizes measured; a GPU's flat curve needs none of it.
 SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 32, 48, 64)
 
 
