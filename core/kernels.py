@@ -44,8 +44,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 # Rows that go through panel_matmul (measured on the built-in model, linear layers alone): below 4
 # MKL runs a matrix-vector product that is as fast and plain decoding keeps it; up to 64 the panel
-# kernel beats MKL's blocked GEMM (examples/cost_bound.py and `specx generate --verbose` show the
-# whole pass's cost curve).
+# kernel beats MKL's blocked GEMM (examples/kernel_bench.py measures both, and whole passes).
 MIN_ROWS, MAX_ROWS = 4, 64
 ATTENTION = "specx_sdpa"
 
@@ -167,23 +166,22 @@ def _panel_matmul(xt: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None: 
                 _tile4(xt, packed, out, p0, np.int64(r), np.int64(k0), np.int64(k1))
 
 
-def panel_matmul(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ W.T for x [M, K] (M a multiple of 4), `packed` = pack_weight(W), out [M, 16 P];
-    compiled on first use (a few seconds)."""
-    if x.shape[0] % 4 or x.shape[0] == 0:
-        raise ValueError(f"panel_matmul takes a positive multiple of 4 rows, not {x.shape[0]}")
-    _panel_matmul(np.ascontiguousarray(x.T), packed, out)
+def panel_matmul(x: np.ndarray, packed: np.ndarray) -> np.ndarray:
+    """x [M, K] @ W.T -> [M', 16 P] for `packed` = pack_weight(W), M' being M rounded up to a
+    multiple of 4 (x is padded with zero rows, transposed in the same copy); compiled on first use
+    (a few seconds)."""
+    rows, k_dim = x.shape
+    padded = -(-rows // 4) * 4
+    xt = np.zeros((k_dim, padded), dtype=np.float32)  # [K, M']
+    xt[:, :rows] = x.T
+    out = np.empty((padded, packed.shape[0] * PANEL), dtype=np.float32)
+    _panel_matmul(xt, packed, out)
+    return out
 
 
 def linear_rows(x: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
-    """x [M, K] @ W[:n].T with `panel_matmul`, `packed` = pack_weight(W); M is padded with zero
-    rows to a multiple of 4 (dropped again)."""
-    rows = x.shape[0]
-    if rows % 4:
-        x = np.concatenate([x, np.zeros((4 - rows % 4, x.shape[1]), dtype=x.dtype)])
-    out = np.empty((x.shape[0], packed.shape[0] * PANEL), dtype=np.float32)
-    panel_matmul(x, packed, out)
-    return out[:rows, :n]
+    """x [M, K] @ W[:n].T with `panel_matmul`, `packed` = pack_weight(W)."""
+    return panel_matmul(x, packed)[: x.shape[0], :n]
 
 
 class SmallBatchLinear(torch.nn.Linear):
@@ -201,7 +199,7 @@ class SmallBatchLinear(torch.nn.Linear):
             return super().forward(x)
         if "_specx_packed" not in self.__dict__:
             self.pack()
-        out = linear_rows(x.reshape(rows, -1).contiguous().numpy(), self._specx_packed, self.out_features)
+        out = linear_rows(x.reshape(rows, -1).numpy(), self._specx_packed, self.out_features)
         out = torch.from_numpy(np.ascontiguousarray(out))  # [M, N]
         if self.bias is not None:
             out += self.bias

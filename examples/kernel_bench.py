@@ -36,8 +36,8 @@ ROWS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 48, 64)
 def time_linears(layers: list[torch.nn.Module], rows: int, repeats: int, stock: bool) -> float:
     """Best seconds of one pass over every layer with `rows` input rows (stock: MKL's linear)."""
     rng = np.random.default_rng(rows)
-    inputs = {m.in_features: torch.from_numpy(rng.standard_normal((rows, m.in_features), dtype=np.float32))
-              for m in layers}
+    inputs = {k: torch.from_numpy(rng.standard_normal((rows, k), dtype=np.float32))
+              for k in sorted({m.in_features for m in layers})}
     best = float("inf")
     with torch.inference_mode():
         for r in range(repeats + 1):
