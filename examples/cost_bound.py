@@ -9,7 +9,13 @@ recorded outputs model-free (core.replay.replay_call with a cost curve) for each
 - prompt lookup: transformers' rule (the last 2-gram, else 1-gram, at its earliest occurrence;
   the 10 tokens after it), every draft verified whole;
 - specx: suffix drafts from the request and the global index, cut by the cost curve as
-  `generate` cuts them, for several max-spec factors.
+  `generate` cuts them, for several max-spec factors;
+- oracles, the ceiling of any suffix drafter: at every step, of all earlier occurrences of the
+  context's last m tokens (in the prompt, the output so far and the earlier outputs) the one
+  whose continuation agrees longest with the recorded output, drafted exactly as far as it
+  agrees (no wasted draft token), for m = 2 and m = 1;
+- specx's own drafts cut perfectly: each draft cut to the path the verifier will accept (what
+  sizing would do if it knew which nodes the model accepts).
 
 Each curve is this machine's with its marginal cost scaled by alpha:
 cost_alpha(n) = cost(1) + alpha * (cost(n) - cost(1)); alpha 1 is the measured curve (its row
@@ -25,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +39,7 @@ import torch
 
 from specx.cli.options import specx_home
 from specx.core.cost import AcceptanceModel, ForwardCost, calibrate
+from specx.core.draft import Draft
 from specx.core.generate import Totals, generate
 from specx.core.model import load_model
 from specx.core.prefix_cache import PrefixCache
@@ -49,6 +57,70 @@ def scaled(cost: ForwardCost, alpha: float) -> ForwardCost:
         return None if seconds is None else tuple(seconds[0] + alpha * (s - seconds[0]) for s in seconds)
 
     return ForwardCost(cost.sizes, scale(cost.seconds), cost.context, scale(cost.long_seconds), cost.long_context)
+
+
+class OracleDrafter:
+    """A drafter that knows the recorded outputs: the ceiling of suffix drafting (see the docstring).
+
+    Its draft is the agreeing part of the best continuation, so it is accepted whole and verifies
+    no token in vain; no drafter built on matches of at least `min_match` tokens (any sizing, any
+    tree) takes fewer steps: every path such a drafter proposes is some occurrence's continuation.
+    """
+
+    def __init__(self, outputs: list[list[int]], min_match: int) -> None:
+        self.outputs = [np.asarray(o, dtype=np.int32) for o in outputs]
+        self.min_match = min_match
+        self.done = 0  # requests finished: outputs[:done] are the earlier outputs
+        self.context = np.zeros(0, dtype=np.int32)
+        self.num_prompt = 0
+
+    def start_request(self, prompt) -> None:
+        self.context = np.asarray(prompt, dtype=np.int32)
+        self.num_prompt = len(self.context)
+
+    def extend(self, tokens) -> None:
+        self.context = np.concatenate([self.context, np.asarray(tokens, dtype=np.int32)])
+
+    def finish_request(self, learn: bool = True) -> None:
+        self.done += 1
+
+    def speculate(self) -> Draft:
+        m, ctx = self.min_match, self.context
+        truth = self.outputs[self.done][len(ctx) - self.num_prompt :]
+        if len(ctx) < m or len(truth) == 0:
+            return Draft()
+        best: list[int] = []
+        # earlier occurrences with at least one token after them: in the context, any but its own
+        # suffix; in an earlier output, any but the one at its very end
+        for seq, last in ((ctx, len(ctx) - m), *((o, len(o) - m) for o in self.outputs[: self.done])):
+            if last < 1:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(seq[: last - 1 + m], m)  # starts 0 .. last - 1
+            for end in np.flatnonzero((windows == ctx[-m:]).all(axis=1)) + m:
+                cont = seq[end : end + len(truth)]
+                agree = int(np.argmin(np.append(cont == truth[: len(cont)], False)))
+                if agree > len(best):
+                    best = cont[:agree].tolist()
+        return Draft(best, list(range(-1, len(best) - 1)), [1.0] * len(best), float(len(best)), m)
+
+
+class PerfectCut(SuffixDrafter):
+    """specx's drafts cut to the path that the recorded output accepts: sizing with hindsight."""
+
+    def __init__(self, outputs: list[list[int]], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.outputs = outputs
+        self.done = 0
+
+    def finish_request(self, learn: bool = True) -> None:
+        super().finish_request(learn)
+        self.done += 1
+
+    def speculate(self, context=None) -> Draft:
+        draft = super().speculate(context)
+        nodes = draft.accepted_nodes(self.outputs[self.done][len(self.output) :][: len(draft)])
+        return Draft([draft.token_ids[i] for i in nodes], list(range(-1, len(nodes) - 1)), [1.0] * len(nodes),
+                     float(len(nodes)), draft.match_len)
 
 
 def simulate(prompts: list[list[int]], outputs: list[list[int]], prefill: list[float], make_drafter, size: bool,
@@ -107,9 +179,17 @@ def main() -> None:
         for f in factors:
             row[f"specx_f{f:g}"] = simulate(prompts, outputs, prefill, lambda: SuffixDrafter(max_spec_factor=f),
                                             True, curve, args.warmup)
-        best = max((k for k in row if k.startswith("specx")), key=lambda k: row[k]["speedup_vs_plain"])
+        row["specx_perfect_cut"] = simulate(prompts, outputs, prefill,
+                                            partial(PerfectCut, outputs, max_spec_factor=max(factors)), False,
+                                            curve, args.warmup)
+        for m in (2, 1):
+            row[f"oracle_m{m}"] = simulate(prompts, outputs, prefill, partial(OracleDrafter, outputs, m), False, curve,
+                                           args.warmup)
+        best = max((k for k in row if k.startswith("specx_f")), key=lambda k: row[k]["speedup_vs_plain"])
         row["best_specx"] = best
-        row["best_vs_prompt_lookup"] = row[best]["speedup_vs_plain"] / row["prompt_lookup"]["speedup_vs_plain"]
+        for k in ("best", "specx_perfect_cut", "oracle_m2", "oracle_m1"):
+            row[f"{k}_vs_prompt_lookup"] = (row[best if k == "best" else k]["speedup_vs_plain"]
+                                            / row["prompt_lookup"]["speedup_vs_plain"])
         rows.append(row)
     timed = slice(args.warmup, None)
     report = {"rows": rows, "requests": args.requests, "warmup": args.warmup, "max_new_tokens": args.max_new_tokens,
@@ -123,11 +203,13 @@ def main() -> None:
     print(f"cost curve (ms at {cost.context} cached tokens): "
           + ", ".join(f"{n}: {1e3 * s:.1f}" for n, s in zip(cost.sizes, cost.seconds)))
     print(f"prefill {report['prefill_s_mean']:.3f} s per request; speedups over plain decoding (simulated):")
-    names = ["prompt_lookup", *(f"specx_f{f:g}" for f in factors)]
-    print(f"{'alpha':>6}" + "".join(f"{n:>15}" for n in names) + f"{'best/PL':>10}")
+    names = ["prompt_lookup", *(f"specx_f{f:g}" for f in factors), "specx_perfect_cut", "oracle_m2", "oracle_m1"]
+    print(f"{'alpha':>6}" + "".join(f"{n:>18}" for n in names)
+          + "".join(f"{n:>12}" for n in ("best/PL", "cut/PL", "m2/PL", "m1/PL")))
     for row in rows:
-        print(f"{row['alpha']:>6g}" + "".join(f"{row[n]['speedup_vs_plain']:>14.2f}x" for n in names)
-              + f"{row['best_vs_prompt_lookup']:>9.2f}x")
+        print(f"{row['alpha']:>6g}" + "".join(f"{row[n]['speedup_vs_plain']:>17.2f}x" for n in names)
+              + "".join(f"{row[f'{k}_vs_prompt_lookup']:>11.2f}x"
+                        for k in ("best", "specx_perfect_cut", "oracle_m2", "oracle_m1")))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,3 +183,32 @@ def test_replay_with_the_model_is_lossless_and_learns(tmp_path, tokenizer):  # n
         methods["specx"]["tokens_per_s"] / methods["plain"]["tokens_per_s"])
     res = run("replay", "--db", db, "--model", "smollm2-135m", "--plot", str(tmp_path / "x.png"))
     assert res.returncode == 2 and "--plot" in res.stderr
+
+
+def test_the_oracle_bounds_suffix_drafting():
+    # examples/cost_bound.py's bounds. The oracle drafts the best continuation of any earlier
+    # occurrence of the context's last token, exactly as far as it agrees: every draft is accepted
+    # whole, and it never needs more steps than a suffix drafter, whose every draft path is some
+    # occurrence's continuation. PerfectCut keeps the suffix drafter's accepted path only: the same
+    # steps, nothing verified in vain.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from cost_bound import OracleDrafter, PerfectCut
+
+    rng = np.random.default_rng(4)
+    templates = [rng.integers(0, 12, size=30) for _ in range(3)]
+    calls = []
+    for _ in range(12):
+        out = templates[rng.integers(3)].copy()
+        out[rng.integers(30, size=4)] = rng.integers(0, 12, size=4)  # a few edits per output
+        calls.append((rng.integers(0, 12, size=10).astype(np.int32), out.astype(np.int32)))
+    outputs = [o.tolist() for _, o in calls]
+    oracle, suffix, cut = OracleDrafter(outputs, 1), SuffixDrafter(max_spec_factor=4.0), PerfectCut(outputs, max_spec_factor=4.0)
+    fewer = 0
+    for prompt, output in calls:
+        by_oracle, by_suffix, by_cut = (replay_call(d, prompt, output) for d in (oracle, suffix, cut))
+        assert by_oracle.accepted == by_oracle.drafted and by_cut.accepted == by_cut.drafted
+        assert by_oracle.steps <= by_suffix.steps
+        fewer += by_oracle.steps < by_suffix.steps
+        assert (by_cut.steps, by_cut.accepted) == (by_suffix.steps, by_suffix.accepted)
+        assert by_cut.drafted < by_suffix.drafted or by_suffix.drafted == by_suffix.accepted
+    assert fewer > 0
