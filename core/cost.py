@@ -64,7 +64,8 @@ class AcceptanceModel:
     overstate that, and how much depends on the node: a node grown from a 1-token match or deep in
     a chain is worth much less than its counts say; one grown from a 20-token match, or proposed
     by the request's own index (prompt + output so far) rather than by other requests' outputs,
-    about as much. So each node falls in a cell (its sources, match length, depth and share, each
+    about as much; a root the model itself guessed (draft.MODEL) is worth what its own verdicts
+    show. So each node falls in a cell (its sources, match length, depth and share, each
     bucketed) and its chance of being accepted once its parent was is estimated per cell:
 
         h(cell) = (accepted + prior x share) / (tried + prior)
@@ -84,7 +85,7 @@ class AcceptanceModel:
     def __init__(self, prior: float = 2.0, window: int = 1000) -> None:
         self.prior = float(prior)
         self.window = int(window)
-        self.tried = np.zeros((4, 6, 6, 4))  # sources bit mask, match length, depth, share
+        self.tried = np.zeros((8, 6, 6, 4))  # sources bit mask, match length, depth, share
         self.accepted = np.zeros_like(self.tried)
 
     def _cells(self, draft: Draft) -> tuple[list[tuple[int, int, int, int]], list[float]]:
@@ -97,7 +98,7 @@ class AcceptanceModel:
             share = min(max(probs[i] / above, 0.0), 1.0) if above > 0 else 0.0
             depths.append(1 if par < 0 else depths[par] + 1)
             share_bucket = 0 if share >= 0.99 else 1 if share >= 0.5 else 2 if share >= 0.25 else 3
-            cells.append((sources[i] & 3, _bucket(lens[i]), _bucket(depths[i]), share_bucket))
+            cells.append((sources[i] & 7, _bucket(lens[i]), _bucket(depths[i]), share_bucket))
             shares.append(share)
         return cells, shares
 

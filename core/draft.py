@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-REQUEST, GLOBAL = 1, 2  # Draft.sources bits: the request's own index, the global index of past outputs
+# Draft.sources bits: the request's own index, the global index of past outputs, and the model's own
+# guess (core.generate adds the previous pass's guesses as roots: see core.verify.Verdict.guesses)
+REQUEST, GLOBAL, MODEL = 1, 2, 4
 
 
 @dataclass
@@ -15,8 +17,8 @@ class Draft:
     parents[i] < i is the index of node i's parent, -1 for a child of the matched context; a linear
     draft has parents [-1, 0, 1, ...]. probs[i] is D(node i), the estimated chance the verifier
     accepts it; score is their sum (expected accepted tokens); match_len is the length p of the
-    context suffix the draft grew from. Optionally per node: sources[i], which indexes proposed it
-    (a bit mask: REQUEST, GLOBAL), and match_lens[i], the match its index grew it from (a merged
+    context suffix the draft grew from. Optionally per node: sources[i], who proposed it
+    (a bit mask: REQUEST, GLOBAL, MODEL), and match_lens[i], the match its index grew it from (a merged
     draft's nodes come from different matches); core.cost.AcceptanceModel reads both.
 
     >>> Draft([5, 6], [-1, 0], [0.5, 0.25], 0.75, 3).depths()

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
-from .draft import Draft
+from .draft import MODEL, Draft
 from .verify import Sampling, check_draft, verify
 
 
@@ -99,10 +99,13 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
         # first draft, so even the first output token can come with accepted draft tokens.
         pending = [prompt[-1]]
         num_out = 0
+        guesses: list[int] = []  # the model's own guesses from the last pass (speculative decoding only)
         while num_out < max_new_tokens:
             start = time.perf_counter()
             draft = drafter.speculate() if drafter is not None else Draft()
             check_draft(draft, model.config.vocab_size)
+            if guesses:
+                draft = add_guesses(draft, guesses)
             # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
             draft = limit_depth(draft, max_new_tokens - num_out - 1)
             if cost is not None:
@@ -129,9 +132,24 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             if done:
                 break
             pending = [tokens[-1]]
+            guesses = verdict.guesses if drafter is not None else []
         learn = True
     finally:
         _call(drafter, "finish_request", learn)
+
+
+GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
+
+
+def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
+    """The draft with the model's guesses (core.verify.Verdict.guesses) as extra roots, tagged MODEL;
+    a root the drafter proposed too keeps its place and gains the MODEL bit.
+
+    >>> add_guesses(Draft([5, 6], [-1, 0], [0.9, 0.5], 1.4, 2).tagged(1), [5, 8]).sources
+    [5, 1, 4]
+    """
+    guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
+    return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
 
 
 def limit_depth(draft: Draft, max_depth: int) -> Draft:

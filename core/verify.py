@@ -18,7 +18,7 @@ exactly those of the linear sequence prefix + its own path: lossless by construc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,10 +49,18 @@ class Sampling:
 
 @dataclass
 class Verdict:
-    """Result of one verification: `tokens` = accepted draft tokens + one bonus token."""
+    """Result of one verification: `tokens` = accepted draft tokens + one bonus token.
+
+    `guesses`: the model's next token after each rejected child of the last accepted node (the
+    argmax of that child's row). The child lost to the bonus token at the same position, and what
+    the model writes after a near miss (`stations` for `stadiums`) is often what it writes after
+    the bonus token: `generate` adds the guesses to the next draft as roots (a Jacobi-style guess,
+    free: those rows were computed anyway).
+    """
 
     tokens: list[int]
     accepted_nodes: list[int]  # indices into the draft, root to leaf
+    guesses: list[int] = field(default_factory=list)
 
     @property
     def num_accepted(self) -> int:
@@ -217,5 +225,9 @@ def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, samplin
     num_kept = cache.get_seq_length() + len(pending)
     logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
     verdict = accept(logits, draft, len(pending) - 1, sampling)
+    last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else -1
+    rejected = [len(pending) + i for i, parent in enumerate(draft.parents) if parent == last]  # their rows
+    if rejected:
+        verdict.guesses = list(dict.fromkeys(logits[rejected].argmax(-1).tolist()))
     keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
     return verdict

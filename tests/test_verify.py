@@ -88,6 +88,28 @@ def test_verify_prunes_cache_to_the_accepted_path():
         torch.testing.assert_close(got.values, want.values, atol=1e-9, rtol=0)
 
 
+def test_verify_guesses_what_follows_each_rejected_child():
+    # Verdict.guesses: for each rejected child of the last accepted node (here of the root, then of
+    # an accepted node), the model's argmax after it: rows the pass computed anyway
+    model = tiny_model()
+    prefix, pending = [5, 17, 3, 80, 41], [9]
+    after = lambda tokens: int(model(input_ids=torch.tensor([prefix + pending + tokens])).logits[0, -1].argmax())  # noqa: E731
+    with torch.no_grad():
+        first = after([])
+        second = after([first])
+        wrong = [(first + 1) % VOCAB, (first + 2) % VOCAB, (second + 1) % VOCAB]
+        roots_wrong = verify(model, prefilled(model, prefix), pending, Draft(wrong[:2], [-1, -1], [0.5] * 2, 1, 1),
+                             Sampling())
+        assert roots_wrong.accepted_nodes == []
+        assert roots_wrong.guesses == list(dict.fromkeys([after([wrong[0]]), after([wrong[1]])]))
+        draft = Draft([wrong[0], first, wrong[2]], [-1, -1, 1], [0.5] * 3, 1.5, 1)
+        child_wrong = verify(model, prefilled(model, prefix), pending, draft, Sampling())
+        assert child_wrong.accepted_nodes == [1] and child_wrong.tokens == [first, second]
+        assert child_wrong.guesses == [after([first, wrong[2]])]  # not the rejected root's: that branch is gone
+        all_right = verify(model, prefilled(model, prefix), pending, Draft([first], [-1], [0.5], 0.5, 1), Sampling())
+        assert all_right.guesses == []  # the accepted path ended at a leaf: nothing was rejected there
+
+
 def test_check_draft_rejects_malformed_trees():
     with pytest.raises(ValueError, match="parent"):
         check_draft(Draft([1, 2], [-1, 1], [], 0, 0), VOCAB)
