@@ -92,11 +92,11 @@ class AcceptanceModel:
         n = len(draft.token_ids)
         probs = draft.probs if len(draft.probs) == n else [1.0] * n
         sources, lens = draft.node_tags()
-        cells, shares, depths = [], [], []
+        depths = draft.depths()
+        cells, shares = [], []
         for i, par in enumerate(draft.parents):
             above = probs[par] if par >= 0 else 1.0
             share = min(max(probs[i] / above, 0.0), 1.0) if above > 0 else 0.0
-            depths.append(1 if par < 0 else depths[par] + 1)
             share_bucket = 0 if share >= 0.99 else 1 if share >= 0.5 else 2 if share >= 0.25 else 3
             cells.append((sources[i] & 7, _bucket(lens[i]), _bucket(depths[i]), share_bucket))
             shares.append(share)

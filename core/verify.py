@@ -53,8 +53,8 @@ class Verdict:
 
     `guesses`: the model's next token after each rejected child of the last accepted node (the
     argmax of that child's row). The child lost to the bonus token at the same position, and what
-    the model writes after a near miss (`stations` for `stadiums`) is often what it writes after
-    the bonus token: `generate` adds the guesses to the next draft as roots (a Jacobi-style guess,
+    the model writes after a near miss is often what it writes after the bonus token:
+    `generate` adds the guesses to the next draft as roots (a Jacobi-style guess,
     free: those rows were computed anyway).
     """
 

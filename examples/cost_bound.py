@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core.cost import AcceptanceModel, ForwardCost, calibrate
+from specx.core.cost import AcceptanceModel, ForwardCost, calibrate, subtree
 from specx.core.draft import Draft
 from specx.core.generate import Totals, generate
 from specx.core.model import load_model
@@ -118,9 +118,8 @@ class PerfectCut(SuffixDrafter):
 
     def speculate(self, context=None) -> Draft:
         draft = super().speculate(context)
-        nodes = draft.accepted_nodes(self.outputs[self.done][len(self.output) :][: len(draft)])
-        return Draft([draft.token_ids[i] for i in nodes], list(range(-1, len(nodes) - 1)), [1.0] * len(nodes),
-                     float(len(nodes)), draft.match_len)
+        accepted = set(draft.accepted_nodes(self.outputs[self.done][len(self.output) :][: len(draft)]))
+        return subtree(draft, [i in accepted for i in range(len(draft))])
 
 
 def simulate(prompts: list[list[int]], outputs: list[list[int]], prefill: list[float], make_drafter, size: bool,

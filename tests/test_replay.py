@@ -202,7 +202,8 @@ def test_the_oracle_bounds_suffix_drafting():
         out[rng.integers(30, size=4)] = rng.integers(0, 12, size=4)  # a few edits per output
         calls.append((rng.integers(0, 12, size=10).astype(np.int32), out.astype(np.int32)))
     outputs = [o.tolist() for _, o in calls]
-    oracle, suffix, cut = OracleDrafter(outputs, 1), SuffixDrafter(max_spec_factor=4.0), PerfectCut(outputs, max_spec_factor=4.0)
+    oracle, suffix = OracleDrafter(outputs, 1), SuffixDrafter(max_spec_factor=4.0)
+    cut = PerfectCut(outputs, max_spec_factor=4.0)
     fewer = 0
     for prompt, output in calls:
         by_oracle, by_suffix, by_cut = (replay_call(d, prompt, output) for d in (oracle, suffix, cut))

@@ -93,7 +93,10 @@ def test_verify_guesses_what_follows_each_rejected_child():
     # an accepted node), the model's argmax after it: rows the pass computed anyway
     model = tiny_model()
     prefix, pending = [5, 17, 3, 80, 41], [9]
-    after = lambda tokens: int(model(input_ids=torch.tensor([prefix + pending + tokens])).logits[0, -1].argmax())  # noqa: E731
+
+    def after(tokens):
+        return int(model(input_ids=torch.tensor([prefix + pending + tokens])).logits[0, -1].argmax())
+
     with torch.no_grad():
         first = after([])
         second = after([first])
