@@ -146,6 +146,15 @@ def process_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return scores.softmax(-1)
 
 
+def row_argmax(logits: torch.Tensor) -> Any:
+    """The argmax of each row of logits [..., V] as Python ints (an int for one row), the first
+    maximal index as torch.argmax gives it. On CPU numpy's argmax does it: torch's takes ~75 us
+    per row of the built-in model's 49,152 logits, numpy's ~5."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
 def choose_token(logits: torch.Tensor, sampling: Sampling) -> int:
     """The token the plain decoder would emit from these logits [V].
 
@@ -153,7 +162,7 @@ def choose_token(logits: torch.Tensor, sampling: Sampling) -> int:
     decoding consume the generator identically and, with the same seed, write the same text.
     """
     if sampling.greedy:
-        return int(torch.argmax(logits))
+        return row_argmax(logits)
     probs = process_logits(logits, sampling)  # [V]
     u = torch.rand((), dtype=torch.float64, generator=sampling.generator)
     cdf = probs.cumsum(-1)
@@ -174,12 +183,13 @@ def accept(logits: torch.Tensor, draft: Draft, root_row: int, sampling: Sampling
     children: dict[tuple[int, int], int] = {}
     for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
         children.setdefault((par, int(tok)), i)
+    best = row_argmax(logits[root_row:]) if sampling.greedy else None  # greedy: every row's choice at once
     tokens: list[int] = []
     nodes: list[int] = []
     node = -1
     while True:
         row = root_row if node < 0 else root_row + 1 + node
-        tok = choose_token(logits[row], sampling)
+        tok = best[row - root_row] if best is not None else choose_token(logits[row], sampling)
         tokens.append(tok)
         nxt = children.get((node, tok))
         if nxt is None:
@@ -228,6 +238,6 @@ def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, samplin
     last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else -1
     rejected = [len(pending) + i for i, parent in enumerate(draft.parents) if parent == last]  # their rows
     if rejected:
-        verdict.guesses = list(dict.fromkeys(logits[rejected].argmax(-1).tolist()))
+        verdict.guesses = list(dict.fromkeys(row_argmax(logits[rejected])))
     keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
     return verdict
