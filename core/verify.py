@@ -173,23 +173,26 @@ def choose_token(logits: torch.Tensor, sampling: Sampling) -> int:
     return idx
 
 
-def accept(logits: torch.Tensor, draft: Draft, root_row: int, sampling: Sampling) -> Verdict:
+def accept(logits: torch.Tensor, draft: Draft, root_row: int, sampling: Sampling,
+           argmax: Sequence[int] | None = None) -> Verdict:
     """Walk the draft from the root: choose a token at the current node as plain decoding would;
     move to the child that carries it, else emit it as the bonus token and stop.
 
     For a draft that does not depend on the model's randomness this emits tokens with exactly the
-    target distribution (every token is a plain draw), and greedy equals plain greedy.
+    target distribution (every token is a plain draw), and greedy equals plain greedy. `argmax`:
+    row_argmax(logits[root_row:]) when the caller has it already (greedy only).
     """
     children: dict[tuple[int, int], int] = {}
     for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
         children.setdefault((par, int(tok)), i)
-    best = row_argmax(logits[root_row:]) if sampling.greedy else None  # greedy: every row's choice at once
+    if sampling.greedy and argmax is None:
+        argmax = row_argmax(logits[root_row:])  # greedy: every row's choice at once
     tokens: list[int] = []
     nodes: list[int] = []
     node = -1
     while True:
         row = root_row if node < 0 else root_row + 1 + node
-        tok = best[row - root_row] if best is not None else choose_token(logits[row], sampling)
+        tok = argmax[row - root_row] if sampling.greedy else choose_token(logits[row], sampling)
         tokens.append(tok)
         nxt = children.get((node, tok))
         if nxt is None:
@@ -234,10 +237,14 @@ def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, samplin
     check_draft(draft, model.config.vocab_size)
     num_kept = cache.get_seq_length() + len(pending)
     logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
-    verdict = accept(logits, draft, len(pending) - 1, sampling)
+    root_row = len(pending) - 1
+    argmax = row_argmax(logits[root_row:]) if sampling.greedy else None  # the walk's and the guesses'
+    verdict = accept(logits, draft, root_row, sampling, argmax)
     last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else -1
-    rejected = [len(pending) + i for i, parent in enumerate(draft.parents) if parent == last]  # their rows
+    rejected = [i for i, parent in enumerate(draft.parents) if parent == last]
     if rejected:
-        verdict.guesses = list(dict.fromkeys(row_argmax(logits[rejected])))
+        guesses = ([argmax[1 + i] for i in rejected] if argmax is not None
+                   else row_argmax(logits[[root_row + 1 + i for i in rejected]]))
+        verdict.guesses = list(dict.fromkeys(guesses))
     keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
     return verdict
