@@ -32,14 +32,14 @@ def warm_up_math() -> None:
 
     In a fresh process with 2+ threads, torch 2.13 (CPU) sometimes computes the first exp, sin or
     cos of the process inaccurately on the worker thread's share of a tensor big enough to split:
-    relative errors ~1e-4 where float32 gives ~1e-7. Measured on the dev machine: the first cos of a
-    300-position rotary table wrong in 15 of 90 fresh processes, the first exp of a [300, 64] tensor
-    in 5 of 30 (rarer when
-    torch.set_num_threads ran first). In a model that call is the rotary embedding of the first
-    forward pass, so half of the first prompt's positions would get wrong keys: greedy decoding
-    in that process could differ from decoding in another, and a prefix cache would keep the
-    wrong entries. After one call on a few elements in the main thread the later calls were exact
-    (exp and cos right in 60 of 60 fresh processes). Idempotent; load_model calls it.
+    relative errors ~1e-4 where float32 gives ~1e-7. Measured on the dev machine: the first cos of
+    a 300-position rotary table wrong in 15 of 90 fresh processes, the first exp of a [300, 64]
+    tensor in 5 of 30 (rarer when torch.set_num_threads ran first). In a model that call is the
+    rotary embedding of the first forward pass, so half of the first prompt's positions would get
+    wrong keys: greedy decoding in that process could differ from decoding in another, and a
+    prefix cache would keep the wrong entries. After one call on a few elements in the main
+    thread the later calls were exact (exp and cos right in 60 of 60 fresh processes).
+    Idempotent; load_model calls it.
     """
     global _MATH_WARM
     if _MATH_WARM:
