@@ -7,7 +7,9 @@ earlier answers, and prompt lookup not at all). The same requests go
 through plain decoding, transformers' own prompt lookup (`prompt_lookup_num_tokens`) and specx
 (suffix drafts from the prompt and from earlier answers, tree verification, cost-aware draft
 size); every output is compared with plain decoding's. The first `--warmup` requests are run but
-not timed (the model's first passes are slow, and specx's global index starts empty).
+not timed (the model's first passes are slow, and specx's global index starts empty). With
+`--history N`, specx first serves the N requests before those, alone and untimed, learning their
+answers into its global index as a server that has been running would have.
 
     .venv/bin/python examples/text2sql_bench.py --requests 24 --json
 
@@ -23,10 +25,14 @@ import sys
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.progress import Progress
 
 from specx.core.compare import STOCK, compare, summary
-from specx.core.cost import calibrate
+from specx.core.cost import AcceptanceModel, calibrate
+from specx.core.generate import generate
 from specx.core.model import load_model
+from specx.core.prefix_cache import PrefixCache
 from specx.core.speculate import SuffixDrafter
 from specx.cli.options import specx_home
 
@@ -59,10 +65,23 @@ def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
     return prompts
 
 
+def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache_tokens) -> None:
+    """specx alone over `prompts` (untimed): its global index learns every answer, as when serving."""
+    acceptance, prefixes = AcceptanceModel(), PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+    with Progress(*Progress.get_default_columns(), console=Console(stderr=True), transient=True) as bar:
+        for prompt in bar.track(prompts, description=f"history: specx serves {len(prompts)} earlier requests"):
+            for _ in generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost, acceptance=acceptance,
+                              prefix_cache=prefixes):
+                pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=8, help="requests run first, untimed")
+    parser.add_argument("--history", type=int, default=0,
+                        help="requests specx serves alone before the warm-up, untimed, learning into its global index "
+                             "(a server that has been running)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--shots", type=int, default=3,
                         help="earlier question/SQL pairs on the same database in each prompt (0: schema and question only)")
@@ -83,19 +102,23 @@ def main() -> None:
         sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
     torch.set_grad_enabled(False)
     net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
-    texts = spider_prompts(args.spider, args.warmup + args.requests, args.shots)
+    texts = spider_prompts(args.spider, args.history + args.warmup + args.requests, args.shots)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     cost = calibrate(net)
+    drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
+    if args.history:
+        serve_history(net, tok, prompts[: args.history], drafter, args.max_new_tokens, cost, args.prefix_cache_tokens)
+        prompts = prompts[args.history :]
     methods = args.methods.split(",") + ([STOCK] if args.stock else [])
     stock = load_model("smollm2-135m", args.cache, dtype=args.dtype, kernels=False)[0] if args.stock else None
-    drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
     timed = lambda i: i >= args.warmup  # noqa: E731
     print(f"running {', '.join(methods)} over {len(prompts)} requests, taking turns ...", file=sys.stderr)
     runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
                    stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens)
     summary_ = summary(runs, timed)["methods"]
     if args.json:
-        print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup, "shots": args.shots,
+        print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup, "history": args.history,
+                          "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
                           "dtype": str(net.dtype).removeprefix("torch."),
                           "kernels": getattr(net, "specx_kernels", [])}, indent=2))
