@@ -25,8 +25,6 @@ import sys
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.progress import Progress
 
 from specx.core.compare import STOCK, compare, summary
 from specx.core.cost import AcceptanceModel, calibrate
@@ -35,6 +33,7 @@ from specx.core.model import load_model
 from specx.core.prefix_cache import PrefixCache
 from specx.core.speculate import SuffixDrafter
 from specx.cli.options import specx_home
+from specx.cli.output import progress
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"
@@ -68,7 +67,7 @@ def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
 def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache_tokens) -> None:
     """specx alone over `prompts` (untimed): its global index learns every answer, as when serving."""
     acceptance, prefixes = AcceptanceModel(), PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-    with Progress(*Progress.get_default_columns(), console=Console(stderr=True), transient=True) as bar:
+    with progress() as bar:
         for prompt in bar.track(prompts, description=f"history: specx serves {len(prompts)} earlier requests"):
             for _ in generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost, acceptance=acceptance,
                               prefix_cache=prefixes):
