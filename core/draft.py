@@ -131,6 +131,29 @@ class Draft:
             mapped[i] = j
         return Draft(tokens, parents, probs, float(sum(probs)), max(self.match_len, other.match_len), sources, lens)
 
+    def best_path(self) -> "Draft":
+        """The root-to-node path with the highest expected accepted length (the sum of D along it),
+        as a linear draft: what an engine that verifies one path per step should get from a tree.
+
+        >>> Draft([3, 4, 5, 6], [-1, 0, -1, 2], [0.6, 0.1, 0.4, 0.4], 1.5, 2).best_path().token_ids
+        [5, 6]
+        """
+        if not self.token_ids:
+            return Draft(match_len=self.match_len)
+        total: list[float] = []
+        for p, prob in zip(self.parents, self.probs):
+            total.append(prob + (total[p] if p >= 0 else 0.0))
+        best = max(range(len(total)), key=lambda i: (total[i], -i))
+        nodes = []
+        while best >= 0:
+            nodes.append(best)
+            best = self.parents[best]
+        nodes.reverse()
+        sources, lens = self.node_tags()
+        return Draft([self.token_ids[i] for i in nodes], list(range(-1, len(nodes) - 1)),
+                     [self.probs[i] for i in nodes], float(sum(self.probs[i] for i in nodes)), self.match_len,
+                     [sources[i] for i in nodes], [lens[i] for i in nodes])
+
     def node_tags(self) -> tuple[list[int], list[int]]:
         """(sources, match_lens) per node, new lists; a draft without them: source 0, match_len."""
         n = len(self.token_ids)

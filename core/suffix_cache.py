@@ -1,0 +1,186 @@
+"""Many concurrent requests drafting from one global index: what a serving engine drives.
+
+`SuffixCache` has the interface of ArcticInference's `SuffixDecodingCache`, the object vLLM's
+`suffix` speculative method calls once per request per step (start_request, add_active_response,
+speculate, stop_request, evict_cached_response, active_requests, cached_requests), with specx's
+indexes behind it: each request drafts from its own request index (prompt + output so far) and
+from the global index, which holds earlier outputs and, live, every output being generated.
+
+Engines stop requests lazily and do not say why: vLLM calls stop_request when a request is missing
+from the batch, which happens when it finished, but also when it was preempted or simply not
+scheduled in that step, and then it comes back with the same id (evict_cached_response, then
+start_request). So a stopped request stays *pending* for `linger_s`: its output remains a live
+sequence of the global index, and a start with the same id and prompt resumes it, output and all.
+After that it is *finished*: sealed into the global index and handed to `on_finish(request_id,
+prompt, output)` exactly once (specx's vLLM plugin stores it). `flush()` finishes everything,
+active requests included (call it at shutdown: an engine never stops its last requests).
+
+Engines verify linear drafts only (vLLM v1): `speculate` grows a path from each index, merges
+them as SuffixDrafter does, and returns the one with the highest expected accepted length
+(`use_tree_spec` grows and returns trees).
+
+>>> cache = SuffixCache(SuffixIndex.build([[5, 6, 7, 8]]))
+>>> cache.start_request("a", [1, 5, 6])
+>>> cache.add_active_response("a", [7])
+>>> cache.speculate("a", [1, 5, 6, 7], max_spec_tokens=4).token_ids
+[8]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, KeysView, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .draft import Draft
+from .speculate import SuffixDrafter
+from .suffix_array import SORT_DEPTH
+from .suffix_index import SuffixIndex
+from .tokens import SuffixIndexError, check_tokens
+
+OnFinish = Callable[[Hashable, np.ndarray, np.ndarray], None]
+
+
+@dataclass
+class _Request:
+    prompt: np.ndarray
+    drafter: SuffixDrafter  # its request index (prompt + output), drafting from the shared global index
+    live_id: int  # the output's live sequence in the global index
+    stopped_at: float | None = None  # monotonic time of the last stop; None while active
+
+
+class SuffixCache:
+    """SuffixDecodingCache's interface over a specx global index; see the module docstring.
+
+    `max_cached_requests` = 0 turns the global index off (no learning, drafts from the prompt
+    only), as in ArcticInference; any other value is accepted and the global index is bounded by
+    its own byte budget instead (`SuffixIndex(budget_bytes=...)`), not by a request count.
+    """
+
+    def __init__(self, global_index: SuffixIndex | None = None, max_tree_depth: int = 64,
+                 max_cached_requests: int = -1, on_finish: OnFinish | None = None, linger_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.global_index = global_index if global_index is not None else SuffixIndex(64)
+        if not 1 <= max_tree_depth:
+            raise SuffixIndexError(f"max_tree_depth must be >= 1, got {max_tree_depth}")
+        self.max_tree_depth = min(max_tree_depth, self.global_index.max_depth)
+        self.max_cached_requests = max_cached_requests
+        self.use_global = max_cached_requests != 0
+        self.on_finish = on_finish
+        self.linger_s = linger_s
+        self.clock = clock
+        self._active: dict[Hashable, _Request] = {}
+        self._pending: dict[Hashable, _Request] = {}  # stopped, may resume
+        self._evicted: dict[Hashable, _Request] = {}  # evicted while pending: resumed by the next start
+
+    # ------------------------------------------------------------ the engine's calls
+
+    @property
+    def active_requests(self) -> KeysView:
+        return self._active.keys()
+
+    @property
+    def cached_requests(self) -> KeysView:
+        """Stopped requests whose output is still pending (a start with the same id resumes it)."""
+        return self._pending.keys()
+
+    def start_request(self, req_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray) -> None:
+        """Begin (or resume) a request: its prompt becomes its request index."""
+        if req_id in self._active:
+            raise SuffixIndexError(f"request {req_id!r} is already active")
+        prompt = check_tokens(prompt_token_ids, self.global_index.vocab_size, "prompt").copy()
+        old = self._evicted.pop(req_id, None) or self._pending.pop(req_id, None)
+        self._finish_lingering()
+        if old is not None and np.array_equal(old.prompt, prompt):
+            old.stopped_at = None  # the same request back in the batch: its output so far goes on
+            self._active[req_id] = old
+            return
+        if old is not None:
+            self._finish(req_id, old)
+        drafter = SuffixDrafter(self.global_index, max_depth=self.global_index.max_depth,
+                                use_global=self.use_global)
+        drafter.start_request(prompt)
+        live_id = self.global_index.start() if self.use_global else -1
+        self._active[req_id] = _Request(prompt, drafter, live_id)
+
+    def add_active_response(self, req_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> None:
+        """Tokens the model produced for the request (accepted + bonus): both indexes match them at once."""
+        req = self._get_active(req_id)
+        tokens = check_tokens(token_ids, self.global_index.vocab_size)
+        req.drafter.extend(tokens)
+        if req.live_id >= 0:
+            self.global_index.append(req.live_id, tokens)
+
+    def stop_request(self, req_id: Hashable) -> None:
+        """The request left the batch: finished, preempted or not scheduled; it lingers (see module doc)."""
+        req = self._get_active(req_id)
+        del self._active[req_id]
+        req.stopped_at = self.clock()
+        self._pending[req_id] = req
+        self._finish_lingering()
+
+    def evict_cached_response(self, req_id: Hashable) -> None:
+        """vLLM calls this just before restarting a stopped request: the next start resumes it."""
+        req = self._pending.pop(req_id, None)
+        if req is None:
+            raise SuffixIndexError(f"request {req_id!r} has no cached response")
+        self._evicted[req_id] = req
+
+    def speculate(self, req_id: Hashable, context: Sequence[int] | np.ndarray, max_spec_tokens: int | None = None,
+                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0, min_token_prob: float = 0.1,
+                  use_tree_spec: bool = False) -> Draft:
+        """Draft for the request after `context` (its last tokens): the best path, or the tree.
+
+        `max_spec_offset` is accepted for interface compatibility; specx sizes by max_spec_factor.
+        """
+        req = self._get_active(req_id)
+        limit = self.max_tree_depth if max_spec_tokens is None else int(max_spec_tokens)
+        limit = min(limit, SORT_DEPTH - self.global_index.max_depth)
+        ctx = np.asarray(context, dtype=np.int32)[-self.max_tree_depth:]
+        if limit <= 0 or len(ctx) == 0:
+            return Draft()
+        drafter = req.drafter
+        drafter.max_spec_tokens = limit
+        drafter.max_spec_factor = float(max_spec_factor)
+        drafter.min_token_prob = float(min_token_prob)
+        drafter.tree = bool(use_tree_spec)  # for one path, grow one from each index: +0.01 tokens/step on MMSQL
+        draft = drafter.speculate(ctx)
+        return draft if use_tree_spec else draft.best_path()
+
+    # ------------------------------------------------------------ lifetime
+
+    def flush(self) -> int:
+        """Finish every request, active ones included (at shutdown); returns how many were finished."""
+        todo = list(self._active.items()) + list(self._pending.items()) + list(self._evicted.items())
+        self._active.clear()
+        self._pending.clear()
+        self._evicted.clear()
+        for req_id, req in todo:
+            self._finish(req_id, req)
+        return len(todo)
+
+    def _finish_lingering(self) -> None:
+        now = self.clock()
+        for req_id in [r for r, req in self._pending.items() if now - req.stopped_at >= self.linger_s]:
+            self._finish(req_id, self._pending.pop(req_id))
+        for req_id in list(self._evicted):  # evicted and not restarted by the engine: gone
+            self._finish(req_id, self._evicted.pop(req_id))
+
+    def _finish(self, req_id: Hashable, req: _Request) -> None:
+        output = req.drafter.output.copy()
+        req.drafter.finish_request(learn=False)  # the global index has the output already, live
+        if req.live_id >= 0:
+            if len(output):
+                self.global_index.finish(req.live_id)
+            else:
+                self.global_index.discard(req.live_id)
+        if self.on_finish is not None and len(output):
+            self.on_finish(req_id, req.prompt, output)
+
+    def _get_active(self, req_id: Hashable) -> _Request:
+        req = self._active.get(req_id)
+        if req is None:
+            raise SuffixIndexError(f"request {req_id!r} is not active")
+        return req

@@ -1,0 +1,367 @@
+"""specx as vLLM's suffix drafter, without vLLM: the drafter driven exactly as vLLM 0.32's
+`SuffixDecodingProposer.propose` drives it (copied below), over a real SQLite store."""
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from specx import vllm as plugin
+from specx.core.model import tokenizer_fingerprint
+from specx.core.suffix_cache import SuffixCache
+from specx.core.suffix_index import SuffixIndex
+from specx.core.tokens import SuffixIndexError
+from specx.store.db import Store
+from specx.store.ingest import insert_tokens
+from specx.store.served import SERVED_FORMAT, ServedRequest, ServedWriter
+
+
+# --------------------------------------------------------------------------- vLLM's side, replicated
+
+@dataclass
+class Batch:
+    """The fields of vLLM's InputBatch that the suffix proposer reads."""
+
+    prompts: dict[str, list[int]]
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # req_ids in batch order
+
+    @property
+    def req_ids(self):
+        return self.order
+
+    @property
+    def req_id_to_index(self):
+        return {r: i for i, r in enumerate(self.order)}
+
+    def tokens(self, i):
+        r = self.order[i]
+        return self.prompts[r] + self.outputs.get(r, [])
+
+
+def propose(cache, batch, sampled, num_speculative_tokens=8, max_model_len=4096, max_tree_depth=24):
+    """vllm/v1/spec_decode/suffix_decoding.py (0.32.0) SuffixDecodingProposer.propose, on Batch."""
+    drafts = []
+    for i, sampled_ids in enumerate(sampled):
+        if not sampled_ids:
+            drafts.append([])
+            continue
+        req_id = batch.req_ids[i]
+        tokens = batch.tokens(i)
+        num_tokens = len(tokens)
+        if num_tokens >= max_model_len:
+            drafts.append([])
+            continue
+        if req_id not in cache.active_requests:
+            if req_id in cache.cached_requests:
+                cache.evict_cached_response(req_id)
+            cache.start_request(req_id, np.array(batch.prompts[req_id], dtype=np.int32))
+        cache.add_active_response(req_id, sampled_ids)
+        start = max(0, num_tokens - max_tree_depth)
+        pattern = np.array(tokens[start:num_tokens], dtype=np.int32)
+        draft = cache.speculate(req_id, pattern, max_spec_tokens=min(num_speculative_tokens,
+                                                                      max_model_len - num_tokens - 1),
+                                max_spec_factor=1.0, min_token_prob=0.1)
+        drafts.append(draft.token_ids)
+    for req_id in cache.active_requests - batch.req_id_to_index.keys():
+        cache.stop_request(req_id)
+    return drafts
+
+
+def step(cache, batch, new_tokens, **kw):
+    """One engine step: each scheduled request gets its sampled tokens, then the proposer runs."""
+    sampled = []
+    for r in batch.order:
+        toks = new_tokens.get(r, [])
+        batch.outputs.setdefault(r, []).extend(toks)
+        sampled.append(list(toks))
+    return propose(cache, batch, sampled, **kw)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def finished_log():
+    seen = []
+    return seen, lambda req_id, prompt, output: seen.append((req_id, prompt.tolist(), output.tolist()))
+
+
+# --------------------------------------------------------------------------- the cache, as vLLM drives it
+
+def test_lifecycle_drafts_learns_and_finishes_once_after_the_lazy_stop():
+    clock = Clock()
+    seen, on_finish = finished_log()
+    cache = SuffixCache(SuffixIndex.build([[1, 2, 3, 9, 10, 11, 12, 13]]), on_finish=on_finish, linger_s=2.0,
+                        clock=clock)
+    batch = Batch({"a": [1, 2, 3]}, order=["a"])
+    # [1, 2, 3, 9] matches 4 tokens of the global index: a path of up to 4 (max_spec_factor 1)
+    assert step(cache, batch, {"a": [9]}) == [[10, 11, 12, 13]]
+    assert step(cache, batch, {"a": [10, 11]}) == [[12, 13]]
+    batch.order = []  # "a" finished: vLLM drops it from the batch and stops it at the next propose
+    step(cache, batch, {})
+    assert "a" in cache.cached_requests and not seen  # stopped, may still come back
+    clock.now = 5.0
+    batch.prompts["b"] = [7]
+    batch.order = ["b"]
+    step(cache, batch, {"b": [8]})
+    assert seen == [("a", [1, 2, 3], [9, 10, 11])]  # once, first and last token included
+    assert cache.global_index.count([9, 10, 11]) == 2  # the finished output (no prompt), sealed beside the old
+
+
+def test_outputs_are_live_in_the_global_index_for_other_requests():
+    cache = SuffixCache(SuffixIndex(64))
+    batch = Batch({"a": [1], "b": [2]}, order=["a", "b"])
+    step(cache, batch, {"a": [5, 6, 7, 8], "b": [3]})
+    drafts = step(cache, batch, {"a": [4], "b": [5]})  # b now ends with 5: a's live output goes on with 6
+    assert drafts[1] == [6]
+
+
+def test_a_preempted_request_resumes_with_its_output_and_is_stored_once():
+    clock = Clock()
+    seen, on_finish = finished_log()
+    cache = SuffixCache(SuffixIndex(64), on_finish=on_finish, linger_s=2.0, clock=clock)
+    batch = Batch({"a": [1, 2], "b": [3]}, order=["a", "b"])
+    step(cache, batch, {"a": [4, 5], "b": [6]})
+    batch.order = ["b"]  # "a" preempted (or not scheduled): stopped lazily
+    step(cache, batch, {"b": [7]})
+    assert "a" in cache.cached_requests
+    clock.now = 1.0
+    batch.order = ["b", "a"]  # back with the same id: vLLM evicts the cached response and starts again
+    step(cache, batch, {"b": [8], "a": [9]})
+    assert "a" in cache.active_requests
+    assert cache.speculate("a", [4, 5], max_spec_tokens=4).token_ids == [9]  # its own output so far is indexed
+    assert cache.flush() == 2
+    assert sorted(seen) == [("a", [1, 2], [4, 5, 9]), ("b", [3], [6, 7, 8])]
+
+
+def test_a_new_request_reusing_an_id_with_another_prompt_finishes_the_old_one():
+    seen, on_finish = finished_log()
+    cache = SuffixCache(SuffixIndex(64), on_finish=on_finish, linger_s=100.0)
+    cache.start_request("x", [1, 2])
+    cache.add_active_response("x", [3])
+    cache.stop_request("x")
+    cache.evict_cached_response("x")
+    cache.start_request("x", [7, 7])
+    assert seen == [("x", [1, 2], [3])]
+    with pytest.raises(SuffixIndexError):
+        cache.start_request("x", [7, 7])  # already active
+
+
+def test_drafts_never_longer_than_the_engine_allows():
+    long = list(range(100, 160))
+    for k in (1, 3, 8):
+        cache = SuffixCache(SuffixIndex.build([long]), max_tree_depth=64)
+        batch = Batch({"a": long[:20]}, order=["a"])
+        drafts = step(cache, batch, {"a": long[20:21]}, num_speculative_tokens=k, max_tree_depth=64)
+        assert 0 < len(drafts[0]) <= k
+    cache = SuffixCache(SuffixIndex.build([long]), max_tree_depth=64)
+    batch = Batch({"a": long[:20]}, order=["a"])
+    drafts = step(cache, batch, {"a": long[20:21]}, num_speculative_tokens=16, max_model_len=24, max_tree_depth=64)
+    assert len(drafts[0]) <= 24 - 21 - 1
+    assert cache.speculate("a", long[:21], max_spec_tokens=0).token_ids == []
+
+
+def test_the_linear_draft_is_the_best_path_of_both_indexes():
+    # The prompt matches 4 tokens and goes on 8, 9, 1, 2 (each D = 1/2: the match at the end has no
+    # next token), expected 2.0; the global index matches 2 and goes on 7 (D = 1), expected 1.0.
+    prompt = [1, 2, 3, 4, 8, 9, 1, 2, 3, 4]
+    cache = SuffixCache(SuffixIndex.build([[3, 4, 7]]))
+    cache.start_request("a", prompt)
+    d = cache.speculate("a", prompt, max_spec_tokens=8)
+    assert d.parents == [-1, 0, 1, 2] and d.token_ids == [8, 9, 1, 2]
+    assert cache.speculate("a", prompt, max_spec_tokens=8, use_tree_spec=True).token_ids[:5] == [8, 9, 1, 2, 7]
+
+
+def test_no_global_index_when_the_engine_caches_no_requests():
+    seen, on_finish = finished_log()
+    cache = SuffixCache(SuffixIndex.build([[1, 2, 3]]), max_cached_requests=0, on_finish=on_finish)
+    cache.start_request("a", [9, 1])
+    assert cache.speculate("a", [9, 1], max_spec_tokens=4).token_ids == []
+    cache.add_active_response("a", [2])
+    cache.flush()
+    assert cache.global_index.num_sequences == 1
+
+
+# --------------------------------------------------------------------------- the plugin over a real store
+
+class CharTokenizer:
+    """A tokenizer with the methods the plugin uses; its vocabulary decides its fingerprint."""
+
+    def __init__(self, vocab_size=300, name="chars"):
+        self.vocab = {chr(i + 32): i for i in range(vocab_size)}
+        self.name_or_path = name
+
+    def get_vocab(self):
+        return self.vocab
+
+    def __len__(self):
+        return len(self.vocab)
+
+    def decode(self, ids, **kwargs):
+        return "".join(chr(i + 32) for i in ids)
+
+
+@pytest.fixture
+def store_env(tmp_path, monkeypatch):
+    db = tmp_path / "agents.db"
+    monkeypatch.setenv("SPECX_DB", str(db))
+    monkeypatch.setenv("SPECX_SYNC_S", "0")
+    monkeypatch.setenv("SPECX_LINGER_S", "0")
+    return db
+
+
+def serve(drafter, prompt, output, req_id):
+    """Generate `output` for `prompt` through the drafter as vLLM would, one token a step;
+    returns the accepted draft tokens (greedy: the longest draft prefix equal to the output)."""
+    batch = Batch({req_id: list(prompt)}, order=[req_id])
+    accepted, pos = 0, 0
+    while pos < len(output):
+        drafts = step(drafter, batch, {req_id: output[pos:pos + 1]}, num_speculative_tokens=16)
+        pos += 1
+        good = 0
+        for tok, want in zip(drafts[0], output[pos:]):
+            if tok != want:
+                break
+            good += 1
+        if good:
+            step(drafter, batch, {req_id: output[pos:pos + good]}, num_speculative_tokens=16)
+            pos += good
+            accepted += good
+    batch.order = []
+    step(drafter, batch, {})
+    return accepted
+
+
+def test_warm_start_and_persistence_round_trip(store_env):
+    tok = CharTokenizer()
+    output = [40 + (i % 7) for i in range(30)]
+    cold = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    assert cold.global_index.num_tokens == 0
+    cold_accepted = serve(cold, [1, 2, 3], output, "r1")
+    cold.close()
+    with Store(store_env) as store:
+        tid = store.tokenizer_id(tokenizer_fingerprint(tok))
+        rows = list(store.iter_tokens(tid))
+        assert [t.tolist() for _, t in rows] == [output]  # no first or last token dropped or duplicated
+        session = store.db.execute("SELECT format, model FROM sessions").fetchone()
+        assert tuple(session) == (SERVED_FORMAT, "m")
+        assert store.index_state(tid).num_calls == 1  # persisted at close: the next start loads it
+    warm = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    assert warm.global_index.num_tokens == len(output)
+    assert serve(warm, [5, 6, 7], output, "r1") > cold_accepted
+    warm.close()
+    with Store(store_env) as store:
+        assert store.db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 2  # one per engine start
+
+
+def test_only_rank_zero_records_and_record_can_be_off(store_env, monkeypatch):
+    tok = CharTokenizer()
+    other = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=1)
+    serve(other, [1], [5, 6, 7], "r")
+    other.close()
+    monkeypatch.setenv("SPECX_RECORD", "0")
+    quiet = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    serve(quiet, [1], [5, 6, 7], "r")
+    quiet.close()
+    with Store(store_env) as store:
+        assert store.db.execute("SELECT count(*) FROM calls").fetchone()[0] == 0
+
+
+def test_a_store_of_another_tokenizer_is_refused_at_start(store_env):
+    with Store(store_env) as store:
+        with store.db.atomic():
+            tid = store.add_tokenizer("0123456789abcdef", "other-model", 1000)
+        store.db.execute("INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls,"
+                         " num_errors) VALUES (x'00', 'p', 'f', '', 0, '', 1, 0)")
+        store.db.execute("INSERT INTO sessions (key, source_id, session_key, format) VALUES (x'01', 1, 's', 'f')")
+        store.db.execute("INSERT INTO calls (key, session_id, position, num_messages, prompt_bytes, output_pack,"
+                         " output_offset, output_bytes) VALUES (x'02', 1, 0, 0, 0, 0, 0, 0)")
+        with store.db.atomic():
+            insert_tokens(store, tid, [(1, [1, 2, 3])])
+    before = store_env.read_bytes()
+    with pytest.raises(plugin.SpecxVllmError, match="other-model.*not of the served model's tokenizer"):
+        plugin.EngineDrafter(24, tokenizer=CharTokenizer(), model="m", rank=0)
+    assert store_env.read_bytes() == before
+
+
+def test_other_writers_rows_reach_a_running_drafter(store_env, monkeypatch):
+    tok = CharTokenizer()
+    monkeypatch.setenv("SPECX_SYNC_S", "0.05")
+    first = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    second = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)  # a replica on the same store
+    serve(first, [1], [50, 51, 52, 53, 54, 55], "a")
+    first.close()  # stored
+    import time
+    deadline = time.monotonic() + 10
+    while not second._incoming and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second.start_request("b", [50])
+    assert second.num_imported == 1
+    assert second.speculate("b", [50], max_spec_tokens=8).token_ids == [51]  # factor 1: one token per matched one
+    second.close()
+
+
+def test_writer_stores_exact_tokens_and_decoded_text(tmp_path):
+    writer = ServedWriter(tmp_path / "s.db", "m", "fp", "m", 300, lambda ids: "".join(chr(i) for i in ids), "p/",
+                          sync_s=0)
+    writer.put(ServedRequest("r", np.array([72, 105], dtype=np.int32), np.array([33, 34], dtype=np.int32)))
+    writer.close()
+    with Store(tmp_path / "s.db") as store:
+        (cid,) = store.db.execute("SELECT id FROM calls").fetchone()
+        assert store.call_output(cid) == '!"'
+        assert store.call_prompt(cid) == [{"role": "prompt_text", "content": "Hi"}]
+        assert store.call_tokens(cid, store.tokenizer_id("fp")).tolist() == [33, 34]
+
+
+# --------------------------------------------------------------------------- registration
+
+def test_register_is_inert_without_specx_db(monkeypatch):
+    monkeypatch.delenv("SPECX_DB", raising=False)
+    monkeypatch.delitem(sys.modules, plugin.SHIM, raising=False)
+    plugin.register()
+    assert sys.modules.get(plugin.SHIM) is None or sys.modules[plugin.SHIM].SuffixDecodingCache \
+        is not plugin.EngineDrafter
+
+
+def test_install_gives_vllm_the_module_it_imports(monkeypatch):
+    monkeypatch.delitem(sys.modules, "arctic_inference", raising=False)
+    monkeypatch.delitem(sys.modules, plugin.SHIM, raising=False)
+    plugin.install()
+    assert importlib.util.find_spec("arctic_inference") is not None  # vLLM's has_arctic_inference()
+    from arctic_inference.suffix_decoding import SuffixDecodingCache  # what vLLM's proposer runs
+
+    assert SuffixDecodingCache is plugin.EngineDrafter
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "dev"])
+def test_unsupported_vllm_versions_are_refused(version):
+    with pytest.raises(plugin.SpecxVllmError, match=f"vLLM {version} is not supported"):
+        plugin.check_vllm_version(version)
+    plugin.check_vllm_version("0.32.0")
+    plugin.check_vllm_version("0.32.1+cpu")
+
+
+@pytest.mark.parametrize("text, value", [("2G", 2 << 30), ("512M", 512 << 20), ("1000", 1000), ("1.5GiB", 3 << 29)])
+def test_index_budget_sizes(text, value):
+    assert plugin.parse_bytes(text) == value
+    with pytest.raises(plugin.SpecxVllmError, match="SPECX_INDEX_BYTES"):
+        plugin.parse_bytes("lots")
+
+
+def test_the_byte_budget_bounds_the_warm_index(store_env, monkeypatch):
+    tok = CharTokenizer()
+    first = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    for i in range(20):
+        serve(first, [1], [40 + i] * 50, f"r{i}")
+    first.close()
+    monkeypatch.setenv("SPECX_INDEX_BYTES", "4K")
+    small = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    assert small.global_index.nbytes <= 4096 and 0 < small.global_index.num_sequences < 20
+    small.close()
