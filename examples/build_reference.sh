@@ -21,7 +21,14 @@ STEP=""
 
 fail() { echo "build_reference: $*" >&2; exit 1; }
 step() { STEP="$1"; echo "build_reference: $1" >&2; }
-trap 'rc=$?; [ $rc -ne 0 ] && [ -n "$STEP" ] && echo "build_reference: failed while: $STEP (see the output above)" >&2' EXIT
+on_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ] && [ -n "$STEP" ]; then
+        echo "build_reference: failed while: $STEP (exit status $rc; see the output above)" >&2
+        exit 1
+    fi
+}
+trap on_exit EXIT
 
 command -v "$PY" >/dev/null 2>&1 || fail "no python executable '$PY'"
 PY="$(command -v "$PY")"

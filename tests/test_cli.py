@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer.main
@@ -70,3 +71,26 @@ def test_bench_table_on_stdout_progress_on_stderr():
     assert res.returncode == 0, res.stderr
     assert "speculate_p50_us" in res.stdout
     assert "synthetic corpus" in res.stderr
+
+
+BUILD_REFERENCE = Path(__file__).resolve().parents[1] / "examples" / "build_reference.sh"
+
+
+def test_reference_build_script_skips_an_installed_reference_and_names_a_failed_step(tmp_path):
+    # Offline: the real build (download, cmake, install) is checked by hand in a fresh venv (README).
+    stub = tmp_path / "stub" / "arctic_inference" / "suffix_decoding"
+    stub.mkdir(parents=True)
+    (stub.parent / "__init__.py").write_text("")
+    (stub / "__init__.py").write_text("class SuffixDecodingCache:\n    pass\n")
+    env = {**os.environ, "SPECX_REF_WORKDIR": str(tmp_path / "work")}
+    res = subprocess.run(["bash", str(BUILD_REFERENCE), sys.executable], capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(tmp_path / "stub")}, timeout=120)
+    assert res.returncode == 0 and "already installed" in res.stderr, res.stderr
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "arctic_inference-0.3.0.tar.gz").write_bytes(b"not a tarball")  # a damaged download
+    res = subprocess.run(["bash", str(BUILD_REFERENCE), sys.executable], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 1 and "failed while: unpacking" in res.stderr, res.stderr
+    res = subprocess.run(["bash", str(BUILD_REFERENCE), str(tmp_path / "no-python")], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 1 and "no python executable" in res.stderr

@@ -1,1 +1,0 @@
-"""specx command-line interface: a thin typer client of specx.core and specx.store."""

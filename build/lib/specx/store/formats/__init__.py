@@ -1,1 +1,0 @@
-"""specx store/formats."""
