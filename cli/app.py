@@ -7,6 +7,7 @@ main() is the one place where domain errors become messages and exit codes: 0 ok
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import output
+from .check import check_cmd
 from .generate import generate_cmd
 from .serve import serve_cmd
 from .options import DbOpt, JsonOpt, ListOpt, default_agent_data, specx_home, store_path
@@ -458,6 +460,7 @@ def _print_bench_table(corpora: list[dict]) -> None:
     output.print_table(f"suffix index (held-out positions {positions}; max_spec_tokens 32, tree)", columns, rows)
 
 
+app.command("check")(check_cmd)
 app.command("generate")(generate_cmd)
 app.command("serve")(serve_cmd)
 
@@ -477,6 +480,12 @@ def main() -> None:
         if os.environ.get("SPECX_DEBUG"):
             raise
         output.error(str(exc))
+        sys.exit(1)
+    except sqlite3.DatabaseError as exc:
+        # Damage the check at open did not see (it came later, or in a page no b-tree reaches).
+        if os.environ.get("SPECX_DEBUG"):
+            raise
+        output.error(f"the store cannot be read: {exc} (`specx check` lists what is wrong)")
         sys.exit(1)
     except KeyboardInterrupt:
         output.error("interrupted")

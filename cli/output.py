@@ -55,7 +55,8 @@ def progress() -> Progress:
 
 
 def error(message: str) -> None:
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False)
+    # One line whatever its length (not wrapped at the terminal's width): scripts grep for it.
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
 
 
 def note(message: str) -> None:

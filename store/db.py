@@ -11,6 +11,10 @@ length. Compressing a file's payloads together rather than one by one makes the 
 times smaller (agent logs repeat across calls); sequential reads decompress each pack once (LRU).
 WAL mode; each log file is written in one transaction, so a killed ingest leaves every file
 either fully stored or not at all.
+
+Opening a store checks it before anything is written: a store from a newer specx (a schema
+version or migration this code does not know) and a corrupt one (SQLite's quick_check, ~0.4 ms
+per MB cached, ~2 from disk) are refused with a StoreError, so no command writes into either.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from sqlite_utils.migrations import Migrations
 from . import codec
 
 migrations = Migrations("specx")
+MIGRATIONS: list[str] = []  # names of the migrations this code knows, in order
 INDEX_CHUNK_BYTES = 64 * 1024 * 1024  # SQLite blobs stay well under its 1 GB limit
 PACK_BYTES = 4 * 1024 * 1024
 
@@ -38,7 +43,13 @@ class StoreError(ValueError):
     """The store file cannot be used (not a specx store, corrupt, newer schema)."""
 
 
-@migrations()
+def migration(fn: Any) -> Any:
+    """Register a schema migration (name it mNNN_what); the store's user_version counts them."""
+    MIGRATIONS.append(fn.__name__)
+    return migrations()(fn)
+
+
+@migration
 def m001_initial(db: Database) -> None:
     # Rows refer to each other by integer rowid (compact in tables and indexes); `key` columns hold
     # 16-byte content hashes, unique, which make ingest idempotent.
@@ -145,20 +156,82 @@ class IndexState:
     num_tokens: int
 
 
-class Store:
-    """A specx store file. Use as a context manager, or call close()."""
+def schema_problem(conn: sqlite3.Connection) -> str | None:
+    """Why this code must not use a store's schema (it is newer), or None. Reads only."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(MIGRATIONS):
+        return f"schema version {version} is newer than this specx's {len(MIGRATIONS)}"
+    has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                             [Migrations.migrations_table]).fetchone()
+    if has_table:
+        applied = [r[0] for r in conn.execute(f"SELECT name FROM {Migrations.migrations_table}"
+                                              " WHERE migration_set = ?", [migrations.name])]
+        unknown = [name for name in applied if name not in MIGRATIONS]
+        if unknown:
+            return f"migration {', '.join(unknown)} is newer than this specx"
+    return None
 
-    def __init__(self, path: Path) -> None:
+
+def health_problems(conn: sqlite3.Connection, full: bool = False, limit: int = 100) -> list[str]:
+    """What SQLite finds wrong with the file: quick_check (b-tree structure, every page read once),
+    or with `full` integrity_check (indexes against their tables too); [] when healthy."""
+    pragma = "integrity_check" if full else "quick_check"
+    try:
+        rows = [r[0] for r in conn.execute(f"PRAGMA {pragma}({int(limit)})")]
+    except sqlite3.DatabaseError as exc:  # damage bad enough to stop the check itself
+        return [str(exc)]
+    if rows == ["ok"]:
+        return []
+    # Some SQLite versions put every problem into one row, a line each, under a heading.
+    lines = [line for row in rows for line in str(row).splitlines()]
+    return [line for line in lines if line.strip() and not line.startswith("*** in database")][:limit]
+
+
+class Store:
+    """A specx store file. Use as a context manager, or call close().
+
+    A missing file is created, unless `readonly`: that opens an existing store for reading only
+    (no migration, no write, not even of its journal mode).
+    """
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            if readonly:
+                raise StoreError(f"{self.path}: no such store (run `specx ingest` first)")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = Database(self.path)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
+            conn = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True) if readonly \
+                else sqlite3.connect(self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the store ({exc})") from None
+        self.db = Database(conn)
+        try:
             self.db.execute("PRAGMA busy_timeout=10000")
-            migrations.apply(self.db)
+            # Checked before anything is written: not even the journal mode goes into a store
+            # that is newer than this code or damaged.
+            problem = schema_problem(conn)
+            if problem:
+                raise StoreError(f"{self.path}: written by a newer specx ({problem}); upgrade specx to use it"
+                                 " (nothing was written)")
+            damage = health_problems(conn)
+            if damage:
+                more = f" and {len(damage) - 1}{'+' if len(damage) >= 100 else ''} more problems" \
+                    if len(damage) > 1 else ""
+                raise StoreError(f"{self.path}: the store is corrupt ({damage[0]}{more}); nothing was written"
+                                 " (`specx check` lists what is wrong)")
+            if not readonly:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                migrations.apply(self.db)
+                if self.db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
+                    self.db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
         except sqlite3.DatabaseError as exc:
+            conn.close()
             raise StoreError(f"{self.path}: not a usable specx store ({exc})") from None
+        except StoreError:
+            conn.close()
+            raise
         # Packs never change once written: keep the recently read ones decompressed.
         self._pack = functools.lru_cache(maxsize=32)(self._load_pack)
 
