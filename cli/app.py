@@ -54,21 +54,27 @@ def ingest(
     from specx.core.model import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.formats import FORMATS
-    from specx.store.ingest import Tokenizer, ingest as run_ingest
+    from specx.store.ingest import Tokenizer, find_inputs, ingest as run_ingest
 
     if fmt is not None and fmt not in FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}", param_hint="--format")
     tokenizer = Tokenizer(model, lambda: load_tokenizer(model, specx_home() / "models"), tokenizer_fingerprint)
-    with Store(store_path(db)) as store, output.progress() as bar:
-        task = bar.add_task("ingest", total=None)
-        report = run_ingest(store, paths, tokenizer, fmt,
-                            on_file=lambda p: bar.update(task, advance=1, description=f"ingest {p.name}"))
+    inputs = find_inputs(paths, fmt)
+    path = store_path(db)
+    if not inputs.logs and not path.exists():
+        report = inputs.report  # nothing to read: no store is created for it
+    else:
+        with Store(path) as store, output.progress() as bar:
+            task = bar.add_task("ingest", total=len(inputs.logs))
+            report = run_ingest(store, inputs, tokenizer,
+                                on_file=lambda p: bar.update(task, advance=1, description=f"ingest {p.name}"))
     if json_out:
         output.print_json(report.to_json())
     else:
         rows = [[name, n] for name, n in sorted(report.by_format.items())]
         output.print_table(f"ingested {report.files} files ({report.skipped_files} unchanged): {report.calls:,} calls,"
-                           f" {report.new_calls:,} new, {report.new_tokens:,} new tokens", ["format", "calls"], rows)
+                           f" {report.new_calls:,} new, {report.duplicate_calls:,} already stored,"
+                           f" {report.new_tokens:,} new tokens", ["format", "calls"], rows)
         if report.index:
             output.note(f"index: {report.index['action']}, {report.index['calls']:,} outputs, "
                         f"{report.index['tokens']:,} tokens ({report.index['seconds']:.2f} s)")

@@ -33,6 +33,7 @@ class IngestReport:
     calls: int = 0
     new_calls: int = 0
     new_tokens: int = 0
+    duplicate_calls: int = 0  # calls read that were already stored (an earlier ingest, or repeated in a log)
     by_format: dict[str, int] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
     unrecognized: list[str] = field(default_factory=list)  # files met in a folder that no format claims
@@ -43,7 +44,8 @@ class IngestReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"files": self.files, "skipped_files": self.skipped_files, "calls": self.calls,
-                "new_calls": self.new_calls, "new_tokens": self.new_tokens, "by_format": self.by_format,
+                "new_calls": self.new_calls, "duplicate_calls": self.duplicate_calls, "new_tokens": self.new_tokens,
+                "by_format": self.by_format,
                 "errors": self.errors, "unrecognized": self.unrecognized, "index": self.index}
 
 
@@ -86,26 +88,52 @@ def file_sha256(path: Path) -> tuple[str, int]:
     return h.hexdigest(), path.stat().st_size
 
 
-def ingest(store: Store, paths: list[Path], tokenizer: Tokenizer, fmt: str | None = None,
-           on_file: Callable[[Path], None] = lambda p: None, max_depth: int = MAX_DEPTH) -> IngestReport:
-    """Store every call of the logs under `paths`, tokenize new outputs, bring the index up to date."""
+@dataclass
+class Inputs:
+    """What an ingest will read, found before the store is opened (a command whose inputs are all
+    missing or unreadable fails without creating a store)."""
+
+    logs: list[tuple[Path, str, Path]]  # (log, format, the path named by the user that led to it)
+    report: IngestReport  # errors and unrecognized files met while looking
+
+
+def find_inputs(paths: list[Path], fmt: str | None = None) -> Inputs:
+    """The logs under `paths` with their formats; missing, empty, unreadable and (when named
+    explicitly) unrecognized files are errors in the report, files no format claims inside a
+    folder are listed as unrecognized."""
     report = IngestReport()
-    known_tokenizer = store.tokenizer_id(name=tokenizer.name)
     logs = []
     for root in paths:
+        root = Path(root)
         if not root.exists():
             report.error(root, "no such file or folder")
             continue
-        logs.extend(find_logs([root]) if fmt is None else _forced(root, fmt))
-    explicit = {Path(p) for p in paths}
-    for path, detected in logs:
+        for path, detected in find_logs([root], on_error=lambda p, m: report.error(p, m)):
+            if path == root and root.is_file() and root.stat().st_size == 0:
+                report.error(path, "empty file")
+            elif fmt is not None:
+                logs.append((path, fmt, root))
+            elif detected is not None:
+                logs.append((path, detected, root))
+            elif path == root:
+                report.error(path, "unknown log format (see `specx ingest --help` for the formats read)")
+            else:
+                report.unrecognized.append(str(path))  # a README or data file beside the logs
+    return Inputs(logs, report)
+
+
+def ingest(store: Store, paths: list[Path] | Inputs, tokenizer: Tokenizer, fmt: str | None = None,
+           on_file: Callable[[Path], None] = lambda p: None, max_depth: int = MAX_DEPTH) -> IngestReport:
+    """Store every call of the logs under `paths` (or of inputs found by `find_inputs`), tokenize
+    new outputs, bring the index up to date."""
+    inputs = paths if isinstance(paths, Inputs) else find_inputs(paths, fmt)
+    report = inputs.report
+    known_tokenizer = store.tokenizer_id(name=tokenizer.name)
+    for path, detected, root in inputs.logs:
         on_file(path)
-        if detected is None and path not in explicit:
-            report.unrecognized.append(str(path))  # a README or data file beside the logs
-            continue
         report.files += 1
         try:
-            _ingest_file(store, path, detected, tokenizer, known_tokenizer, report)
+            _ingest_file(store, path, detected, root, tokenizer, known_tokenizer, report)
         except ParseError as exc:
             report.error(exc.path, exc.message, exc.line)
         except (OSError, UnicodeError) as exc:
@@ -116,16 +144,8 @@ def ingest(store: Store, paths: list[Path], tokenizer: Tokenizer, fmt: str | Non
     return report
 
 
-def _forced(root: Path, fmt: str) -> list[tuple[Path, str]]:
-    if root.is_dir():
-        return [(p, fmt) for p, _ in find_logs([root])]
-    return [(root, fmt)]
-
-
-def _ingest_file(store: Store, path: Path, fmt: str | None, tokenizer: Tokenizer, known_tokenizer: int | None,
-                 report: IngestReport) -> None:
-    if fmt is None:
-        raise ParseError(path, "unknown log format (see `specx ingest --help` for the formats read)")
+def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Tokenizer,
+                 known_tokenizer: int | None, report: IngestReport) -> None:
     sha, size = file_sha256(path)
     source_key = content_key(fmt, sha)
     previous = store.source(source_key)
@@ -138,7 +158,7 @@ def _ingest_file(store: Store, path: Path, fmt: str | None, tokenizer: Tokenizer
     calls: list[Call] = []
     num_errors = 0
     try:
-        for item in read_calls(path, fmt):
+        for item in read_calls(path, fmt, root=root if root.is_dir() else path.parent):
             if isinstance(item, ParseError):
                 report.error(item.path, item.message, item.line)
                 num_errors += 1
@@ -154,7 +174,11 @@ def _ingest_file(store: Store, path: Path, fmt: str | None, tokenizer: Tokenizer
     with store.db.atomic():  # one transaction per file: a killed ingest leaves the file all in or all out
         tokenizer_id = store.add_tokenizer(tokenizer.fingerprint, tokenizer.name, len(tok))
         source_id = _upsert_source(store, source_key, path, fmt, sha, size, len(calls), num_errors, None)
-        call_ids, num_new = _insert_calls(store, source_id, path, fmt, calls)
+        # Sessions are told apart by the file they come from (by its real path: the same file
+        # named another way is the same session), so the same instance id in two submissions'
+        # folders stays two sessions.
+        call_ids, num_new = _insert_calls(store, source_id, path, fmt, calls, scope=str(path.resolve()),
+                                          legacy_scope=path.name)
         missing = set(_ids_without_tokens(store, call_ids, tokenizer_id))
         todo = [(cid, call.output_text) for cid, call in zip(call_ids, calls) if cid in missing]
         todo = list(dict(todo).items())  # a call repeated within the file is tokenized once
@@ -163,6 +187,7 @@ def _ingest_file(store: Store, path: Path, fmt: str | None, tokenizer: Tokenizer
             insert_tokens(store, tokenizer_id, [(cid, tokens) for (cid, _), tokens in zip(todo, encoded)])
             report.new_tokens += int(sum(len(t) for t in encoded))
     report.new_calls += num_new
+    report.duplicate_calls += len(calls) - num_new
 
 
 def insert_tokens(store: Store, tokenizer_id: int, rows: list[tuple[int, Any]]) -> None:
@@ -192,18 +217,21 @@ def _existing_id(store: Store, table: str, key: bytes) -> int | None:
     return None if row is None else row[0]
 
 
-def _insert_calls(store: Store, source_id: int, path: Path, fmt: str, calls: list[Call]) -> tuple[list[int], int]:
-    """Insert sessions, messages and calls (each only if new); returns the calls' ids and how many were new."""
+def _insert_calls(store: Store, source_id: int, path: Path, fmt: str, calls: list[Call], scope: str | None = None,
+                  legacy_scope: str | None = None) -> tuple[list[int], int]:
+    """Insert sessions, messages and calls (each only if new); returns the calls' ids and how many were new.
+
+    A session's key is its format, `scope` (default: the file's name), session id and model. A call
+    stored under `legacy_scope` instead counts as stored too: stores written before ingest scoped
+    sessions by the file's path keyed them by its name, and re-reading a file into one (for another
+    tokenizer, or grown) must not add its calls again."""
+    scope = path.name if scope is None else scope
     call_ids, num_new = [], 0
     sessions: dict[bytes, int] = {}
     messages: dict[bytes, int] = {}
     message_pack, prompt_pack, output_pack = (PackWriter(store, k) for k in ("message", "prompt", "output"))
     for call in calls:
-        skey = content_key(fmt, path.name, call.session_id, call.model)
-        if skey not in sessions:
-            sessions[skey] = _existing_id(store, "sessions", skey) or store.db.execute(
-                "INSERT INTO sessions (key, source_id, session_key, format, model) VALUES (?, ?, ?, ?, ?)",
-                [skey, source_id, str(call.session_id), fmt, call.model]).lastrowid
+        skey = content_key(fmt, scope, call.session_id, call.model)
         if call.prompt_messages is not None:
             prompt = call.prompt_messages
         elif call.prompt_text is not None:
@@ -222,10 +250,17 @@ def _insert_calls(store: Store, source_id: int, path: Path, fmt: str, calls: lis
             message_ids.append(messages[mkey])
             message_keys.append(mkey.hex())
             prompt_bytes += len(raw)
-        ckey = content_key(skey.hex(), call.position, call.agent, call.model,
-                           None if prompt is None else message_keys, call.output_text)
+        content = (call.position, call.agent, call.model, None if prompt is None else message_keys, call.output_text)
+        ckey = content_key(skey.hex(), *content)
         cid = _existing_id(store, "calls", ckey)
+        if cid is None and legacy_scope is not None:
+            old_skey = content_key(fmt, legacy_scope, call.session_id, call.model)
+            cid = _existing_id(store, "calls", content_key(old_skey.hex(), *content))
         if cid is None:
+            if skey not in sessions:
+                sessions[skey] = _existing_id(store, "sessions", skey) or store.db.execute(
+                    "INSERT INTO sessions (key, source_id, session_key, format, model) VALUES (?, ?, ?, ?, ?)",
+                    [skey, source_id, str(call.session_id), fmt, call.model]).lastrowid
             output = call.output_text.encode("utf-8", "surrogatepass")
             ppack, poffset = prompt_pack.add(np.asarray(message_ids, dtype="<i4").tobytes()) if prompt is not None \
                 else (None, None)

@@ -282,3 +282,23 @@ def test_bench_ingest_command(tmp_path, tokenizer):
     assert data["reingest_new_calls"] == 0
     assert 0 < data["store_bytes"] and data["log_bytes"] > 0
     assert set(data["targets_met"]) == {"ingest_s", "reingest_s", "reingest_new_calls", "store_vs_logs"}
+
+
+def test_a_store_keyed_by_file_name_gets_no_duplicates(tmp_path, tokenizer, monkeypatch):
+    # Before sessions were scoped by the file's real path, their keys held the file's name; a file
+    # read again into such a store (grown, or for another tokenizer) adds only its new calls.
+    import specx.store.ingest as ingest_module
+
+    log = write_pairs(tmp_path / "pairs.jsonl")
+    by_name = ingest_module._insert_calls
+    monkeypatch.setattr(ingest_module, "_insert_calls",
+                        lambda store, source_id, path, fmt, calls, **_: by_name(store, source_id, path, fmt, calls))
+    with Store(tmp_path / "s.db") as store:
+        assert ingest(store, [log], tokenizer).new_calls == 6
+    monkeypatch.undo()
+    with log.open("a") as f:
+        f.write(json.dumps({"prompt": "one more", "completion": "SELECT 42"}) + "\n")
+    with Store(tmp_path / "s.db") as store:
+        report = ingest(store, [log], tokenizer)
+        assert (report.new_calls, report.duplicate_calls) == (1, 6)
+        assert store.stats()["calls"] == 7

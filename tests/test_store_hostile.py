@@ -1,8 +1,11 @@
-"""The store under hostile conditions (issue 20): stores from a newer specx or with damaged pages,
-and `specx check`. Each runs the command line as a user would: a real subprocess."""
+"""Ingest and the store under hostile conditions (issue 20): link loops, unreadable files, stores
+from a newer specx or with damaged pages, nothing to read, the multi-submission SWE-agent layout,
+calls read twice. Each runs the command line as a user would: a real subprocess."""
 
 import hashlib
 import json
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +17,10 @@ from specx.core.model import load_tokenizer, tokenizer_fingerprint
 from specx.store.db import Store
 from specx.store.ingest import Tokenizer, ingest
 
+FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+# Root reads every file whatever its mode; these take the override away from the command.
+UNPRIVILEGED = (["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                 "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else [])
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +68,43 @@ def one_line_error(res: subprocess.CompletedProcess, *words: str) -> None:
         assert word in lines[0], res.stderr
 
 
+def test_link_loops_end_and_each_file_is_read_once(tmp_path, tokenizer):
+    logs = tmp_path / "logs"
+    write_pairs(logs / "pairs.jsonl")
+    (logs / "a").symlink_to(".")
+    (logs / "b").symlink_to(".")
+    (logs / "sub").mkdir()
+    (logs / "sub" / "up").symlink_to("..")
+    res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["files"], data["calls"], data["new_calls"]) == (1, 6, 6)
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
+def test_unreadable_file_and_folder_are_errors_and_the_rest_is_read(tmp_path, tokenizer):
+    logs = tmp_path / "logs"
+    write_pairs(logs / "good.jsonl")
+    secret = write_pairs(logs / "secret.jsonl", tag="s")
+    locked = logs / "locked"
+    write_pairs(locked / "inside.jsonl", tag="l")
+    secret.chmod(0)
+    locked.chmod(0)
+    try:
+        res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", prefix=UNPRIVILEGED)
+    finally:
+        locked.chmod(0o755)
+        secret.chmod(0o644)
+    assert res.returncode == 1, res.stderr
+    data = json.loads(res.stdout)
+    failed = {Path(e["path"]).name: e["message"] for e in data["errors"]}
+    assert set(failed) == {"secret.jsonl", "locked"}
+    assert all("Permission denied" in message for message in failed.values())
+    assert "secret.jsonl" not in " ".join(data["unrecognized"])
+    assert (data["files"], data["new_calls"]) == (1, 6)  # the readable log is still ingested
+    assert "Traceback" not in res.stderr
+
+
 @pytest.mark.parametrize("newer", ["user_version", "migration"])
 def test_store_from_a_newer_specx_is_refused_and_left_untouched(tmp_path, tokenizer, newer):
     db = a_store(tmp_path, tokenizer)
@@ -104,6 +148,69 @@ def test_corrupt_store_is_refused_by_every_command_and_left_untouched(tmp_path, 
     integrity = next(c for c in report["checks"] if c["check"] == "integrity")
     assert not report["ok"] and not integrity["ok"] and integrity["problems"]
     assert sha256(db) == before
+
+
+def test_nothing_to_read_creates_no_store(tmp_path, tokenizer):
+    db = tmp_path / "new.db"
+    res = specx("ingest", str(tmp_path / "missing.jsonl"), str(tmp_path / "gone"), "--db", str(db))
+    assert res.returncode == 1
+    assert not db.exists()
+    assert "missing.jsonl: no such file or folder" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_an_empty_file_is_reported_as_empty(tmp_path, tokenizer):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    res = specx("ingest", str(empty), "--db", str(tmp_path / "s.db"), "--json")
+    assert res.returncode == 1
+    assert [(Path(e["path"]).name, e["message"]) for e in json.loads(res.stdout)["errors"]] == \
+        [("empty.jsonl", "empty file")]
+
+
+def test_trajectories_of_several_submissions_keep_their_own_sessions_and_models(tmp_path, tokenizer):
+    # multi-swe-bench: <submission>/metadata.yaml, each trajectory in a folder of its own below it.
+    root = tmp_path / "evaluation"
+    submissions = {"20240825_sweagent_model-a": "model-a", "20240825_sweagent_model-b": "model-b",
+                   "20240901_sweagent_model-a_retry": "model-a"}
+    for folder, model in submissions.items():
+        (root / folder / "trajs" / "demo__repo-1").mkdir(parents=True)
+        (root / folder / "metadata.yaml").write_text(f"name: SWE-agent + {model}\noss: true\n")
+        shutil.copy(FIXTURES / "swe_agent" / "demo__repo-1.traj", root / folder / "trajs" / "demo__repo-1")
+    db = tmp_path / "s.db"
+    res = specx("ingest", str(root), "--db", str(db), "--json")
+    assert res.returncode == 0, res.stderr
+    per_file = json.loads(res.stdout)["calls"] // 3
+    with sqlite3.connect(db) as conn:
+        sessions = conn.execute("SELECT s.model, count(c.id) FROM sessions s JOIN calls c ON c.session_id = s.id"
+                                " GROUP BY s.id ORDER BY s.model").fetchall()
+        call_models = conn.execute("SELECT DISTINCT model FROM calls ORDER BY model").fetchall()
+    conn.close()
+    assert sessions == [("model-a", per_file), ("model-a", per_file), ("model-b", per_file)]
+    assert call_models == [("model-a",), ("model-b",)]
+    # Entropy and replay group by model.
+    res = specx("entropy", "--db", str(db), "--by", "model", "--json")
+    assert res.returncode == 0, res.stderr
+    assert {g["key"]: g["calls"] for g in json.loads(res.stdout)["groups"]} == \
+        {"model-a": 2 * per_file, "model-b": per_file}
+
+
+def test_calls_read_again_are_counted_as_duplicates(tmp_path, tokenizer):
+    dialogues = json.loads((FIXTURES / "mmsql_multiagent.json").read_text())
+    log = tmp_path / "multiagent.json"
+    log.write_text(json.dumps(dialogues + dialogues))  # a dialogue id that repeats, with the same outputs
+    db = tmp_path / "s.db"
+    res = specx("ingest", str(log), "--db", str(db), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["calls"] == 2 * data["new_calls"] > 0
+    assert data["duplicate_calls"] == data["new_calls"]
+    res = specx("ingest", str(log), "--db", str(db))
+    assert res.returncode == 0 and "already stored" in res.stdout
+    # A grown log: what was stored before counts as duplicates, the new call as new.
+    log.write_text(json.dumps(dialogues + dialogues + [{**dialogues[0], "id": 8}]))
+    again = json.loads(specx("ingest", str(log), "--db", str(db), "--json").stdout)
+    assert again["new_calls"] == data["new_calls"]
+    assert again["duplicate_calls"] == again["calls"] - again["new_calls"]
 
 
 def test_check_names_what_is_wrong_and_writes_nothing(tmp_path, tokenizer):

@@ -4,9 +4,12 @@ One Call per `trajectory[i]`: output = `trajectory[i].response` (the raw complet
 the `history` messages (role/content) before the i-th non-demonstration assistant message, which
 is the chat SWE-agent sent for that step. Session id = the file stem (the instance id).
 
-The model comes from the trajectory's `replay_config` (newer SWE-agent) or from the sibling
-`metadata.yaml` of a SWE-bench experiments folder (`name: SWE-agent + gpt-4o-2024-05-13`), read
-with a line scan so that no YAML parser is needed; otherwise it is None.
+The model comes from the trajectory's `replay_config` (newer SWE-agent) or from the
+`metadata.yaml` of a SWE-bench experiments submission (`name: SWE-agent + gpt-4o-2024-05-13`),
+read with a line scan so that no YAML parser is needed; otherwise it is None. That file sits
+beside the trajectories, or some levels above them (multi-swe-bench keeps each trajectory in a
+folder of its own under the submission's): the nearest one in the trajectory's folder or its
+ancestors, up to `root` (the folder being ingested), counts.
 """
 
 from __future__ import annotations
@@ -35,14 +38,15 @@ def sniff(path: Path, head: bytes) -> bool:
     return bool(_TRAJECTORY.search(text)) and any(key in text for key in ('"response"', '"history"', '"environment"'))
 
 
-def read(path: Path) -> Iterator[Call | ParseError]:
-    """One Call per trajectory step of a `.traj` file."""
+def read(path: Path, root: Path | None = None) -> Iterator[Call | ParseError]:
+    """One Call per trajectory step of a `.traj` file; `root`: the highest folder to look for
+    metadata.yaml in (default: only the trajectory's own folder)."""
     data = load_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("trajectory"), list):
         raise ParseError(path, "not a SWE-agent trajectory (no trajectory list)")
     history = data.get("history") if isinstance(data.get("history"), list) else []
     history = [message for message in history if isinstance(message, dict)]
-    model = _replay_model(data.get("replay_config")) or _metadata_model(path.parent / "metadata.yaml")
+    model = _replay_model(data.get("replay_config")) or _metadata_model(_metadata_file(path, root))
     # Where each real assistant turn sits in the history: its prompt is everything before it.
     turn_starts = [
         index for index, message in enumerate(history) if message.get("role") == "assistant" and not _is_demo(message)
@@ -94,8 +98,23 @@ def _replay_model(replay_config: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _metadata_model(path: Path) -> str | None:
-    """Model from a sibling metadata.yaml: `model:`/`model_name:`, else the part after `+` in `name:`."""
+def _metadata_file(path: Path, root: Path | None) -> Path | None:
+    """The nearest metadata.yaml in the trajectory's folder or its ancestors, up to `root`."""
+    folder = path.parent
+    top = (root if root is not None else folder).resolve()
+    while True:
+        candidate = folder / "metadata.yaml"
+        if candidate.is_file():
+            return candidate
+        if folder.resolve() == top or folder == folder.parent:
+            return None
+        folder = folder.parent
+
+
+def _metadata_model(path: Path | None) -> str | None:
+    """Model from a metadata.yaml: `model:`/`model_name:`, else the part after `+` in `name:`."""
+    if path is None:
+        return None
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
