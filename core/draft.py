@@ -154,6 +154,29 @@ class Draft:
                      [self.probs[i] for i in nodes], float(sum(self.probs[i] for i in nodes)), self.match_len,
                      [sources[i] for i in nodes], [lens[i] for i in nodes])
 
+    def better_path(self, other: "Draft") -> "Draft":
+        """`self.merge(other).best_path()` for two linear drafts, without building the tree: they
+        share a prefix (where the union keeps the higher D) and then part.
+
+        >>> Draft([3, 4], [-1, 0], [0.9, 0.5], 1.4, 2).better_path(Draft([3, 5, 6], [-1, 0, 1], [0.6, 0.6, 0.3], 1.5, 1)).token_ids
+        [3, 5, 6]
+        """
+        if not other.token_ids:
+            return self
+        if not self.token_ids:
+            return other
+        shared = 0
+        for a, b in zip(self.token_ids, other.token_ids):
+            if a != b:
+                break
+            shared += 1
+        head = [max(a, b) for a, b in zip(self.probs[:shared], other.probs[:shared])]
+        mine, theirs = sum(head) + sum(self.probs[shared:]), sum(head) + sum(other.probs[shared:])
+        best, score = (other, theirs) if theirs > mine else (self, mine)  # a tie keeps self, as best_path does
+        probs = head + list(best.probs[shared:])
+        return Draft(list(best.token_ids), list(range(-1, len(best) - 1)), probs, score,
+                     max(self.match_len, other.match_len))
+
     def node_tags(self) -> tuple[list[int], list[int]]:
         """(sources, match_lens) per node, new lists; a draft without them: source 0, match_len."""
         n = len(self.token_ids)

@@ -35,9 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .draft import Draft
-from .speculate import SuffixDrafter
 from .suffix_array import SORT_DEPTH
-from .suffix_index import SuffixIndex
+from .suffix_index import SuffixIndex, check_speculate_args
 from .tokens import SuffixIndexError, check_tokens
 
 OnFinish = Callable[[Hashable, np.ndarray, np.ndarray], None]
@@ -46,9 +45,14 @@ OnFinish = Callable[[Hashable, np.ndarray, np.ndarray], None]
 @dataclass
 class _Request:
     prompt: np.ndarray
-    drafter: SuffixDrafter  # its request index (prompt + output), drafting from the shared global index
-    live_id: int  # the output's live sequence in the global index
+    index: SuffixIndex  # the request index: prompt + output so far, one live sequence
+    seq_id: int  # that sequence's id
+    live_id: int  # the output's live sequence in the global index (-1: no global index)
     stopped_at: float | None = None  # monotonic time of the last stop; None while active
+
+    @property
+    def output(self) -> np.ndarray:
+        return self.index.live_tokens(self.seq_id)[len(self.prompt) :]
 
 
 class SuffixCache:
@@ -99,19 +103,18 @@ class SuffixCache:
             return
         if old is not None:
             self._finish(req_id, old)
-        drafter = SuffixDrafter(self.global_index, max_depth=self.global_index.max_depth,
-                                use_global=self.use_global)
-        drafter.start_request(prompt)
+        index = SuffixIndex(self.global_index.max_depth, self.global_index.vocab_size)
+        seq_id = index.start(prompt)
         live_id = self.global_index.start() if self.use_global else -1
-        self._active[req_id] = _Request(prompt, drafter, live_id)
+        self._active[req_id] = _Request(prompt, index, seq_id, live_id)
 
     def add_active_response(self, req_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> None:
         """Tokens the model produced for the request (accepted + bonus): both indexes match them at once."""
         req = self._get_active(req_id)
-        tokens = check_tokens(token_ids, self.global_index.vocab_size)
-        req.drafter.extend(tokens)
+        tokens = check_tokens(token_ids, self.global_index.vocab_size)  # once, for both indexes
+        req.index.append(req.seq_id, tokens, checked=True)
         if req.live_id >= 0:
-            self.global_index.append(req.live_id, tokens)
+            self.global_index.append(req.live_id, tokens, checked=True)
 
     def stop_request(self, req_id: Hashable) -> None:
         """The request left the batch: finished, preempted or not scheduled; it lingers (see module doc)."""
@@ -138,16 +141,18 @@ class SuffixCache:
         req = self._get_active(req_id)
         limit = self.max_tree_depth if max_spec_tokens is None else int(max_spec_tokens)
         limit = min(limit, SORT_DEPTH - self.global_index.max_depth)
-        ctx = np.asarray(context, dtype=np.int32)[-self.max_tree_depth:]
+        ctx = check_tokens(np.asarray(context)[-self.max_tree_depth:], self.global_index.vocab_size, "context")
         if limit <= 0 or len(ctx) == 0:
             return Draft()
-        drafter = req.drafter
-        drafter.max_spec_tokens = limit
-        drafter.max_spec_factor = float(max_spec_factor)
-        drafter.min_token_prob = float(min_token_prob)
-        drafter.tree = bool(use_tree_spec)  # for one path, grow one from each index: +0.01 tokens/step on MMSQL
-        draft = drafter.speculate(ctx)
-        return draft if use_tree_spec else draft.best_path()
+        args = (limit, float(max_spec_factor), float(min_token_prob), bool(use_tree_spec))
+        check_speculate_args(None, *args[:3], self.global_index.max_depth)
+        mine = req.index.speculate(ctx, *args, checked=True) or Draft()
+        other = (self.global_index.speculate(ctx, *args, checked=True) or Draft()) if self.use_global else Draft()
+        if not use_tree_spec:  # one path from each index; the better of the two (their union's best path)
+            return mine.better_path(other)
+        if (other.score, other.match_len) > (mine.score, mine.match_len):
+            mine, other = other, mine
+        return mine.merge(other, limit) if len(other) else mine  # the union of the trees, as SuffixDrafter
 
     # ------------------------------------------------------------ lifetime
 
@@ -169,9 +174,8 @@ class SuffixCache:
             self._finish(req_id, self._evicted.pop(req_id))
 
     def _finish(self, req_id: Hashable, req: _Request) -> None:
-        output = req.drafter.output.copy()
-        req.drafter.finish_request(learn=False)  # the global index has the output already, live
-        if req.live_id >= 0:
+        output = req.output.copy()
+        if req.live_id >= 0:  # the global index has the output already, live: seal it
             if len(output):
                 self.global_index.finish(req.live_id)
             else:

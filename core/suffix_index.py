@@ -143,8 +143,12 @@ class SuffixIndex:
         self._kernel_args = None
         return seq_id
 
-    def append(self, seq_id: int, tokens: Sequence[int]) -> None:
-        """Append tokens to a live sequence; they match at once."""
+    def append(self, seq_id: int, tokens: Sequence[int], checked: bool = False) -> None:
+        """Append tokens to a live sequence; they match at once. `checked`: `tokens` came from
+        check_tokens and `seq_id` is live (a hot path's promise; nothing is checked then)."""
+        if checked:
+            self._append(seq_id, tokens)  # type: ignore[arg-type]
+            return
         self._get_live(seq_id)
         self._append(seq_id, check_tokens(tokens, self.vocab_size))
 
@@ -260,8 +264,11 @@ class SuffixIndex:
 
     def speculate(self, context: Sequence[int], max_spec_tokens: int = 32, max_spec_factor: float = 1.0,
                   min_token_prob: float = 0.1, tree: bool = True,
-                  floor: tuple[float, int] = (0.0, 0)) -> Draft | None:
-        """Best draft for `context` from this index alone, or None if none beats `floor` (score, match_len)."""
+                  floor: tuple[float, int] = (0.0, 0), checked: bool = False) -> Draft | None:
+        """Best draft for `context` from this index alone, or None if none beats `floor` (score, match_len).
+        `checked`: `context` came from check_tokens and the other arguments passed check_speculate_args."""
+        if checked:
+            return self._speculate(context, max_spec_tokens, max_spec_factor, min_token_prob, tree, floor)  # type: ignore[arg-type]
         ctx = check_tokens(context, self.vocab_size, "context")
         check_speculate_args(ctx, max_spec_tokens, max_spec_factor, min_token_prob, self.max_depth)
         return self._speculate(ctx, max_spec_tokens, max_spec_factor, min_token_prob, tree, floor)

@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specx import vllm as plugin
+from specx.core.draft import Draft
 from specx.core.model import tokenizer_fingerprint
 from specx.core.suffix_cache import SuffixCache
 from specx.core.suffix_index import SuffixIndex
@@ -177,6 +180,25 @@ def test_the_linear_draft_is_the_best_path_of_both_indexes():
     d = cache.speculate("a", prompt, max_spec_tokens=8)
     assert d.parents == [-1, 0, 1, 2] and d.token_ids == [8, 9, 1, 2]
     assert cache.speculate("a", prompt, max_spec_tokens=8, use_tree_spec=True).token_ids[:5] == [8, 9, 1, 2, 7]
+
+
+def test_best_path_by_hand():
+    # Two branches: [3, 4] scores 0.6 + 0.1, [5, 6] scores 0.4 + 0.4: the second.
+    d = Draft([3, 4, 5, 6], [-1, 0, -1, 2], [0.6, 0.1, 0.4, 0.4], 1.5, 2).best_path()
+    assert (d.token_ids, d.parents, d.score) == ([5, 6], [-1, 0], 0.8)
+    assert Draft().best_path().token_ids == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.floats(0.01, 1.0)), max_size=6),
+       st.lists(st.tuples(st.integers(1, 3), st.floats(0.01, 1.0)), max_size=6))
+def test_better_path_is_the_best_path_of_the_union(a, b):
+    def path(items):
+        return Draft([t for t, _ in items], list(range(-1, len(items) - 1)), [p for _, p in items],
+                     sum(p for _, p in items), len(items))
+    fast, slow = path(a).better_path(path(b)), path(a).merge(path(b), 64).best_path()
+    assert fast.token_ids == slow.token_ids
+    assert fast.probs == pytest.approx(slow.probs) and fast.score == pytest.approx(slow.score)
 
 
 def test_no_global_index_when_the_engine_caches_no_requests():
@@ -365,3 +387,32 @@ def test_the_byte_budget_bounds_the_warm_index(store_env, monkeypatch):
     small = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     assert small.global_index.nbytes <= 4096 and 0 < small.global_index.num_sequences < 20
     small.close()
+
+
+# --------------------------------------------------------------------------- specx serve --engine vllm
+
+def test_serve_engine_vllm_hands_over_to_vllm_serve_with_the_store(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    seen = tmp_path / "seen.json"
+    fake = tmp_path / "vllm"  # stands in for the vllm executable of another venv: records how it was run
+    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\njson.dump({{'argv': sys.argv[1:], "
+                    f"'db': os.environ.get('SPECX_DB'), 'key': os.environ.get('VLLM_API_KEY')}}, open({str(seen)!r}, 'w'))\n")
+    fake.chmod(0o755)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    specx = os.path.join(os.path.dirname(sys.executable), "specx")
+    proc = subprocess.run([specx, "serve", "--engine", "vllm", "--vllm", str(fake), "--model", str(folder),
+                           "--db", str(tmp_path / "a.db"), "--port", "8123", "--api-key", "k"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(seen.read_text())
+    assert run["db"] == str(tmp_path / "a.db") and run["key"] == "k" and "k" not in run["argv"]
+    assert run["argv"][:2] == ["serve", str(folder)]
+    spec = json.loads(run["argv"][run["argv"].index("--speculative-config") + 1])
+    assert spec["method"] == "suffix" and spec["num_speculative_tokens"] == 32
+    proc = subprocess.run([specx, "serve", "--engine", "vllm", "--vllm", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no vllm executable" in proc.stderr

@@ -29,7 +29,9 @@ Settings (environment, read in each vLLM process):
 from __future__ import annotations
 
 import collections
+import importlib.abc
 import importlib.machinery
+import json
 import logging
 import multiprocessing.util
 import os
@@ -39,11 +41,6 @@ import types
 import uuid
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-
-from specx.core.suffix_cache import SuffixCache
-from specx.core.suffix_index import SuffixIndex
 
 log = logging.getLogger("specx.vllm")
 
@@ -57,11 +54,73 @@ class SpecxVllmError(RuntimeError):
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: inert unless SPECX_DB is set."""
+    """The `vllm.general_plugins` entry point: inert unless SPECX_DB (or SPECX_PROPOSER_STATS) is set."""
+    if os.environ.get("SPECX_PROPOSER_STATS"):
+        time_proposers(Path(os.environ["SPECX_PROPOSER_STATS"]))
     if not os.environ.get("SPECX_DB"):
         return
     check_vllm_version()
     install()
+
+
+def time_proposers(path: Path) -> None:
+    """Measure vLLM's n-gram and suffix proposers (specx's included): for each `propose` call, its
+    wall-clock start, seconds, and the request-steps it saw (rows with sampled tokens), written as
+    JSON to `path` at exit of the process that drafted (examples/vllm_bench.py reads it). The
+    proposers are wrapped when vLLM imports them: importing them here, at plugin load, would come
+    before vLLM's CPU kernel set-up and break it."""
+    calls: list[tuple[float, float, int]] = []
+
+    def timed(orig: Any, sampled_at: int) -> Any:
+        def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start, t0 = time.time(), time.perf_counter()
+            out = orig(self, *args, **kwargs)
+            sampled = kwargs.get("sampled_token_ids", args[sampled_at] if len(args) > sampled_at else [])
+            calls.append((start, time.perf_counter() - t0, sum(1 for s in sampled if len(s))))
+            return out
+        return propose
+
+    def write() -> None:
+        if calls:
+            path.write_text(json.dumps(calls))
+
+    def wrap(cls_name: str, sampled_at: int) -> Any:
+        def hook(module: Any) -> None:
+            cls = getattr(module, cls_name)
+            cls.propose = timed(cls.propose, sampled_at)
+        return hook
+
+    after_import({"vllm.v1.spec_decode.suffix_decoding": wrap("SuffixDecodingProposer", 2),
+                  "vllm.v1.spec_decode.ngram_proposer": wrap("NgramProposer", 1)})
+    multiprocessing.util.Finalize(None, write, exitpriority=50)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs hook(module) right after the named modules are first imported."""
+
+    def __init__(self, hooks: dict[str, Any]) -> None:
+        self.hooks = hooks
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        hook = self.hooks.pop(name, None)
+        if hook is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def run(module: Any) -> None:
+                exec_module(module)
+                hook(module)
+            spec.loader.exec_module = run  # type: ignore[method-assign]
+        return spec
+
+
+def after_import(hooks: dict[str, Any]) -> None:
+    for name in [n for n in hooks if n in sys.modules]:
+        hooks.pop(name)(sys.modules[name])
+    if hooks:
+        sys.meta_path.insert(0, _AfterImport(hooks))
 
 
 def check_vllm_version(version: str | None = None) -> None:
@@ -116,17 +175,24 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
-class EngineDrafter(SuffixCache):
-    """vLLM's `SuffixDecodingCache`, drafting from a specx store (see the module docstring).
+class EngineDrafter:
+    """vLLM's `SuffixDecodingCache`, drafting from a specx store (see the module docstring): a
+    core.suffix_cache.SuffixCache over the store's global index, plus the store's writer.
 
     vLLM constructs it in each worker with the suffix settings of `--speculative-config`; the
     rest comes from the environment and from vLLM's current config (model, tokenizer, rank).
-    `tokenizer` and `rank` are for running it outside vLLM (tests).
+    `tokenizer` and `rank` are for running it outside vLLM (tests). vLLM loads this module in
+    every process, before its CPU kernel set-up, whose scan of loaded modules trips over numba's:
+    so specx's core is imported only here, when the engine builds its drafter.
     """
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, *, tokenizer: Any = None,
                  model: str | None = None, rank: int | None = None) -> None:
+        import collections
+
         from specx.core.model import load_tokenizer, tokenizer_fingerprint
+        from specx.core.suffix_cache import SuffixCache
+        from specx.core.suffix_index import SuffixIndex
         from specx.store.db import Store
         from specx.store.ingest import MAX_DEPTH, index_for
         from specx.store.served import ServedWriter
@@ -164,7 +230,7 @@ class EngineDrafter(SuffixCache):
             after_rowid = state.last_token_rowid if state is not None else 0
         index.budget_bytes = budget
         index.evict(budget)
-        self._incoming: collections.deque[np.ndarray] = collections.deque()  # other writers' outputs
+        self._incoming: collections.deque = collections.deque()  # other writers' outputs (numpy arrays)
         self.writer = None
         if record and rank == 0 and use_global:
             vocab_size = len(tokenizer)
@@ -173,8 +239,9 @@ class EngineDrafter(SuffixCache):
                 lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=False),
                 session_prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}/", after_rowid=after_rowid,
                 on_rows=self._incoming.extend, sync_s=sync_s, max_depth=MAX_DEPTH)
-        super().__init__(index, max_tree_depth, max_cached_requests,
-                         on_finish=self._on_finish if self.writer is not None else None, linger_s=linger_s)
+        self.cache = SuffixCache(index, max_tree_depth, max_cached_requests,
+                                 on_finish=self._on_finish if self.writer is not None else None, linger_s=linger_s)
+        warm_up(SuffixCache)  # compile (or load) the drafting kernels now, not in the first requests
         self.path = path
         self.num_imported = 0
         self._closed = False
@@ -185,11 +252,42 @@ class EngineDrafter(SuffixCache):
                  index.num_sequences, index.num_tokens, index.nbytes / 1e6, time.perf_counter() - t0, rank,
                  "recording" if self.writer is not None else "not recording")
 
+    # ------------------------------------------------------------ SuffixDecodingCache's interface
+
+    @property
+    def active_requests(self) -> Any:
+        return self.cache.active_requests
+
+    @property
+    def cached_requests(self) -> Any:
+        return self.cache.cached_requests
+
+    @property
+    def global_index(self) -> Any:
+        return self.cache.global_index
+
     def start_request(self, req_id: Any, prompt_token_ids: Any) -> None:
         while self._incoming:  # added here, on the engine's thread: the index is not thread-safe
-            self.global_index.add(self._incoming.popleft())
+            self.cache.global_index.add(self._incoming.popleft())
             self.num_imported += 1
-        super().start_request(req_id, prompt_token_ids)
+        self.cache.start_request(req_id, prompt_token_ids)
+
+    def add_active_response(self, req_id: Any, token_ids: Any) -> None:
+        self.cache.add_active_response(req_id, token_ids)
+
+    def stop_request(self, req_id: Any) -> None:
+        self.cache.stop_request(req_id)
+
+    def evict_cached_response(self, req_id: Any) -> None:
+        self.cache.evict_cached_response(req_id)
+
+    def speculate(self, req_id: Any, context: Any, max_spec_tokens: int | None = None, max_spec_factor: float = 1.0,
+                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, use_tree_spec: bool = False) -> Any:
+        return self.cache.speculate(req_id, context, max_spec_tokens, max_spec_factor, max_spec_offset,
+                                    min_token_prob, use_tree_spec)
+
+    def flush(self) -> int:
+        return self.cache.flush()
 
     def close(self) -> None:
         """Finish every request, store what is left and persist the index (idempotent)."""
@@ -202,10 +300,21 @@ class EngineDrafter(SuffixCache):
             log.info("specx: stored %d requests in %s (%d at exit), %d failed", self.writer.num_stored, self.path,
                      num, self.writer.num_failed)
 
-    def _on_finish(self, req_id: Any, prompt: np.ndarray, output: np.ndarray) -> None:
+    def _on_finish(self, req_id: Any, prompt: Any, output: Any) -> None:
         from specx.store.served import ServedRequest
 
         self.writer.put(ServedRequest(str(req_id), prompt, output))  # type: ignore[union-attr]
+
+
+def warm_up(cache_class: Any) -> None:
+    """Run each drafting kernel once on a scratch cache (numba loads compiled code on first use)."""
+    scratch = cache_class()
+    for req_id in ("a", "b"):
+        scratch.start_request(req_id, [1, 2, 3, 1, 2])
+        scratch.add_active_response(req_id, [3])
+        scratch.speculate(req_id, [1, 2, 3, 1, 2, 3], max_spec_tokens=4)
+        scratch.stop_request(req_id)
+    scratch.flush()
 
 
 def _installed(dist: str) -> bool:
