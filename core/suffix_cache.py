@@ -12,8 +12,9 @@ scheduled in that step, and then it comes back with the same id (evict_cached_re
 start_request). So a stopped request stays *pending* for `linger_s`: its output remains a live
 sequence of the global index, and a start with the same id and prompt resumes it, output and all.
 After that it is *finished*: sealed into the global index and handed to `on_finish(request_id,
-prompt, output)` exactly once (specx's vLLM plugin stores it). `flush()` finishes everything,
-active requests included (call it at shutdown: an engine never stops its last requests).
+prompt, output)` exactly once (specx's vLLM plugin stores it). An idle engine makes no calls, so
+its last requests are never stopped: `finish_idle` (called from a timer) finishes them, and
+`flush()` finishes everything, active requests included (at shutdown).
 
 Engines verify linear drafts only (vLLM v1): `speculate` grows a path from each index, merges
 them as SuffixDrafter does, and returns the one with the highest expected accepted length
@@ -49,6 +50,7 @@ class _Request:
     seq_id: int  # that sequence's id
     live_id: int  # the output's live sequence in the global index (-1: no global index)
     stopped_at: float | None = None  # monotonic time of the last stop; None while active
+    seen_at: float = 0.0  # monotonic time of the last call about it
 
     @property
     def output(self) -> np.ndarray:
@@ -99,6 +101,7 @@ class SuffixCache:
         self._finish_lingering()
         if old is not None and np.array_equal(old.prompt, prompt):
             old.stopped_at = None  # the same request back in the batch: its output so far goes on
+            old.seen_at = self.clock()
             self._active[req_id] = old
             return
         if old is not None:
@@ -106,11 +109,12 @@ class SuffixCache:
         index = SuffixIndex(self.global_index.max_depth, self.global_index.vocab_size)
         seq_id = index.start(prompt)
         live_id = self.global_index.start() if self.use_global else -1
-        self._active[req_id] = _Request(prompt, index, seq_id, live_id)
+        self._active[req_id] = _Request(prompt, index, seq_id, live_id, seen_at=self.clock())
 
     def add_active_response(self, req_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> None:
         """Tokens the model produced for the request (accepted + bonus): both indexes match them at once."""
         req = self._get_active(req_id)
+        req.seen_at = self.clock()
         tokens = check_tokens(token_ids, self.global_index.vocab_size)  # once, for both indexes
         req.index.append(req.seq_id, tokens, checked=True)
         if req.live_id >= 0:
@@ -166,12 +170,25 @@ class SuffixCache:
             self._finish(req_id, req)
         return len(todo)
 
-    def _finish_lingering(self) -> None:
+    def finish_idle(self, idle_s: float) -> int:
+        """Finish lingering requests, and active ones without a new token for `idle_s` (an engine stops
+        a request only at its next step, and an idle engine takes none; a request that comes back
+        after this starts again). Returns how many were finished."""
         now = self.clock()
-        for req_id in [r for r, req in self._pending.items() if now - req.stopped_at >= self.linger_s]:
+        idle = [r for r, req in self._active.items() if now - req.seen_at >= idle_s]
+        for req_id in idle:
+            self._finish(req_id, self._active.pop(req_id))
+        return len(idle) + self._finish_lingering()
+
+    def _finish_lingering(self) -> int:
+        now = self.clock()
+        done = [r for r, req in self._pending.items() if now - req.stopped_at >= self.linger_s]
+        for req_id in done:
             self._finish(req_id, self._pending.pop(req_id))
-        for req_id in list(self._evicted):  # evicted and not restarted by the engine: gone
+        gone = list(self._evicted)  # evicted and not restarted by the engine
+        for req_id in gone:
             self._finish(req_id, self._evicted.pop(req_id))
+        return len(done) + len(gone)
 
     def _finish(self, req_id: Hashable, req: _Request) -> None:
         output = req.output.copy()

@@ -89,7 +89,8 @@ class ServedWriter:
     hands them over with `put`, which never blocks). Each request is one served session, stored in
     one transaction by `record_served`. Every `sync_s` seconds it also reads the token rows other
     writers added (another replica on the same store, an ingest) and passes them to `on_rows`;
-    `close` stores what is queued and persists the global index, so the next start loads it.
+    `close` stores what is queued and persists the global index, so the next start loads it; so
+    does a quiet spell of `persist_idle_s` after new requests (engines may be killed at shutdown).
 
     `session_prefix` starts every session key this writer stores (one per process and start), which
     keeps request ids that engines reuse across restarts apart and tells its own rows from others'.
@@ -98,7 +99,7 @@ class ServedWriter:
     def __init__(self, path: Path, model: str, tokenizer_fingerprint: str, tokenizer_name: str, vocab_size: int,
                  decode: Callable[[np.ndarray], str], session_prefix: str, after_rowid: int = 0,
                  on_rows: Callable[[list[np.ndarray]], None] | None = None, sync_s: float = 10.0,
-                 max_depth: int = 64) -> None:
+                 max_depth: int = 64, persist_idle_s: float = 10.0) -> None:
         self.path = Path(path)
         self.model = model
         self.fingerprint = tokenizer_fingerprint
@@ -110,7 +111,9 @@ class ServedWriter:
         self.on_rows = on_rows
         self.sync_s = sync_s
         self.max_depth = max_depth
+        self.persist_idle_s = persist_idle_s
         self.num_stored = 0
+        self._unsaved = 0  # requests stored since the index was last persisted
         self.num_failed = 0
         self._queue: queue.Queue[ServedRequest | None] = queue.Queue()
         self._closed = False
@@ -131,17 +134,19 @@ class ServedWriter:
 
     def _run(self) -> None:
         store = Store(self.path)  # sqlite connections belong to the thread that opens them
-        synced_at = time.monotonic()
+        synced_at = stored_at = time.monotonic()
         try:
             while True:
                 try:
                     item = self._queue.get(timeout=1.0)
                 except queue.Empty:
-                    pass
+                    if self._unsaved and time.monotonic() - stored_at >= self.persist_idle_s:
+                        self._persist(store)
                 else:
                     if item is None:
                         break
                     self._store(store, item)
+                    stored_at = time.monotonic()
                 if self.sync_s and time.monotonic() - synced_at >= self.sync_s:
                     synced_at = time.monotonic()
                     self._sync(store)
@@ -159,6 +164,7 @@ class ServedWriter:
             record_served(store, self.model, [call], [req.output.tolist()], self.fingerprint, self.tokenizer_name,
                           self.vocab_size)
             self.num_stored += 1
+            self._unsaved += 1
         except (sqlite3.Error, StoreError, OSError, UnicodeError) as exc:
             self.num_failed += 1
             log.error("specx: could not store request %s: %s", req.request_id, exc)
@@ -179,8 +185,9 @@ class ServedWriter:
     def _persist(self, store: Store) -> None:
         try:
             tokenizer_id = store.tokenizer_id(self.fingerprint)
-            if tokenizer_id is not None and self.num_stored:
+            if tokenizer_id is not None and self._unsaved:
                 result = update_index(store, tokenizer_id, self.max_depth)
+                self._unsaved = 0
                 log.info("specx: index persisted (%s, %d outputs, %d tokens, %.2f s)", result["action"],
                          result["calls"], result["tokens"], result["seconds"])
         except (sqlite3.Error, StoreError, OSError) as exc:

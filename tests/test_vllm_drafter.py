@@ -144,6 +144,25 @@ def test_a_preempted_request_resumes_with_its_output_and_is_stored_once():
     assert sorted(seen) == [("a", [1, 2], [4, 5, 9]), ("b", [3], [6, 7, 8])]
 
 
+def test_quiet_requests_finish_without_another_engine_step():
+    clock = Clock()
+    seen, on_finish = finished_log()
+    cache = SuffixCache(SuffixIndex(64), on_finish=on_finish, linger_s=2.0, clock=clock)
+    batch = Batch({"a": [1], "b": [2]}, order=["a", "b"])
+    step(cache, batch, {"a": [3], "b": [4]})
+    batch.order = ["b"]
+    step(cache, batch, {"b": [5]})  # a stopped; b is the engine's last request: never stopped
+    clock.now = 1.0
+    assert cache.finish_idle(10.0) == 0
+    clock.now = 3.0
+    assert cache.finish_idle(10.0) == 1 and seen == [("a", [1], [3])]  # lingered long enough
+    clock.now = 10.0
+    assert cache.finish_idle(10.0) == 1 and seen[1] == ("b", [2], [4, 5])
+    assert not cache.active_requests
+    step(cache, batch, {"b": [6]})  # b was only waiting: it starts again, from its prompt
+    assert "b" in cache.active_requests
+
+
 def test_a_new_request_reusing_an_id_with_another_prompt_finishes_the_old_one():
     seen, on_finish = finished_log()
     cache = SuffixCache(SuffixIndex(64), on_finish=on_finish, linger_s=100.0)
@@ -283,6 +302,26 @@ def test_warm_start_and_persistence_round_trip(store_env):
         assert store.db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 2  # one per engine start
 
 
+def test_an_idle_engine_stores_its_last_request_and_persists_the_index(store_env, monkeypatch):
+    import time
+
+    monkeypatch.setenv("SPECX_IDLE_S", "0.2")
+    tok = CharTokenizer()
+    drafter = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    drafter.writer.persist_idle_s = 0.2
+    batch = Batch({"a": [1, 2]}, order=["a"])
+    step(drafter, batch, {"a": [7, 8, 9]})  # the last request: vLLM never stops it
+    deadline = time.monotonic() + 20
+    state = None
+    while time.monotonic() < deadline and state is None:  # no close(): as when vLLM kills its workers
+        time.sleep(0.2)
+        with Store(store_env) as store:
+            tid = store.tokenizer_id(tokenizer_fingerprint(tok))
+            state = store.index_state(tid) if tid is not None else None
+    assert state is not None and state.num_calls == 1 and state.num_tokens == 3
+    drafter.close()
+
+
 def test_only_rank_zero_records_and_record_can_be_off(store_env, monkeypatch):
     tok = CharTokenizer()
     other = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=1)
@@ -405,14 +444,21 @@ def test_serve_engine_vllm_hands_over_to_vllm_serve_with_the_store(tmp_path):
     folder.mkdir()
     specx = os.path.join(os.path.dirname(sys.executable), "specx")
     proc = subprocess.run([specx, "serve", "--engine", "vllm", "--vllm", str(fake), "--model", str(folder),
-                           "--db", str(tmp_path / "a.db"), "--port", "8123", "--api-key", "k"],
+                           "--db", str(tmp_path / "a.db"), "--port", "8123", "--api-key", "k",
+                           "--vllm-arg=--gpu-memory-utilization=0.3"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     run = json.loads(seen.read_text())
     assert run["db"] == str(tmp_path / "a.db") and run["key"] == "k" and "k" not in run["argv"]
-    assert run["argv"][:2] == ["serve", str(folder)]
+    assert run["argv"][:2] == ["serve", str(folder)] and run["argv"][-1] == "--gpu-memory-utilization=0.3"
     spec = json.loads(run["argv"][run["argv"].index("--speculative-config") + 1])
     assert spec["method"] == "suffix" and spec["num_speculative_tokens"] == 32
+    python = tmp_path / "python3"  # the Python of vLLM's venv: its OpenAI server module
+    python.symlink_to(fake)
+    subprocess.run([specx, "serve", "--engine", "vllm", "--vllm", str(python), "--model", str(folder)], check=True,
+                   capture_output=True, timeout=120)
+    run = json.loads(seen.read_text())
+    assert run["argv"][:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
     proc = subprocess.run([specx, "serve", "--engine", "vllm", "--vllm", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no vllm executable" in proc.stderr

@@ -24,6 +24,7 @@ Settings (environment, read in each vLLM process):
     SPECX_RECORD       0: draft from the store but write nothing to it (default 1)
     SPECX_SYNC_S       seconds between reads of other writers' rows (default 10; 0: never)
     SPECX_LINGER_S     seconds a stopped request may come back before it counts as finished (default 2)
+    SPECX_IDLE_S       seconds without a new token after which a request counts as finished (default 10)
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import logging
 import multiprocessing.util
 import os
 import sys
+import threading
 import time
 import types
 import uuid
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("specx.vllm")
+log = logging.getLogger("vllm.specx")  # under vLLM's logger: its handlers print it in the engine's log
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [from, to): the versions whose suffix proposer this was tested with
 SHIM = "arctic_inference.suffix_decoding"  # the module vLLM's suffix proposer imports
@@ -204,6 +206,7 @@ class EngineDrafter:
         record = os.environ.get("SPECX_RECORD", "1") not in ("0", "false", "no", "")
         sync_s = _env_float("SPECX_SYNC_S", 10.0)
         linger_s = _env_float("SPECX_LINGER_S", 2.0)
+        idle_s = _env_float("SPECX_IDLE_S", 10.0)
         config = _current_vllm_config()
         if tokenizer is None:
             if config is None:
@@ -245,6 +248,12 @@ class EngineDrafter:
         self.path = path
         self.num_imported = 0
         self._closed = False
+        # vLLM stops a request only at its next step and may kill its workers at shutdown without
+        # a chance to clean up: a timer finishes (and so stores) requests once the engine goes quiet.
+        self._lock = threading.Lock()  # the engine's thread and the timer share the cache
+        self._idle_s = idle_s
+        if self.writer is not None:
+            threading.Thread(target=self._finish_quiet_requests, name="specx-idle", daemon=True).start()
         # Engines never stop their last requests, and vLLM's workers end by SystemExit: store what is
         # left at exit (multiprocessing's finalizers run in spawned and forked children alike).
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)
@@ -267,34 +276,48 @@ class EngineDrafter:
         return self.cache.global_index
 
     def start_request(self, req_id: Any, prompt_token_ids: Any) -> None:
-        while self._incoming:  # added here, on the engine's thread: the index is not thread-safe
-            self.cache.global_index.add(self._incoming.popleft())
-            self.num_imported += 1
-        self.cache.start_request(req_id, prompt_token_ids)
+        with self._lock:
+            while self._incoming:  # added here, under the lock: the index is not thread-safe
+                self.cache.global_index.add(self._incoming.popleft())
+                self.num_imported += 1
+            self.cache.start_request(req_id, prompt_token_ids)
 
     def add_active_response(self, req_id: Any, token_ids: Any) -> None:
-        self.cache.add_active_response(req_id, token_ids)
+        with self._lock:
+            self.cache.add_active_response(req_id, token_ids)
 
     def stop_request(self, req_id: Any) -> None:
-        self.cache.stop_request(req_id)
+        with self._lock:
+            self.cache.stop_request(req_id)
 
     def evict_cached_response(self, req_id: Any) -> None:
-        self.cache.evict_cached_response(req_id)
+        with self._lock:
+            self.cache.evict_cached_response(req_id)
 
     def speculate(self, req_id: Any, context: Any, max_spec_tokens: int | None = None, max_spec_factor: float = 1.0,
                   max_spec_offset: float = 0.0, min_token_prob: float = 0.1, use_tree_spec: bool = False) -> Any:
-        return self.cache.speculate(req_id, context, max_spec_tokens, max_spec_factor, max_spec_offset,
-                                    min_token_prob, use_tree_spec)
+        with self._lock:
+            return self.cache.speculate(req_id, context, max_spec_tokens, max_spec_factor, max_spec_offset,
+                                        min_token_prob, use_tree_spec)
 
     def flush(self) -> int:
-        return self.cache.flush()
+        with self._lock:
+            return self.cache.flush()
+
+    def _finish_quiet_requests(self) -> None:
+        while not self._closed:
+            time.sleep(min(1.0, max(self._idle_s / 4, 0.05)))
+            with self._lock:
+                if not self._closed:
+                    self.cache.finish_idle(self._idle_s)
 
     def close(self) -> None:
         """Finish every request, store what is left and persist the index (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        num = self.flush()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            num = self.cache.flush()
         if self.writer is not None:
             self.writer.close()
             log.info("specx: stored %d requests in %s (%d at exit), %d failed", self.writer.num_stored, self.path,
