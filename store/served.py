@@ -133,7 +133,11 @@ class ServedWriter:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        store = Store(self.path)  # sqlite connections belong to the thread that opens them
+        store = self._open()  # sqlite connections belong to the thread that opens them
+        if store is None:
+            while self._queue.get() is not None:  # nothing can be stored: count what is dropped
+                self.num_failed += 1
+            return
         synced_at = stored_at = time.monotonic()
         try:
             while True:
@@ -153,6 +157,19 @@ class ServedWriter:
             self._persist(store)
         finally:
             store.close()
+
+    def _open(self, tries: int = 5) -> Store | None:
+        # Another process opening a new store at the same moment can make SQLite answer "database
+        # is locked" at once (two upgrading transactions): wait and try again.
+        for attempt in range(tries):
+            try:
+                return Store(self.path)
+            except StoreError as exc:
+                if attempt == tries - 1:
+                    log.error("specx: cannot store served requests: %s", exc)
+                    return None
+                time.sleep(0.5 * (attempt + 1))
+        return None
 
     def _store(self, store: Store, req: ServedRequest) -> None:
         session = f"{self.session_prefix}{req.request_id}"
