@@ -131,32 +131,21 @@ class Draft:
             mapped[i] = j
         return Draft(tokens, parents, probs, float(sum(probs)), max(self.match_len, other.match_len), sources, lens)
 
-    def best_path(self) -> "Draft":
-        """The root-to-node path with the highest expected accepted length (the sum of D along it),
-        as a linear draft: what an engine that verifies one path per step should get from a tree.
+    def union(self, other: "Draft", limit: int) -> "Draft":
+        """The two drafts verified together: the better one first (higher score, then longer match;
+        a tie keeps self), then the other's nodes while `limit` allows (see merge).
 
-        >>> Draft([3, 4, 5, 6], [-1, 0, -1, 2], [0.6, 0.1, 0.4, 0.4], 1.5, 2).best_path().token_ids
-        [5, 6]
+        >>> Draft([3], [-1], [0.5], 0.5, 1).union(Draft([4], [-1], [0.9], 0.9, 1), 8).token_ids
+        [4, 3]
         """
-        if not self.token_ids:
-            return Draft(match_len=self.match_len)
-        total: list[float] = []
-        for p, prob in zip(self.parents, self.probs):
-            total.append(prob + (total[p] if p >= 0 else 0.0))
-        best = max(range(len(total)), key=lambda i: (total[i], -i))
-        nodes = []
-        while best >= 0:
-            nodes.append(best)
-            best = self.parents[best]
-        nodes.reverse()
-        sources, lens = self.node_tags()
-        return Draft([self.token_ids[i] for i in nodes], list(range(-1, len(nodes) - 1)),
-                     [self.probs[i] for i in nodes], float(sum(self.probs[i] for i in nodes)), self.match_len,
-                     [sources[i] for i in nodes], [lens[i] for i in nodes])
+        first, second = (other, self) if (other.score, other.match_len) > (self.score, self.match_len) else (self, other)
+        return first.merge(second, limit) if len(second) else first
 
     def better_path(self, other: "Draft") -> "Draft":
-        """`self.merge(other).best_path()` for two linear drafts, without building the tree: they
-        share a prefix (where the union keeps the higher D) and then part.
+        """For two linear drafts, the path of their merged tree (`self.merge(other)`) with the highest
+        expected accepted length (the sum of D along it), without building the tree: they share a
+        prefix (where the merge keeps the higher D) and then part. An engine that verifies one path
+        per step gets this. (tests/brute.py's best_path is the reference for any tree.)
 
         >>> Draft([3, 4], [-1, 0], [0.9, 0.5], 1.4, 2).better_path(Draft([3, 5, 6], [-1, 0, 1], [0.6, 0.6, 0.3], 1.5, 1)).token_ids
         [3, 5, 6]
@@ -172,7 +161,7 @@ class Draft:
             shared += 1
         head = [max(a, b) for a, b in zip(self.probs[:shared], other.probs[:shared])]
         mine, theirs = sum(head) + sum(self.probs[shared:]), sum(head) + sum(other.probs[shared:])
-        best, score = (other, theirs) if theirs > mine else (self, mine)  # a tie keeps self, as best_path does
+        best, score = (other, theirs) if theirs > mine else (self, mine)  # a tie keeps self (its nodes come first)
         probs = head + list(best.probs[shared:])
         return Draft(list(best.token_ids), list(range(-1, len(best) - 1)), probs, score,
                      max(self.match_len, other.match_len))

@@ -65,7 +65,7 @@ class SuffixDrafter:
         """Tokens the model produced (accepted + bonus); they join the request index at once."""
         if self.request_index is None:
             raise SuffixIndexError("no request started: call start_request(prompt) first")
-        self.request_index._append(self._request_id, check_tokens(tokens, self.global_index.vocab_size))
+        self.request_index.append(self._request_id, check_tokens(tokens, self.global_index.vocab_size), checked=True)
 
     @property
     def context(self) -> np.ndarray:
@@ -99,16 +99,14 @@ class SuffixDrafter:
         args = (self.max_spec_tokens, self.max_spec_factor, self.min_token_prob, self.tree)
         best = Draft()
         if self.use_request and self.request_index is not None:
-            best = (self.request_index._speculate(ctx, *args, (0.0, 0)) or best).tagged(REQUEST)
+            best = (self.request_index.speculate(ctx, *args, checked=True) or best).tagged(REQUEST)
         if not self.use_global:
             return best
         if not self.merge_indexes:
-            better = self.global_index._speculate(ctx, *args, (best.score, best.match_len))
+            better = self.global_index.speculate(ctx, *args, (best.score, best.match_len), checked=True)
             return better.tagged(GLOBAL) if better is not None else best
-        other = (self.global_index._speculate(ctx, *args, (0.0, 0)) or Draft()).tagged(GLOBAL)
-        if (other.score, other.match_len) > (best.score, best.match_len):
-            best, other = other, best
-        return best.merge(other, self.max_spec_tokens) if len(other) else best
+        other = (self.global_index.speculate(ctx, *args, checked=True) or Draft()).tagged(GLOBAL)
+        return best.union(other, self.max_spec_tokens)
 
 
 @njit(cache=True, nogil=True)

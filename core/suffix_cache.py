@@ -154,9 +154,7 @@ class SuffixCache:
         other = (self.global_index.speculate(ctx, *args, checked=True) or Draft()) if self.use_global else Draft()
         if not use_tree_spec:  # one path from each index; the better of the two (their union's best path)
             return mine.better_path(other)
-        if (other.score, other.match_len) > (mine.score, mine.match_len):
-            mine, other = other, mine
-        return mine.merge(other, limit) if len(other) else mine  # the union of the trees, as SuffixDrafter
+        return mine.union(other, limit)  # the union of the trees, as SuffixDrafter
 
     # ------------------------------------------------------------ lifetime
 

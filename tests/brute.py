@@ -69,3 +69,12 @@ def speculate(docs, context, max_depth=64, max_spec_tokens=32, alpha=1.0, min_pr
             best = (tokens, parents, probs, score, p)
             best_score, best_len = score, p
     return best
+
+
+def best_path(parents: list[int], probs: list[float]) -> list[int]:
+    """Nodes of the root-to-node path of a draft tree with the highest sum of D (ties: the earlier
+    end node), by summing every node's path."""
+    def path(i: int) -> list[int]:
+        return path(parents[i]) + [i] if i >= 0 else []
+    paths = [path(i) for i in range(len(parents))]
+    return max(paths, key=lambda nodes: (sum(probs[j] for j in nodes), -nodes[-1]), default=[])

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import brute
 from specx import vllm as plugin
 from specx.core.draft import Draft
 from specx.core.model import tokenizer_fingerprint
@@ -203,9 +204,8 @@ def test_the_linear_draft_is_the_best_path_of_both_indexes():
 
 def test_best_path_by_hand():
     # Two branches: [3, 4] scores 0.6 + 0.1, [5, 6] scores 0.4 + 0.4: the second.
-    d = Draft([3, 4, 5, 6], [-1, 0, -1, 2], [0.6, 0.1, 0.4, 0.4], 1.5, 2).best_path()
-    assert (d.token_ids, d.parents, d.score) == ([5, 6], [-1, 0], 0.8)
-    assert Draft().best_path().token_ids == []
+    assert brute.best_path([-1, 0, -1, 2], [0.6, 0.1, 0.4, 0.4]) == [2, 3]
+    assert brute.best_path([], []) == []
 
 
 @settings(max_examples=300, deadline=None)
@@ -215,9 +215,12 @@ def test_better_path_is_the_best_path_of_the_union(a, b):
     def path(items):
         return Draft([t for t, _ in items], list(range(-1, len(items) - 1)), [p for _, p in items],
                      sum(p for _, p in items), len(items))
-    fast, slow = path(a).better_path(path(b)), path(a).merge(path(b), 64).best_path()
-    assert fast.token_ids == slow.token_ids
-    assert fast.probs == pytest.approx(slow.probs) and fast.score == pytest.approx(slow.score)
+    fast, union = path(a).better_path(path(b)), path(a).merge(path(b), 64)
+    nodes = brute.best_path(union.parents, union.probs)
+    assert fast.token_ids == [union.token_ids[i] for i in nodes]
+    assert fast.parents == list(range(-1, len(nodes) - 1))
+    assert fast.probs == pytest.approx([union.probs[i] for i in nodes])
+    assert fast.score == pytest.approx(sum(union.probs[i] for i in nodes))
 
 
 def test_no_global_index_when_the_engine_caches_no_requests():
