@@ -16,7 +16,7 @@ from .suffix_array import SEP, narrow
 _EPS = 1e-9
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def children_bound(flo, fhi, num_occ, frac):
     """How many candidates `_children` can see: the workspace size it needs."""
     bound = num_occ
@@ -30,7 +30,17 @@ def children_bound(flo, fhi, num_occ, frac):
 
 @njit(cache=True, nogil=True)
 def _sort_pairs(keys, vals, n):
-    """Insertion sort of keys[:n] (ascending, stable), carrying vals: n is small here."""
+    """Sort keys[:n] ascending carrying vals; keys and vals are non-negative int32 values and vals
+    come ascending, so sorting by (key, val) is the stable sort."""
+    if n > 16:  # one sort of packed (key, val) pairs: vals are ascending here, so the order is stable
+        packed = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            packed[i] = (keys[i] << 32) | vals[i]
+        packed.sort()
+        for i in range(n):
+            keys[i] = packed[i] >> 32
+            vals[i] = packed[i] & 0xFFFFFFFF
+        return
     for i in range(1, n):
         k = keys[i]
         v = vals[i]
@@ -43,7 +53,7 @@ def _sort_pairs(keys, vals, n):
         vals[j + 1] = v
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def node_children_into(text, sa, flo, fhi, live_tok, live_base, live_len, occ_doc, occ_start, olo, ohi, depth, count,
               need, ws_cand, ws_next, ws_idx, ch_tok, ch_cnt, ch_flo, ch_fhi, ch_lbeg, ch_lend):
     """Children of a node (total `count`) with count >= `need`, written into the ch_* arrays.

@@ -21,7 +21,7 @@ from numba import njit
 from .children import children_bound, node_children_into
 from .suffix_array import narrow, prefix_narrow
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _grow1(a: np.ndarray, n: int) -> np.ndarray:
     if n <= len(a):
         return a
@@ -30,7 +30,7 @@ def _grow1(a: np.ndarray, n: int) -> np.ndarray:
     return b
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _grow2(a: np.ndarray, n: int) -> np.ndarray:
     if n <= a.shape[0]:
         return a
@@ -39,7 +39,7 @@ def _grow2(a: np.ndarray, n: int) -> np.ndarray:
     return b
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _heap_push(hd, hs, hn, size, d, seq, node):
     i = size
     while i > 0:
@@ -55,7 +55,7 @@ def _heap_push(hd, hs, hn, size, d, seq, node):
     hn[i] = node
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _heap_pop(hd, hs, hn, size):
     """Remove the top of a heap of `size` items; returns its node."""
     top = hn[0]
@@ -82,24 +82,65 @@ def _heap_pop(hd, hs, hn, size):
     return top
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc, root_start, match_len,
            root_count, max_spec, min_prob, tree):
     """Grow the draft below the matched node N_p (depth match_len). Returns tokens, parents, probs, score."""
     num_segs = len(root_flo)
     cap = 64
-    nd_depth = np.empty(cap, dtype=np.int64)
-    nd_count = np.empty(cap, dtype=np.int64)
-    nd_d = np.empty(cap, dtype=np.float64)
-    nd_tok = np.empty(cap, dtype=np.int64)
-    nd_parent = np.empty(cap, dtype=np.int64)  # draft index of the parent, -1 under N_p
-    nd_flo = np.empty((cap, num_segs), dtype=np.int64)
-    nd_fhi = np.empty((cap, num_segs), dtype=np.int64)
-    nd_olo = np.empty(cap, dtype=np.int64)
-    nd_ohi = np.empty(cap, dtype=np.int64)
+    num_occ = len(root_doc)
+    occ_cap = max(num_occ, 1)
+    # One block per dtype, cut into the working arrays: three allocations instead of two dozen
+    # (allocation and reference counting were a third of a draft's time). Arrays that outgrow their
+    # piece are replaced by their own (see _grow1, _grow2).
+    block = np.empty(cap * (13 + 4 * num_segs) + 2 * occ_cap, dtype=np.int64)
+    at = 0
+    nd_depth = block[at : at + cap]
+    at += cap
+    nd_count = block[at : at + cap]
+    at += cap
+    nd_tok = block[at : at + cap]
+    at += cap
+    nd_parent = block[at : at + cap]  # draft index of the parent, -1 under N_p
+    at += cap
+    nd_olo = block[at : at + cap]
+    at += cap
+    nd_ohi = block[at : at + cap]
+    at += cap
+    hs = block[at : at + cap]
+    at += cap
+    hn = block[at : at + cap]
+    at += cap
+    ws_cand = block[at : at + cap]
+    at += cap
+    tok = block[at : at + cap]
+    at += cap
+    cnt = block[at : at + cap]
+    at += cap
+    lbeg = block[at : at + cap]
+    at += cap
+    lend = block[at : at + cap]
+    at += cap
+    nd_flo = block[at : at + cap * num_segs].reshape((cap, num_segs))
+    at += cap * num_segs
+    nd_fhi = block[at : at + cap * num_segs].reshape((cap, num_segs))
+    at += cap * num_segs
+    flo = block[at : at + cap * num_segs].reshape((cap, num_segs))
+    at += cap * num_segs
+    fhi = block[at : at + cap * num_segs].reshape((cap, num_segs))
+    at += cap * num_segs
+    ws_next = block[at : at + occ_cap]  # a node's live occurrences never outnumber N_p's
+    at += occ_cap
+    ws_idx = block[at : at + occ_cap]
+    fblock = np.empty(2 * cap + max(max_spec, 0), dtype=np.float64)
+    nd_d = fblock[:cap]
+    hd = fblock[cap : 2 * cap]
+    out_prob = fblock[2 * cap :]
+    iblock = np.empty(2 * max(max_spec, 0), dtype=np.int32)
+    out_tok = iblock[: max(max_spec, 0)]
+    out_par = iblock[max(max_spec, 0) :]
     occ_doc = root_doc.copy()
     occ_start = root_start.copy()
-    num_occ = len(occ_doc)
     # Node 0 is N_p itself.
     nd_depth[0] = match_len
     nd_count[0] = root_count
@@ -111,27 +152,12 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
     nd_olo[0] = 0
     nd_ohi[0] = num_occ
     num_nodes = 1
-    out_tok = np.empty(max(max_spec, 0), dtype=np.int32)
-    out_par = np.empty(max(max_spec, 0), dtype=np.int32)
-    out_prob = np.empty(max(max_spec, 0), dtype=np.float64)
     num_out = 0
     score = 0.0
-    hd = np.empty(cap, dtype=np.float64)
-    hs = np.empty(cap, dtype=np.int64)
-    hn = np.empty(cap, dtype=np.int64)
     heap_size = 0
     seq = 0
     u = 0  # node whose children come next
     u_draft = -1
-    ws_cand = np.empty(64, dtype=np.int64)
-    ws_next = np.empty(max(num_occ, 1), dtype=np.int64)  # a node's live occurrences never outnumber N_p's
-    ws_idx = np.empty(max(num_occ, 1), dtype=np.int64)
-    tok = np.empty(64, dtype=np.int64)
-    cnt = np.empty(64, dtype=np.int64)
-    flo = np.empty((64, num_segs), dtype=np.int64)
-    fhi = np.empty((64, num_segs), dtype=np.int64)
-    lbeg = np.empty(64, dtype=np.int64)
-    lend = np.empty(64, dtype=np.int64)
     while num_out < max_spec:
         need = min_prob * nd_count[u] / nd_d[u]
         bound = children_bound(nd_flo[u], nd_fhi[u], nd_ohi[u] - nd_olo[u], need / nd_count[u])
@@ -205,7 +231,7 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
 _SCAN_WIDTH = 8  # a range this narrow is checked suffix by suffix: sequential reads beat binary searches
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _scan_rest(text, sa, lo, hi, depth, pattern):
     """Sub-range of sa[lo:hi] (equal on `depth` tokens) whose suffixes go on with pattern[depth:].
 
@@ -295,7 +321,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
         found = False
         for j in range(num_live):
             base = live_base[j]
-            a, b = prefix_narrow(live_tok[base:], live_pa[base:], live_lo[p - 1, j], live_hi[p - 1, j], p - 1, tok)
+            a, b = prefix_narrow(live_tok, live_pa, base, live_lo[p - 1, j], live_hi[p - 1, j], p - 1, tok)
             live_lo[p, j] = a
             live_hi[p, j] = b
             if b > a:

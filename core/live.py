@@ -37,20 +37,24 @@ class LiveArena:
         self.regions[seq_id] = [base, cap, n]
 
     def extend(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
+        region = self.reserve(seq_id, len(tokens))
+        base, cap, n = region
+        self.tok[base + n : base + n + len(tokens)] = tokens
+        prefix_array_extend(self.tok[base : base + cap], self.pa[base : base + cap], n, n + len(tokens), depth)
+        region[2] = n + len(tokens)
+
+    def reserve(self, seq_id: int, extra: int) -> list[int]:
+        """Room for `extra` more tokens in the sequence's region (it moves when full); its region."""
         region = self.regions[seq_id]
         base, cap, n = region
-        if n + len(tokens) > cap:
-            new_cap = max(n + len(tokens), 2 * cap)
+        if n + extra > cap:
+            new_cap = max(n + extra, 2 * cap)
             new_base = self._allocate(new_cap)
             base = region[0]  # _allocate may have compacted the arena
             self.tok[new_base : new_base + n] = self.tok[base : base + n]
             self.pa[new_base : new_base + n] = self.pa[base : base + n]
             region[0], region[1] = new_base, new_cap
-            base = new_base
-        self.tok[base + n : base + n + len(tokens)] = tokens
-        prefix_array_extend(self.tok[base : base + region[1]], self.pa[base : base + region[1]],
-                            n, n + len(tokens), depth)
-        region[2] = n + len(tokens)
+        return region
 
     def remove(self, seq_id: int) -> None:
         del self.regions[seq_id]

@@ -150,7 +150,7 @@ def _group_ranks(sorted_key: np.ndarray, sa: np.ndarray, n: int) -> tuple[np.nda
     return rank, np.flatnonzero(open_mask)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def narrow(text: np.ndarray, sa: np.ndarray, lo: int, hi: int, depth: int, token: int) -> tuple[int, int]:
     """Sub-range of sa[lo:hi] (suffixes equal on their first `depth` tokens) with `token` at `depth`.
 
@@ -232,14 +232,16 @@ def prefix_array_extend(tokens: np.ndarray, pa: np.ndarray, start: int, stop: in
         pa[a] = e
 
 
-@njit(cache=True, nogil=True)
-def prefix_narrow(tokens: np.ndarray, pa: np.ndarray, lo: int, hi: int, k: int, token: int) -> tuple[int, int]:
-    """Sub-range of pa[lo:hi] (equal on backward tokens 0..k-1) whose backward token k is `token`."""
+@njit(cache=True, nogil=True, inline="always")
+def prefix_narrow(tokens: np.ndarray, pa: np.ndarray, base: int, lo: int, hi: int, k: int, token: int) -> tuple[int, int]:
+    """Sub-range of pa[lo:hi] (equal on backward tokens 0..k-1) whose backward token k is `token`,
+    for the sequence at offset `base` of `tokens` and `pa` (an arena: no view is made, no reference
+    counted, in the drafting kernel's innermost loop)."""
     a, b = lo, hi
     while a < b:
         m = (a + b) >> 1
-        e = pa[m]
-        if (tokens[e - k] if e - k >= 0 else SEP) < token:
+        e = pa[base + m]
+        if (tokens[base + e - k] if e - k >= 0 else SEP) < token:
             a = m + 1
         else:
             b = m
@@ -247,8 +249,8 @@ def prefix_narrow(tokens: np.ndarray, pa: np.ndarray, lo: int, hi: int, k: int, 
     b = hi
     while a < b:
         m = (a + b) >> 1
-        e = pa[m]
-        if (tokens[e - k] if e - k >= 0 else SEP) <= token:
+        e = pa[base + m]
+        if (tokens[base + e - k] if e - k >= 0 else SEP) <= token:
             a = m + 1
         else:
             b = m

@@ -18,7 +18,9 @@ its last requests are never stopped: `finish_idle` (called from a timer) finishe
 
 Engines verify linear drafts only (vLLM v1): `speculate` grows a path from each index, merges
 them as SuffixDrafter does, and returns the one with the highest expected accepted length
-(`use_tree_spec` grows and returns trees).
+(`use_tree_spec` grows and returns trees). The tokens add_active_response gets are appended by the
+next speculate, in the same compiled call that drafts (core.engine_step): an engine's budget per
+request per step is tens of microseconds, and separate calls spent more on glue than on drafting.
 
 >>> cache = SuffixCache(SuffixIndex.build([[5, 6, 7, 8]]))
 >>> cache.start_request("a", [1, 5, 6])
@@ -31,16 +33,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, KeysView, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .draft import Draft
-from .suffix_array import SORT_DEPTH
+from .engine_step import StepArgs, draft_path
 from .suffix_index import SuffixIndex, check_speculate_args
-from .tokens import SuffixIndexError, check_tokens
+from .suffix_array import SORT_DEPTH, first_out_of_range
+from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 OnFinish = Callable[[Hashable, np.ndarray, np.ndarray], None]
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -51,10 +55,22 @@ class _Request:
     live_id: int  # the output's live sequence in the global index (-1: no global index)
     stopped_at: float | None = None  # monotonic time of the last stop; None while active
     seen_at: float = 0.0  # monotonic time of the last call about it
+    pending: np.ndarray = field(default_factory=lambda: _NONE)  # checked int64 tokens not yet in the indexes
+    step: StepArgs | None = None  # the drafting kernel's arguments, reused across steps
 
     @property
     def output(self) -> np.ndarray:
         return self.index.live_tokens(self.seq_id)[len(self.prompt) :]
+
+    def settle(self, global_index: SuffixIndex) -> None:
+        """Pending tokens into both indexes (the path speculate takes fuses this with drafting)."""
+        if len(self.pending):
+            tokens = check_tokens(self.pending, global_index.vocab_size)
+            self.index.append(self.seq_id, tokens, checked=True)
+            if self.live_id >= 0:
+                global_index.append(self.live_id, tokens, checked=True)
+            self.pending = _NONE
+            self.step = None
 
 
 class SuffixCache:
@@ -80,6 +96,10 @@ class SuffixCache:
         self._active: dict[Hashable, _Request] = {}
         self._pending: dict[Hashable, _Request] = {}  # stopped, may resume
         self._evicted: dict[Hashable, _Request] = {}  # evicted while pending: resumed by the next start
+        vocab = self.global_index.vocab_size
+        self._token_limit = MAX_TOKEN if vocab is None else vocab - 1
+        self._checked: tuple = ()  # the last drafting arguments that passed check_speculate_args
+        self._out = (np.empty(SORT_DEPTH, dtype=np.int32), np.empty(SORT_DEPTH, dtype=np.float64))  # path buffers
 
     # ------------------------------------------------------------ the engine's calls
 
@@ -112,18 +132,21 @@ class SuffixCache:
         self._active[req_id] = _Request(prompt, index, seq_id, live_id, seen_at=self.clock())
 
     def add_active_response(self, req_id: Hashable, token_ids: Sequence[int] | np.ndarray) -> None:
-        """Tokens the model produced for the request (accepted + bonus): both indexes match them at once."""
+        """Tokens the model produced for the request (accepted + bonus). Both indexes take them with the
+        next call about the request: the next speculate appends and drafts in one compiled call."""
         req = self._get_active(req_id)
         req.seen_at = self.clock()
-        tokens = check_tokens(token_ids, self.global_index.vocab_size)  # once, for both indexes
-        req.index.append(req.seq_id, tokens, checked=True)
-        if req.live_id >= 0:
-            self.global_index.append(req.live_id, tokens, checked=True)
+        tokens = np.asarray(token_ids)  # an engine's list of ints: int64, checked in one compiled pass
+        if (tokens.dtype != np.int64 or tokens.ndim != 1 or tokens is token_ids
+                or first_out_of_range(tokens, self._token_limit) >= 0):
+            tokens = check_tokens(tokens, self.global_index.vocab_size).astype(np.int64)  # or a clear error
+        req.pending = np.concatenate((req.pending, tokens)) if len(req.pending) else tokens
 
     def stop_request(self, req_id: Hashable) -> None:
         """The request left the batch: finished, preempted or not scheduled; it lingers (see module doc)."""
         req = self._get_active(req_id)
         del self._active[req_id]
+        req.settle(self.global_index)
         req.stopped_at = self.clock()
         self._pending[req_id] = req
         self._finish_lingering()
@@ -145,15 +168,26 @@ class SuffixCache:
         req = self._get_active(req_id)
         limit = self.max_tree_depth if max_spec_tokens is None else int(max_spec_tokens)
         limit = min(limit, SORT_DEPTH - self.global_index.max_depth)
-        ctx = check_tokens(np.asarray(context)[-self.max_tree_depth:], self.global_index.vocab_size, "context")
+        ctx = context[-self.max_tree_depth:] if isinstance(context, np.ndarray) and context.dtype == np.int32 \
+            and context.ndim == 1 else check_tokens(np.asarray(context)[-self.max_tree_depth:], None, "context")
         if limit <= 0 or len(ctx) == 0:
+            req.settle(self.global_index)
             return Draft()
         args = (limit, float(max_spec_factor), float(min_token_prob), bool(use_tree_spec))
-        check_speculate_args(None, *args[:3], self.global_index.max_depth)
+        if args != self._checked:
+            check_speculate_args(None, *args[:3], self.global_index.max_depth)
+            self._checked = args
+        if not use_tree_spec:  # the engine's hot path: appends and both paths in one compiled call
+            draft, req.step = draft_path(req.step, req.index, req.seq_id, self.global_index if self.use_global else None,
+                                         req.live_id, req.pending, ctx, *args[:3], self._out)
+            if draft is None:  # a context token out of range: nothing was appended; say which
+                check_tokens(ctx, self.global_index.vocab_size, "context")
+            req.pending = _NONE
+            return draft
+        req.settle(self.global_index)
+        ctx = check_tokens(ctx, self.global_index.vocab_size, "context")
         mine = req.index.speculate(ctx, *args, checked=True) or Draft()
         other = (self.global_index.speculate(ctx, *args, checked=True) or Draft()) if self.use_global else Draft()
-        if not use_tree_spec:  # one path from each index; the better of the two (their union's best path)
-            return mine.better_path(other)
         return mine.union(other, limit)  # the union of the trees, as SuffixDrafter
 
     # ------------------------------------------------------------ lifetime
@@ -189,6 +223,7 @@ class SuffixCache:
         return len(done) + len(gone)
 
     def _finish(self, req_id: Hashable, req: _Request) -> None:
+        req.settle(self.global_index)
         output = req.output.copy()
         if req.live_id >= 0:  # the global index has the output already, live: seal it
             if len(output):

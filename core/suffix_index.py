@@ -88,6 +88,7 @@ class SuffixIndex:
         self._live = LiveArena()
         self._next_id = 0
         self._kernel_args: tuple | None = None
+        self._slots: dict[int, int] = {}  # live sequence id -> its position in the kernel args' live arrays
         self._out_tok = np.empty(32, dtype=np.int32)  # draft output buffers, reused across calls
         self._out_par = np.empty(32, dtype=np.int32)
         self._out_prob = np.empty(32, dtype=np.float64)
@@ -160,6 +161,36 @@ class SuffixIndex:
             self._kernel_args = None
         else:
             self._sync_live_args()
+
+    def hot_args(self, seq_id: int | None = None, room: int = 0) -> tuple[tuple, int]:
+        """For a kernel that appends in place (core.engine_step): the kernels' view of the index, with
+        room for `room` more tokens in live sequence `seq_id`, and that sequence's slot in the view's
+        live arrays (-1 without one). Tell the index with `appended` what the kernel appended."""
+        if seq_id is None:
+            return self._args(), -1
+        self._get_live(seq_id)
+        arena, cap = self._live.tok, self._live.regions[seq_id][1]
+        self._live.reserve(seq_id, room)
+        if self._live.tok is not arena:
+            self._kernel_args = None
+        elif self._kernel_args is not None and self._live.regions[seq_id][1] != cap:
+            self._sync_live_args()  # the region moved (and a compaction moves others)
+        args = self._args()
+        return args, self._slots[seq_id]
+
+    def kernel_view(self) -> tuple:
+        """The kernels' view of the index (arrays; the same object until the index's layout changes)."""
+        return self._kernel_args if self._kernel_args is not None else self._args()
+
+    def live_capacity(self, seq_id: int) -> int:
+        """Tokens live sequence `seq_id` can hold before it moves (see hot_args)."""
+        self._get_live(seq_id)
+        return self._live.regions[seq_id][1]
+
+    def appended(self, seq_id: int, num: int) -> None:
+        """A kernel appended `num` tokens to live sequence `seq_id` through hot_args' view (its
+        lengths array is up to date already)."""
+        self._live.regions[seq_id][2] += num
 
     def live_tokens(self, seq_id: int) -> np.ndarray:
         """A live sequence's tokens so far (a view: valid until the next append)."""
@@ -388,6 +419,7 @@ class SuffixIndex:
     def _args(self) -> tuple:
         """The kernels' view of the index: text, sa, segment bounds, live arenas, bases, lengths."""
         if self._kernel_args is None:
+            self._slots = {seq_id: k for k, seq_id in enumerate(self._live.regions)}
             regions = list(self._live.regions.values())
             tables = [s.first_token_table(self._text, self._sa) for s in self._segments]
             offsets, vocabs, parts, at = [], [], [], 0
@@ -436,7 +468,7 @@ class SuffixIndex:
             else:
                 lo, hi = 0, n
                 for k in range(p):
-                    lo, hi = prefix_narrow(live_tok[base:], live_pa[base:], lo, hi, k, int(pat[p - 1 - k]))
+                    lo, hi = prefix_narrow(live_tok, live_pa, base, lo, hi, k, int(pat[p - 1 - k]))
                 begins = live_pa[base + lo : base + hi].astype(np.int64) - p + 1
             docs.append(np.full(len(begins), j, dtype=np.int64))
             starts.append(begins)

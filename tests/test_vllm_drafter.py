@@ -216,12 +216,65 @@ def test_better_path_is_the_best_path_of_the_union(a, b):
         return Draft([t for t, _ in items], list(range(-1, len(items) - 1)), [p for _, p in items],
                      sum(p for _, p in items), len(items))
     fast, union = path(a).better_path(path(b)), path(a).merge(path(b), 64)
-    nodes = brute.best_path(union.parents, union.probs)
-    assert fast.token_ids == [union.token_ids[i] for i in nodes]
+    best = sum(union.probs[i] for i in brute.best_path(union.parents, union.probs))
+    # fast's tokens walk down the union (a token names at most one child of a node), its probs are
+    # the union's along that walk, and no path scores more (two paths may tie: either is right)
+    nodes, parent = [], -1
+    for t in fast.token_ids:
+        nodes.append(next(i for i in range(len(union)) if union.parents[i] == parent and union.token_ids[i] == t))
+        parent = nodes[-1]
     assert fast.parents == list(range(-1, len(nodes) - 1))
     assert fast.probs == pytest.approx([union.probs[i] for i in nodes])
-    assert fast.score == pytest.approx(sum(union.probs[i] for i in nodes))
+    assert fast.score == pytest.approx(sum(fast.probs)) and fast.score == pytest.approx(best)
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31), st.booleans())
+def test_the_fused_step_equals_both_indexes_drafted_apart(seed, use_global):
+    # core.engine_step appends and drafts in one compiled call; here the same indexes, after the
+    # call, drafted one by one and merged by Draft.better_path. Requests interleave, their regions
+    # fill and move (the kernel's no-room retry), and tokens come one to several per step.
+    rng = np.random.default_rng(seed)
+    history = [rng.integers(0, 6, rng.integers(1, 40)).tolist() for _ in range(rng.integers(0, 6))]
+    cache = SuffixCache(SuffixIndex.build(history, vocab_size=8), max_tree_depth=24,
+                        max_cached_requests=-1 if use_global else 0, linger_s=0.0)
+    tokens = {}
+    for step_no in range(60):
+        rid = f"r{rng.integers(0, 2)}"
+        if rid not in cache.active_requests:
+            tokens[rid] = rng.integers(0, 6, rng.integers(1, 70)).tolist()
+            cache.start_request(rid, tokens[rid])
+        new = rng.integers(0, 6, rng.integers(1, 9)).tolist()
+        tokens[rid] += new
+        cache.add_active_response(rid, new)
+        ctx = np.array(tokens[rid][-24:], dtype=np.int32)
+        k = int(rng.integers(0, 9))
+        got = cache.speculate(rid, ctx, max_spec_tokens=k)
+        req = cache._active[rid]
+        mine = req.index.speculate(ctx, k, 1.0, 0.1, tree=False) or Draft()
+        other = (cache.global_index.speculate(ctx, k, 1.0, 0.1, tree=False) or Draft()) if use_global else Draft()
+        want = mine.better_path(other)
+        assert (got.token_ids, got.parents, got.match_len) == (want.token_ids, want.parents, want.match_len)
+        assert got.probs == want.probs and got.score == want.score
+        assert req.output.tolist() == tokens[rid][len(tokens[rid]) - len(req.output):]
+        if rng.random() < 0.1:
+            cache.stop_request(rid)
+    cache.flush()
+
+
+def test_bad_tokens_are_refused_and_nothing_is_appended():
+    cache = SuffixCache(SuffixIndex(64, vocab_size=10))
+    cache.start_request("a", [1, 2, 3])
+    cache.add_active_response("a", [4])
+    with pytest.raises(SuffixIndexError, match="context"):
+        cache.speculate("a", np.array([1, 2, 30], dtype=np.int32))
+    with pytest.raises(SuffixIndexError, match="12"):
+        cache.add_active_response("a", [12])
+    with pytest.raises(SuffixIndexError, match="-1"):
+        cache.add_active_response("a", np.array([-1], dtype=np.int32))
+    assert cache.speculate("a", np.array([2, 3, 4], dtype=np.int32)).token_ids == []
+    assert cache._active["a"].output.tolist() == [4]
 
 def test_no_global_index_when_the_engine_caches_no_requests():
     seen, on_finish = finished_log()
