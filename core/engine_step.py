@@ -21,7 +21,7 @@ from .draft import Draft
 from .expand import speculate_index
 from .suffix_array import prefix_array_extend
 from .suffix_index import SuffixIndex
-from .tokens import MAX_TOKEN
+from .tokens import MAX_TOKEN, SuffixIndexError
 
 
 @njit(cache=True, nogil=True)
@@ -36,14 +36,14 @@ def _append_live(live_tok, live_pa, live_base, live_len, slot, new, max_depth):
 
 
 @njit(cache=True, nogil=True)
-def append_and_draft(r_text, r_sa, r_seg_lo, r_seg_hi, r_seg_bucket, r_seg_vocab, r_buckets, r_live_tok, r_live_pa,
-                     r_live_base, r_live_len, r_slot, r_cap, r_max_depth,
+def append_and_draft(r_live_tok, r_live_pa, r_live_base, r_live_len, r_slot, r_cap, r_max_depth,
                      g_text, g_sa, g_seg_lo, g_seg_hi, g_seg_bucket, g_seg_vocab, g_buckets, g_live_tok, g_live_pa,
                      g_live_base, g_live_len, g_slot, g_cap, g_max_depth,
                      new, context, vocab_limit, max_spec_tokens, alpha, min_prob, out_tok, out_prob):
     """Append `new` to live sequence r_slot of the request index and g_slot of the global index (-1:
     none, -2: no global index), whose regions hold r_cap and g_cap tokens, then draft a path from
-    each and keep the better (Draft.better_path).
+    each and keep the better (Draft.better_path). A request index has live sequences only: its
+    sealed arrays, always empty, are not passed (each array argument costs the call its unboxing).
 
     Returns (num_tokens, score, match_len) with the path in out_tok/out_prob; num_tokens is -1 when
     a token of `new` or `context` is outside [0, vocab_limit], -2 when a region lacks room for `new`
@@ -64,8 +64,8 @@ def append_and_draft(r_text, r_sa, r_seg_lo, r_seg_hi, r_seg_bucket, r_seg_vocab
     tok1 = np.empty(max_spec_tokens, dtype=np.int32)
     par1 = np.empty(max_spec_tokens, dtype=np.int32)
     prob1 = np.empty(max_spec_tokens, dtype=np.float64)
-    n1, s1, l1, _ = speculate_index(r_text, r_sa, r_seg_lo, r_seg_hi, r_seg_bucket, r_seg_vocab, r_buckets,
-                                    r_live_tok, r_live_pa, r_live_base, r_live_len, context, r_max_depth,
+    none = np.empty(0, dtype=np.int64)  # no sealed segments (text, sa and buckets are then never read)
+    n1, s1, l1, _ = speculate_index(g_text, g_sa, none, none, none, none, g_buckets, r_live_tok, r_live_pa, r_live_base, r_live_len, context, r_max_depth,
                                     max_spec_tokens, alpha, min_prob, False, 0.0, 0, tok1, par1, prob1)
     n2 = 0
     s2 = 0.0
@@ -120,6 +120,8 @@ class StepArgs:
                  room: int = 0) -> None:
         r_args, r_slot = request.hot_args(request_seq, room)
         r_cap = request.live_capacity(request_seq)
+        if len(r_args[2]):
+            raise SuffixIndexError("a request index holds live sequences only")
         if glob is None:  # not drafted from (the kernel needs arrays of the same types)
             g_args, g_slot, g_cap, g_depth = r_args, -2, 0, 1
         elif glob_seq < 0:
@@ -128,7 +130,7 @@ class StepArgs:
             (g_args, g_slot), g_cap, g_depth = glob.hot_args(glob_seq, room), glob.live_capacity(glob_seq), glob.max_depth
         self.request_view = r_args
         self.global_view = g_args if glob is not None else None
-        self.args = (*r_args, r_slot, r_cap, request.max_depth, *g_args, g_slot, g_cap, g_depth)
+        self.args = (*r_args[7:], r_slot, r_cap, request.max_depth, *g_args, g_slot, g_cap, g_depth)
 
 
 def draft_path(step: StepArgs | None, request: SuffixIndex, request_seq: int, glob: SuffixIndex | None,

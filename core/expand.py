@@ -82,18 +82,25 @@ def _heap_pop(hd, hs, hn, size):
     return top
 
 
+WS_CAP = 64  # draft nodes the workspaces hold before they grow
+
+
 @njit(cache=True, nogil=True, inline="always")
 def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc, root_start, match_len,
-           root_count, max_spec, min_prob, tree):
-    """Grow the draft below the matched node N_p (depth match_len). Returns tokens, parents, probs, score."""
+           root_count, max_spec, min_prob, tree, block, fblock, iblock, occ_doc, occ_start):
+    """Grow the draft below the matched node N_p (depth match_len). Returns tokens, parents, probs, score
+    (views of the workspaces: copy them before the next call).
+
+    Workspaces, allocated once per speculate_index call (allocation and reference counting were a
+    third of a draft's time): int64 `block` of at least WS_CAP * (13 + 4 * segments) + 2 *
+    max(len(root_doc), 1), float64 `fblock` of 2 * WS_CAP + max_spec, int32 `iblock` of 2 *
+    max_spec, int64 `occ_doc`/`occ_start` of at least len(root_doc). Arrays that outgrow their
+    piece are replaced by their own (see _grow1, _grow2).
+    """
     num_segs = len(root_flo)
-    cap = 64
+    cap = WS_CAP
     num_occ = len(root_doc)
     occ_cap = max(num_occ, 1)
-    # One block per dtype, cut into the working arrays: three allocations instead of two dozen
-    # (allocation and reference counting were a third of a draft's time). Arrays that outgrow their
-    # piece are replaced by their own (see _grow1, _grow2).
-    block = np.empty(cap * (13 + 4 * num_segs) + 2 * occ_cap, dtype=np.int64)
     at = 0
     nd_depth = block[at : at + cap]
     at += cap
@@ -132,15 +139,13 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
     ws_next = block[at : at + occ_cap]  # a node's live occurrences never outnumber N_p's
     at += occ_cap
     ws_idx = block[at : at + occ_cap]
-    fblock = np.empty(2 * cap + max(max_spec, 0), dtype=np.float64)
     nd_d = fblock[:cap]
     hd = fblock[cap : 2 * cap]
     out_prob = fblock[2 * cap :]
-    iblock = np.empty(2 * max(max_spec, 0), dtype=np.int32)
     out_tok = iblock[: max(max_spec, 0)]
-    out_par = iblock[max(max_spec, 0) :]
-    occ_doc = root_doc.copy()
-    occ_start = root_start.copy()
+    out_par = iblock[max(max_spec, 0) : 2 * max(max_spec, 0)]
+    occ_doc[:num_occ] = root_doc
+    occ_start[:num_occ] = root_start
     # Node 0 is N_p itself.
     nd_depth[0] = match_len
     nd_count[0] = root_count
@@ -258,15 +263,22 @@ def _scan_rest(text, sa, lo, hi, depth, pattern):
 
 @njit(cache=True, nogil=True)
 def _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern):
-    """Each sealed segment's range for `pattern`, and their total width.
+    """Each sealed segment's range for `pattern`, and their total width."""
+    flo = np.empty(len(seg_lo), dtype=np.int64)
+    fhi = np.empty(len(seg_lo), dtype=np.int64)
+    total = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi)
+    return flo, fhi, total
+
+
+@njit(cache=True, nogil=True)
+def _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi):
+    """Each sealed segment's range for `pattern` into flo/fhi; returns their total width.
 
     A large segment has a first-token bucket table (seg_bucket >= 0): the range of the pattern's
     first token is two reads instead of two binary searches over the whole segment, the searches
     that miss the cache most.
     """
     num_segs = len(seg_lo)
-    flo = np.empty(num_segs, dtype=np.int64)
-    fhi = np.empty(num_segs, dtype=np.int64)
     total = 0
     for k in range(num_segs):
         lo = seg_lo[k]
@@ -290,7 +302,7 @@ def _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pa
         flo[k] = lo
         fhi[k] = hi
         total += hi - lo
-    return flo, fhi, total
+    return total
 
 
 @njit(cache=True, nogil=True)
@@ -329,6 +341,21 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
         if not found:
             break
         live_pmax = p
+    # Workspaces for every match length tried (see expand): one allocation each, not per length.
+    num_segs = len(seg_lo)
+    occ_max = 1  # live occurrences of N_1, the most any N_p has
+    if live_pmax >= 1:
+        for j in range(num_live):
+            occ_max += live_hi[1, j] - live_lo[1, j]
+    block = np.empty(WS_CAP * (13 + 4 * num_segs) + 2 * occ_max, dtype=np.int64)
+    fblock = np.empty(2 * WS_CAP + max_spec_tokens, dtype=np.float64)
+    iblock = np.empty(2 * max_spec_tokens, dtype=np.int32)
+    occ = np.empty(4 * occ_max, dtype=np.int64)
+    occ_doc = occ[: 2 * occ_max]  # grown by expand when its nodes' occurrences need more
+    occ_start = occ[2 * occ_max :]
+    roots = np.empty(2 * occ_max, dtype=np.int64)
+    flo = np.empty(num_segs, dtype=np.int64)
+    fhi = np.empty(num_segs, dtype=np.int64)
     # Sealed parts: the longest p that occurs, by galloping then bisection (occurrence is monotone).
     fwd_pmax = 0
     if len(seg_lo) > 0:
@@ -336,7 +363,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
         bad = max_p + 1
         p = 1
         while p <= max_p:
-            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - p:])
+            total = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - p:], flo, fhi)
             if total > 0:
                 good = p
                 p *= 2
@@ -349,7 +376,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
             bad = max_p + 1
         while bad - good > 1:
             mid = (good + bad) // 2
-            _, _, total = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - mid:])
+            total = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - mid:], flo, fhi)
             if total > 0:
                 good = mid
             else:
@@ -368,10 +395,10 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
             break
         pattern = context[t - p:]
         if p <= fwd_pmax:
-            flo, fhi, count = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern)
+            count = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi)
         else:
-            flo = seg_lo.copy()
-            fhi = seg_lo.copy()
+            flo[:] = seg_lo
+            fhi[:] = seg_lo
             count = 0
         num_occ = 0
         if p <= live_pmax:
@@ -383,8 +410,8 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
         longer_count = count + num_occ
         if same:
             continue
-        root_doc = np.empty(num_occ, dtype=np.int64)
-        root_start = np.empty(num_occ, dtype=np.int64)
+        root_doc = roots[:num_occ]
+        root_start = roots[occ_max : occ_max + num_occ]
         if p <= live_pmax:
             i = 0
             for j in range(num_live):
@@ -397,7 +424,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
         if count == 0:
             continue
         tok, par, prob, score = expand(text, sa, flo, fhi, live_tok, live_base, live_len, root_doc, root_start,
-                                       p, count, max_spec, min_prob, tree)
+                                       p, count, max_spec, min_prob, tree, block, fblock, iblock, occ_doc, occ_start)
         if score > best_score or (score == best_score and p > best_len):
             num_best = len(tok)
             out_tok[:num_best] = tok

@@ -52,10 +52,10 @@ class _Segment:
         if size < BUCKET_MIN_TOKENS:
             return None
         if self.bucket is None:
-            first = text[sa[self.sa_lo : self.sa_hi]]  # ascending: the suffixes are sorted
-            vocab = int(first[-1]) + 1
+            vocab = int(text[sa[self.sa_hi - 1]]) + 1  # the largest first token: the suffixes are sorted
             if 4 * (vocab + 1) > size:
-                return None
+                return None  # decided without reading the segment: this runs at every kernel-view rebuild
+            first = text[sa[self.sa_lo : self.sa_hi]]
             counts = np.bincount(first, minlength=vocab)
             table = np.empty(vocab + 1, dtype=np.int32)
             table[0] = self.sa_lo
