@@ -38,8 +38,8 @@ def _append_live(live_tok, live_pa, live_base, live_len, slot, new, max_depth):
 @njit(cache=True, nogil=True)
 def append_and_draft(r_live_tok, r_live_pa, r_live_base, r_live_len, r_slot, r_cap, r_max_depth,
                      g_text, g_sa, g_seg_lo, g_seg_hi, g_seg_bucket, g_seg_vocab, g_buckets, g_live_tok, g_live_pa,
-                     g_live_base, g_live_len, g_slot, g_cap, g_max_depth,
-                     new, context, vocab_limit, max_spec_tokens, alpha, min_prob, out_tok, out_prob):
+                     g_live_base, g_live_len, g_slot, g_cap, g_max_depth, vocab_limit,
+                     new, context, max_spec_tokens, alpha, min_prob, out_tok, out_prob):
     """Append `new` to live sequence r_slot of the request index and g_slot of the global index (-1:
     none, -2: no global index), whose regions hold r_cap and g_cap tokens, then draft a path from
     each and keep the better (Draft.better_path). A request index has live sequences only: its
@@ -130,7 +130,8 @@ class StepArgs:
             (g_args, g_slot), g_cap, g_depth = glob.hot_args(glob_seq, room), glob.live_capacity(glob_seq), glob.max_depth
         self.request_view = r_args
         self.global_view = g_args if glob is not None else None
-        self.args = (*r_args[7:], r_slot, r_cap, request.max_depth, *g_args, g_slot, g_cap, g_depth)
+        limit = (request.vocab_size - 1) if request.vocab_size is not None else MAX_TOKEN
+        self.args = (*r_args[7:], r_slot, r_cap, request.max_depth, *g_args, g_slot, g_cap, g_depth, limit)
 
 
 def draft_path(step: StepArgs | None, request: SuffixIndex, request_seq: int, glob: SuffixIndex | None,
@@ -141,12 +142,11 @@ def draft_path(step: StepArgs | None, request: SuffixIndex, request_seq: int, gl
     (int32). `step`: the StepArgs of the last call, reused while valid. `out`: int32 and float64
     buffers of at least max_spec_tokens (the caller's, reused). Returns the draft, None when a token
     of `new` or `context` is out of range (nothing was appended then), and the StepArgs to pass next.
-    Drafting arguments are checked by the caller (SuffixCache.speculate)."""
+    Drafting arguments are checked by the caller (SuffixCache.speculate; the two floats are floats)."""
     if (step is None or step.request_view is not request.kernel_view()
             or (glob is not None and step.global_view is not glob.kernel_view())):
         step = StepArgs(request, request_seq, glob, glob_seq)
-    limit = (request.vocab_size - 1) if request.vocab_size is not None else MAX_TOKEN
-    args = (new, context, limit, max_spec_tokens, float(max_spec_factor), float(min_token_prob), *out)
+    args = (new, context, max_spec_tokens, max_spec_factor, min_token_prob, *out)
     num, score, match_len = append_and_draft(*step.args, *args)
     if num == -2:  # a live region is full: it moves (a new view), then the call is made again
         step = StepArgs(request, request_seq, glob, glob_seq, len(new))

@@ -45,6 +45,7 @@ from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 OnFinish = Callable[[Hashable, np.ndarray, np.ndarray], None]
 _NONE = np.zeros(0, dtype=np.int64)
+_INT32 = np.dtype(np.int32)
 
 
 @dataclass
@@ -168,7 +169,7 @@ class SuffixCache:
         req = self._get_active(req_id)
         limit = self.max_tree_depth if max_spec_tokens is None else int(max_spec_tokens)
         limit = min(limit, SORT_DEPTH - self.global_index.max_depth)
-        ctx = context[-self.max_tree_depth:] if isinstance(context, np.ndarray) and context.dtype == np.int32 \
+        ctx = context[-self.max_tree_depth:] if type(context) is np.ndarray and context.dtype is _INT32 \
             and context.ndim == 1 else check_tokens(np.asarray(context)[-self.max_tree_depth:], None, "context")
         if limit <= 0 or len(ctx) == 0:
             req.settle(self.global_index)
