@@ -1,7 +1,8 @@
 """specx as vLLM's drafter against vLLM's own methods, on an agent-like workload.
 
-Text-to-SQL requests over the Spider schemas (as examples/text2sql_bench.py builds them), greedy,
-split into a history half and a timed half. One vLLM engine per method and concurrency, each in a
+Text-to-SQL requests over the Spider schemas (as examples/text2sql_bench.py builds them), or with
+--db the prompts of stored agent calls (--source, --agent; in stored order), greedy, split into a
+history half and a timed half. One vLLM engine per method and concurrency, each in a
 fresh process (in-process engine core, so the bench can time the drafter), the timed half measured:
 
     none               no speculation
@@ -62,11 +63,11 @@ def run_engine(args: argparse.Namespace) -> dict:
               gpu_memory_utilization=args.memory_fraction)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
 
-    def serve(batch: list[str]) -> list[list[int]]:
+    def serve(batch: list[str | list[int]]) -> list[list[int]]:
         out = []
         for i in range(0, len(batch), args.concurrency):
-            out += [list(o.outputs[0].token_ids) for o in llm.generate(batch[i : i + args.concurrency], params,
-                                                                         use_tqdm=False)]
+            part = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in batch[i : i + args.concurrency]]
+            out += [list(o.outputs[0].token_ids) for o in llm.generate(part, params, use_tqdm=False)]
         return out
 
     if args.history:
@@ -133,9 +134,9 @@ def bench(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(HERE))
     from text2sql_bench import spider_prompts
 
-    prompts = spider_prompts(Path(args.spider), 2 * args.requests, args.shots)
+    prompts = stored_prompts(args) if args.db else spider_prompts(Path(args.spider), 2 * args.requests, args.shots)
     if len(prompts) < 2 * args.requests:
-        raise SystemExit(f"vllm_bench: only {len(prompts)} prompts in {args.spider}")
+        raise SystemExit(f"vllm_bench: only {len(prompts)} prompts in {args.db or args.spider}")
     history, timed = prompts[: args.requests], prompts[args.requests :]
     if any(m.startswith("suffix") for m in args.methods) and importlib.util.find_spec("arctic_inference") is None:
         print("vllm_bench: building the reference (ArcticInference's suffix tree) for `suffix`", file=sys.stderr)
@@ -148,7 +149,8 @@ def bench(args: argparse.Namespace) -> dict:
         history_file = work / "history.json"
         history_file.write_text(json.dumps({"history": [], "timed": history}))
         child(args, "specx_cold", max(args.concurrency), history_file, warm_store, history=False)
-    report: dict = {"params": {k: getattr(args, k) for k in ("requests", "max_new_tokens", "k", "shots", "model")}}
+    report: dict = {"params": {k: getattr(args, k) for k in ("requests", "max_new_tokens", "k", "shots", "model", "db",
+                                                              "source", "agent")}}
     for c in args.concurrency:
         results = {}
         for m in args.methods:
@@ -179,6 +181,23 @@ def bench(args: argparse.Namespace) -> dict:
         else:
             report[f"concurrency_{c}"] = entry
     return report
+
+
+def stored_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """The prompts of stored calls (in stored order) as the served model's tokens: agents' own requests."""
+    from specx.cli.replay import prompt_tokens
+    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.store.db import Store
+    from specx.store.selection import select_calls
+
+    tokenizer = load_tokenizer(args.model)
+    with Store(Path(args.db)) as store:
+        tid = store.tokenizer_id(tokenizer_fingerprint(tokenizer))
+        if tid is None:
+            raise SystemExit(f"vllm_bench: {args.db} holds no tokens of {args.model}'s tokenizer")
+        calls = select_calls(store, tid, sources=args.source, agents=args.agent, limit=2 * args.requests)
+        window = args.max_model_len - args.max_new_tokens - 1
+        return [p[-window:].tolist() for p in prompt_tokens(store, tokenizer, calls, window)]
 
 
 def copy_store(src: Path, dst: Path) -> None:
@@ -216,6 +235,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--model", default=None, help="an HF model folder (default: the built-in model, converted)")
     parser.add_argument("--spider", default=str(DEFAULT_SPIDER))
+    parser.add_argument("--db", help="draw the prompts from this store's calls instead (stored agents' requests)")
+    parser.add_argument("--source", action="append", help="with --db: stored source(s)")
+    parser.add_argument("--agent", action="append", help="with --db: agent role(s)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--memory-fraction", type=float, default=0.3, help="vLLM's gpu_memory_utilization (on "
                                                                            "CPU: the share of memory for KV)")
