@@ -213,3 +213,24 @@ def test_the_oracle_bounds_suffix_drafting():
         assert (by_cut.steps, by_cut.accepted) == (by_suffix.steps, by_suffix.accepted)
         assert by_cut.drafted < by_suffix.drafted or by_suffix.drafted == by_suffix.accepted
     assert fewer > 0
+
+
+def test_vllm_bench_takes_its_prompts_from_stored_calls(tmp_path, tokenizer):  # noqa: F811
+    import argparse
+
+    from specx.store.db import Store
+    from specx.store.ingest import ingest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import vllm_bench  # imports vLLM only inside its engines
+
+    db = tmp_path / "agents.db"
+    with Store(db) as store:
+        ingest(store, [good_logs(tmp_path)], tokenizer)
+    args = argparse.Namespace(model="smollm2-135m", db=str(db), source=["mmsql"], agent=None, requests=2,
+                              max_model_len=40, max_new_tokens=8)
+    prompts = vllm_bench.stored_prompts(args)  # the first 4 stored MMSQL calls, their last 31 tokens
+    assert len(prompts) == 4
+    assert all(0 < len(p) <= 31 and all(type(t) is int for t in p) for p in prompts)
+    args.source = ["no-such-source"]
+    assert vllm_bench.stored_prompts(args) == []
