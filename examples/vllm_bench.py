@@ -1,7 +1,7 @@
 """specx as vLLM's drafter against vLLM's own methods, on an agent-like workload.
 
 Text-to-SQL requests over the Spider schemas (as examples/text2sql_bench.py builds them), or with
---db the prompts of stored agent calls (--source, --agent; in stored order), greedy, split into a
+--db the prompts of stored agent calls (--format, --source, --agent; in stored order), greedy, split into a
 history half and a timed half. One vLLM engine per method and concurrency, each in a
 fresh process (in-process engine core, so the bench can time the drafter), the timed half measured:
 
@@ -150,7 +150,7 @@ def bench(args: argparse.Namespace) -> dict:
         history_file.write_text(json.dumps({"history": [], "timed": history}))
         child(args, "specx_cold", max(args.concurrency), history_file, warm_store, history=False)
     report: dict = {"params": {k: getattr(args, k) for k in ("requests", "max_new_tokens", "k", "shots", "model", "db",
-                                                              "source", "agent")}}
+                                                              "format", "source", "agent")}}
     for c in args.concurrency:
         results = {}
         for m in args.methods:
@@ -195,7 +195,8 @@ def stored_prompts(args: argparse.Namespace) -> list[list[int]]:
         tid = store.tokenizer_id(tokenizer_fingerprint(tokenizer))
         if tid is None:
             raise SystemExit(f"vllm_bench: {args.db} holds no tokens of {args.model}'s tokenizer")
-        calls = select_calls(store, tid, sources=args.source, agents=args.agent, limit=2 * args.requests)
+        calls = select_calls(store, tid, formats=args.format, sources=args.source, agents=args.agent,
+                             limit=2 * args.requests)
         window = args.max_model_len - args.max_new_tokens - 1
         return [p[-window:].tolist() for p in prompt_tokens(store, tokenizer, calls, window)]
 
@@ -236,6 +237,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="an HF model folder (default: the built-in model, converted)")
     parser.add_argument("--spider", default=str(DEFAULT_SPIDER))
     parser.add_argument("--db", help="draw the prompts from this store's calls instead (stored agents' requests)")
+    parser.add_argument("--format", action="append", help="with --db: log format(s) (swe-agent, ...)")
     parser.add_argument("--source", action="append", help="with --db: stored source(s)")
     parser.add_argument("--agent", action="append", help="with --db: agent role(s)")
     parser.add_argument("--max-model-len", type=int, default=2048)

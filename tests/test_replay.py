@@ -227,7 +227,7 @@ def test_vllm_bench_takes_its_prompts_from_stored_calls(tmp_path, tokenizer):  #
     db = tmp_path / "agents.db"
     with Store(db) as store:
         ingest(store, [good_logs(tmp_path)], tokenizer)
-    args = argparse.Namespace(model="smollm2-135m", db=str(db), source=["mmsql"], agent=None, requests=2,
+    args = argparse.Namespace(model="smollm2-135m", db=str(db), format=None, source=["mmsql"], agent=None, requests=2,
                               max_model_len=40, max_new_tokens=8)
     prompts = vllm_bench.stored_prompts(args)  # the first 4 stored MMSQL calls, their last 31 tokens
     assert len(prompts) == 4
