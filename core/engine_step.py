@@ -45,15 +45,14 @@ def append_and_draft(r_live_tok, r_live_pa, r_live_base, r_live_len, r_slot, r_c
     each and keep the better (Draft.better_path). A request index has live sequences only: its
     sealed arrays, always empty, are not passed (each array argument costs the call its unboxing).
 
+    `new` comes checked (SuffixCache.add_active_response); `context` is checked here.
+
     Returns (num_tokens, score, match_len) with the path in out_tok/out_prob; num_tokens is -1 when
-    a token of `new` or `context` is outside [0, vocab_limit], -2 when a region lacks room for `new`
-    (nothing is appended then).
+    a context token is outside [0, vocab_limit], -2 when a region lacks room for `new` (nothing is
+    appended then).
     """
     for i in range(len(context)):
         if context[i] < 0 or context[i] > vocab_limit:
-            return -1, 0.0, 0
-    for i in range(len(new)):
-        if new[i] < 0 or new[i] > vocab_limit:
             return -1, 0.0, 0
     if len(new) and (r_live_len[r_slot] + len(new) > r_cap or (g_slot >= 0 and g_live_len[g_slot] + len(new) > g_cap)):
         return -2, 0.0, 0
@@ -118,16 +117,16 @@ class StepArgs:
 
     def __init__(self, request: SuffixIndex, request_seq: int, glob: SuffixIndex | None, glob_seq: int,
                  room: int = 0) -> None:
-        r_args, r_slot = request.hot_args(request_seq, room)
-        r_cap = request.live_capacity(request_seq)
+        r_args, r_slot, r_cap = request.hot_args(request_seq, room)
         if len(r_args[2]):
             raise SuffixIndexError("a request index holds live sequences only")
         if glob is None:  # not drafted from (the kernel needs arrays of the same types)
             g_args, g_slot, g_cap, g_depth = r_args, -2, 0, 1
         elif glob_seq < 0:
-            (g_args, g_slot), g_cap, g_depth = glob.hot_args(), 0, glob.max_depth
+            g_args, g_slot, g_cap, g_depth = glob.kernel_view(), -1, 0, glob.max_depth
         else:
-            (g_args, g_slot), g_cap, g_depth = glob.hot_args(glob_seq, room), glob.live_capacity(glob_seq), glob.max_depth
+            g_args, g_slot, g_cap = glob.hot_args(glob_seq, room)
+            g_depth = glob.max_depth
         self.request_view = r_args
         self.global_view = g_args if glob is not None else None
         limit = (request.vocab_size - 1) if request.vocab_size is not None else MAX_TOKEN
@@ -137,11 +136,11 @@ class StepArgs:
 def draft_path(step: StepArgs | None, request: SuffixIndex, request_seq: int, glob: SuffixIndex | None,
                glob_seq: int, new: np.ndarray, context: np.ndarray, max_spec_tokens: int, max_spec_factor: float,
                min_token_prob: float, out: tuple[np.ndarray, np.ndarray]) -> tuple[Draft | None, StepArgs]:
-    """`new` appended to live sequence request_seq of `request` and glob_seq of `glob` (-1: not
-    there; `glob` None: no global index), then the better path of the two indexes for `context`
-    (int32). `step`: the StepArgs of the last call, reused while valid. `out`: int32 and float64
+    """`new` (checked tokens) appended to live sequence request_seq of `request` and glob_seq of
+    `glob` (-1: not there; `glob` None: no global index), then the better path of the two indexes
+    for `context` (int32). `step`: the StepArgs of the last call, reused while valid. `out`: int32 and float64
     buffers of at least max_spec_tokens (the caller's, reused). Returns the draft, None when a token
-    of `new` or `context` is out of range (nothing was appended then), and the StepArgs to pass next.
+    of `context` is out of range (nothing was appended then), and the StepArgs to pass next.
     Drafting arguments are checked by the caller (SuffixCache.speculate; the two floats are floats)."""
     if (step is None or step.request_view is not request.kernel_view()
             or (glob is not None and step.global_view is not glob.kernel_view())):

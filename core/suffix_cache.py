@@ -65,11 +65,10 @@ class _Request:
 
     def settle(self, global_index: SuffixIndex) -> None:
         """Pending tokens into both indexes (the path speculate takes fuses this with drafting)."""
-        if len(self.pending):
-            tokens = check_tokens(self.pending, global_index.vocab_size)
-            self.index.append(self.seq_id, tokens, checked=True)
+        if len(self.pending):  # checked by add_active_response
+            self.index.append(self.seq_id, self.pending, checked=True)
             if self.live_id >= 0:
-                global_index.append(self.live_id, tokens, checked=True)
+                global_index.append(self.live_id, self.pending, checked=True)
             self.pending = _NONE
             self.step = None
 

@@ -162,30 +162,23 @@ class SuffixIndex:
         else:
             self._sync_live_args()
 
-    def hot_args(self, seq_id: int | None = None, room: int = 0) -> tuple[tuple, int]:
-        """For a kernel that appends in place (core.engine_step): the kernels' view of the index, with
-        room for `room` more tokens in live sequence `seq_id`, and that sequence's slot in the view's
-        live arrays (-1 without one). Tell the index with `appended` what the kernel appended."""
-        if seq_id is None:
-            return self._args(), -1
+    def hot_args(self, seq_id: int, room: int = 0) -> tuple[tuple, int, int]:
+        """For a kernel that appends in place (core.engine_step): the kernels' view of the index
+        (kernel_view) with room for `room` more tokens in live sequence `seq_id`, that sequence's slot
+        in the view's live arrays, and the tokens its region holds before it must move. Tell the index
+        with `appended` what the kernel appended."""
         self._get_live(seq_id)
         arena, cap = self._live.tok, self._live.regions[seq_id][1]
-        self._live.reserve(seq_id, room)
+        region = self._live.reserve(seq_id, room)
         if self._live.tok is not arena:
             self._kernel_args = None
-        elif self._kernel_args is not None and self._live.regions[seq_id][1] != cap:
+        elif self._kernel_args is not None and region[1] != cap:
             self._sync_live_args()  # the region moved (and a compaction moves others)
-        args = self._args()
-        return args, self._slots[seq_id]
+        return self._args(), self._slots[seq_id], region[1]
 
     def kernel_view(self) -> tuple:
         """The kernels' view of the index (arrays; the same object until the index's layout changes)."""
-        return self._kernel_args if self._kernel_args is not None else self._args()
-
-    def live_capacity(self, seq_id: int) -> int:
-        """Tokens live sequence `seq_id` can hold before it moves (see hot_args)."""
-        self._get_live(seq_id)
-        return self._live.regions[seq_id][1]
+        return self._args()
 
     def appended(self, seq_id: int, num: int) -> None:
         """A kernel appended `num` tokens to live sequence `seq_id` through hot_args' view (its
