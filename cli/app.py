@@ -15,10 +15,12 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import output
+from .bench_cmd import bench_app
 from .check import check_cmd
+from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .serve import serve_cmd
-from .options import DbOpt, JsonOpt, ListOpt, default_agent_data, specx_home, store_path
+from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, store_path
 
 app = typer.Typer(
     name="specx",
@@ -28,8 +30,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-bench_app = typer.Typer(help="Benchmarks that print a table (or JSON) comparing side by side in one run.",
-                        no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
 @app.command()
@@ -97,9 +97,7 @@ def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """
     from specx.store.db import Store
 
-    path = store_path(db)
-    if not path.exists():
-        raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    path = existing_store(db)
     with Store(path) as store:
         stats = store.stats()
     if json_out:
@@ -115,80 +113,6 @@ def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
                                   "raw log bytes", "disk / raw"],
                        [[stats["sources"], stats["sources_failed"], stats["sessions"], stats["calls"],
                          stats["messages"], stats["disk_bytes"], stats["raw_log_bytes"], ratio]])
-
-
-@app.command("entropy")
-def entropy_cmd(
-    db: DbOpt = None,
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer whose stored tokens to measure (as given to ingest).",
-                                           envvar="SPECX_MODEL")] = "smollm2-135m",
-    by: Annotated[str, typer.Option(help="Group by: format, source, model, agent or session.")] = "format",
-    sample: Annotated[Optional[int], typer.Option(min=1, help="Use N outputs per group, drawn at random (the "
-                                                              "SuffixDecoding paper finds ~100 enough).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for --sample.")] = 0,
-    max_depth: Annotated[int, typer.Option(min=1, max=512, help="Deepest context (index node) counted.")] = 64,
-    fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
-    source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
-    llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
-    agent: Annotated[ListOpt, typer.Option(help="Only calls of this agent role (repeatable).")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """How predictable are the stored outputs? Empirical entropy per group, before any model runs.
-
-    entropy_bits: over every context (suffix-index node) of 1 to max-depth tokens in the outputs, the
-    entropy of the token that follows it, averaged weighted by the context's occurrences. Low means
-    structured, repetitive output: long accepted drafts. H0..H4 are the plain order-k conditional
-    entropies for reference.
-
-    Example: [bold]specx entropy --by agent --sample 100[/]
-    """
-    import numpy as np
-
-    from specx.core.entropy import empirical_entropy
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
-    from specx.store.db import Store
-    from specx.store.selection import GROUPS, select_calls
-
-    if by not in GROUPS:
-        raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
-    path = store_path(db)
-    if not path.exists():
-        raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
-    tok = load_tokenizer(tokenizer, specx_home() / "models")
-    rng = np.random.default_rng(seed)
-    with Store(path) as store:
-        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
-        if tokenizer_id is None:
-            raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
-                                     param_hint="--tokenizer")
-        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent)
-        if not calls:
-            raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
-        groups: dict[str, list] = {}
-        for call in calls:
-            groups.setdefault(call.group(by), []).append(call)
-        rows = []
-        everything = []
-        for key, members in sorted(groups.items()):
-            if sample is not None and len(members) > sample:
-                members = [members[i] for i in sorted(rng.choice(len(members), size=sample, replace=False))]
-            tokens = [store.call_tokens(c.id, tokenizer_id) for c in members]
-            everything += tokens
-            rows.append({"key": key, **_entropy_row(empirical_entropy(tokens, max_depth=max_depth), len(members))})
-        overall = {"key": "overall", **_entropy_row(empirical_entropy(everything, max_depth=max_depth),
-                                                    sum(r["calls"] for r in rows))}
-    if json_out:
-        output.print_json({"by": by, "max_depth": max_depth, "sample": sample, "groups": rows, "overall": overall})
-        return
-    columns = ["calls", "tokens", "entropy_bits", "H0", "H1", "H2", "H3", "H4"]
-    output.print_table(f"empirical entropy by {by} (bits; contexts of 1-{max_depth} tokens)", [by] + columns,
-                       [[r["key"], r["calls"], r["tokens"], r["entropy_bits"], *r["order_bits"]]
-                        for r in rows + [overall]])
-
-
-def _entropy_row(result, calls: int) -> dict:
-    return {"calls": calls, "tokens": result.num_tokens, "entropy_bits": result.entropy_bits,
-            "order_bits": result.order_bits, "contexts": result.num_contexts}
 
 
 @app.command("replay")
@@ -255,9 +179,7 @@ def replay_cmd(
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
     if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg"):
         raise typer.BadParameter("must end in .png or .svg", param_hint="--plot")
-    path = store_path(db)
-    if not path.exists():
-        raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    path = existing_store(db)
     if prompt_window is None:
         prompt_window = 4096 if model is None else 1024
     if max_spec_factor is None:
@@ -309,11 +231,14 @@ def replay_cmd(
             "mean_draft_size", "draft_us_per_token", "update_us_per_token"]
     output.print_table(f"replay by {by} (specx, {'tree' if tree else 'path'} drafts)", [by] + keys,
                        [[g["key"]] + [g[k] for k in keys] for g in result["groups"]]
-                       + [["overall"] + [result["overall"][k] for k in keys]])
+                       + [["overall"] + [result["overall"][k] for k in keys]], caption=_REPLAY_CAPTION)
     if result["baselines"]:
         rows = [["specx"] + [result["overall"][k] for k in keys]]
         rows += [[name] + [stats[k] for k in keys] for name, stats in result["baselines"].items()]
-        output.print_table("methods on the same calls", ["method"] + keys, rows)
+        output.print_table("methods on the same calls", ["method"] + keys, rows, caption=_REPLAY_CAPTION)
+
+
+_REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us columns: lower is better"
 
 
 def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_tokens: int, warm: bool, baselines: bool,
@@ -355,117 +280,11 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
     keys = ["tokens_per_s", "speedup_vs_plain", "speedup_vs_prompt_lookup", "tokens", "seconds", "identical_calls",
             "tokens_per_step", "accepted_per_step"]
     output.print_table(f"replay through {model}: {len(calls)} calls, greedy", ["method"] + keys,
-                       [[name] + [row.get(k) for k in keys] for name, row in result["methods"].items()])
+                       [[name] + [row.get(k) for k in keys] for name, row in result["methods"].items()],
+                       caption="higher tokens_per_s and speedup are better; identical_calls should equal calls")
 
 
-@bench_app.command("index")
-def bench_index(
-    tokens: Annotated[int, typer.Option(min=1000, help="Size of the synthetic corpus, in tokens.")] = 1_000_000,
-    positions: Annotated[int, typer.Option(min=1, help="Held-out positions to draft at.")] = 2000,
-    logs: Annotated[Optional[Path], typer.Option(
-        help="Folder of agent logs to benchmark too (default: ../shared/agent-data when present).")] = None,
-    no_logs: Annotated[bool, typer.Option("--no-logs", help="Only the synthetic corpus.")] = False,
-    model: Annotated[str, typer.Option(help="Tokenizer for the logs: built-in name, HF folder or .gguf file.",
-                                       envvar="SPECX_MODEL")] = "smollm2-135m",
-    reference: Annotated[bool, typer.Option(help="Also run ArcticInference's suffix tree when importable.")] = True,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic corpus and the held-out split.")] = 0,
-    json_out: JsonOpt = False,
-) -> None:
-    """Suffix-index figures: build and load speed, bytes per token, append and draft latency, accepted tokens.
-
-    Example: [bold]specx bench index --tokens 1000000 --json[/]
-    """
-    from . import bench
-    from . import reference as reference_impl
-    from specx.core.model import load_tokenizer
-
-    corpora = []
-    output.note(f"synthetic corpus: {tokens:,} tokens of templated JSON-like records (seed {seed})")
-    corpora.append(bench.bench_corpus("synthetic-json", bench.synthetic_docs(tokens, seed), num_positions=positions,
-                                      seed=seed, with_reference=reference, on_step=output.note))
-    root = None if no_logs else (logs or default_agent_data())
-    if logs is not None and not logs.is_dir():
-        raise typer.BadParameter(f"{logs} is not a folder", param_hint="--logs")
-    if root is not None:
-        tokenizer = load_tokenizer(model, specx_home() / "models")
-        docs, by_format = bench.agent_log_docs(root, tokenizer)
-        output.note(f"agent logs: {root} ({sum(by_format.values()):,} calls: "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(by_format.items())) + ")")
-        corpora.append(bench.bench_corpus("agent-logs", docs, num_positions=positions, seed=seed,
-                                          with_reference=reference, on_step=output.note))
-    elif not no_logs:
-        output.note("agent logs: not found (pass --logs FOLDER); synthetic corpus only")
-    if reference and not reference_impl.available():
-        output.note(f"reference: not importable ({reference_impl.why_unavailable()}); specx figures only")
-    primary = corpora[0]["specx"]
-    result = {**primary, "targets_met": bench.check_targets(primary), "corpora": corpora, "machine": bench.machine()}
-    if json_out:
-        output.print_json(result)
-        return
-    _print_bench_table(corpora)
-
-
-@bench_app.command("ingest")
-def bench_ingest(
-    logs: Annotated[Optional[Path], typer.Argument(
-        help="Folder of agent logs (default: ../shared/agent-data when present).")] = None,
-    model: Annotated[str, typer.Option(help="Tokenizer: built-in name, HF folder or .gguf file.",
-                                       envvar="SPECX_MODEL")] = "smollm2-135m",
-    json_out: JsonOpt = False,
-) -> None:
-    """Ingest a folder into a new store and again: seconds, calls added, store size vs the logs, index load.
-
-    Example: [bold]specx bench ingest ../shared/agent-data --json[/]
-    """
-    import tempfile
-
-    from . import bench
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
-    from specx.store.ingest import Tokenizer
-
-    root = logs or default_agent_data()
-    if root is None or not root.is_dir():
-        raise typer.BadParameter(f"{root or 'agent logs'} is not a folder", param_hint="LOGS")
-    tokenizer = Tokenizer(model, lambda: load_tokenizer(model, specx_home() / "models"), tokenizer_fingerprint)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = bench.bench_ingest(root, Path(tmp), tokenizer, on_step=output.note)
-    result["targets_met"] = {"ingest_s": result["ingest_s"] <= 60, "reingest_s": result["reingest_s"] <= 5,
-                             "reingest_new_calls": result["reingest_new_calls"] == 0,
-                             "store_vs_logs": result["store_vs_logs"] <= 0.25}
-    if json_out:
-        output.print_json({**result, "machine": bench.machine()})
-        return
-    targets = {"ingest_s": "<= 60", "reingest_s": "<= 5", "reingest_new_calls": "0", "store_vs_logs": "<= 0.25"}
-    output.print_table(f"ingest {root}", ["metric", "value", "target"],
-                       [[k, v, targets.get(k, "")] for k, v in result.items() if k != "targets_met"])
-
-
-def _print_bench_table(corpora: list[dict]) -> None:
-    from .bench import TARGETS
-
-    keys = ["tokens", "build_tokens_per_s", "bytes_per_token", "load_tokens_per_s", "append_us_per_token",
-            "add_us_per_token", "speculate_p50_us", "speculate_p99_us", "mean_accepted",
-            "path_speculate_p50_us", "path_mean_accepted"]
-    columns = ["metric"]
-    for c in corpora:
-        columns.append(f"specx {c['corpus']}")
-        if c["reference"] is not None:
-            columns.append(f"reference {c['corpus']}")
-    columns.append("target")
-    rows = []
-    for key in keys:
-        row = [key]
-        for c in corpora:
-            row.append(c["specx"].get(key))
-            if c["reference"] is not None:
-                row.append(c["reference"].get(key))
-        op_bound = TARGETS.get(key)
-        row.append(f"{op_bound[0]} {op_bound[1]:,}" if op_bound else "")
-        rows.append(row)
-    positions = ", ".join(f"{c['corpus']}: {c['positions']:,}" for c in corpora)
-    output.print_table(f"suffix index (held-out positions {positions}; max_spec_tokens 32, tree)", columns, rows)
-
-
+app.command("entropy")(entropy_cmd)
 app.command("check")(check_cmd)
 app.command("generate")(generate_cmd)
 app.command("serve")(serve_cmd)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, store_path
+from .options import DbOpt, JsonOpt, existing_store
 
 
 def check_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
@@ -20,9 +20,7 @@ def check_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """
     from specx.store.check import check_store
 
-    path = store_path(db)
-    if not path.exists():
-        raise typer.BadParameter(f"no store at {path} (run `specx ingest` first)", param_hint="--db")
+    path = existing_store(db)
     report = check_store(path)
     if json_out:
         output.print_json(report.to_json())

@@ -39,4 +39,14 @@ def store_path(db: Path | None) -> Path:
     return db if db is not None else specx_home() / "specx.db"
 
 
+def existing_store(db: Path | None) -> Path:
+    """The store's path for a command that reads one; a missing store is a user error (exit 1)."""
+    from specx.store.db import StoreError
+
+    path = store_path(db)
+    if not path.exists():
+        raise StoreError(f"no store at {path} (run `specx ingest` first, or pass --db)")
+    return path
+
+
 ListOpt = Optional[list[str]]

@@ -233,4 +233,4 @@ def test_check_names_what_is_wrong_and_writes_nothing(tmp_path, tokenizer):
     assert "index smollm2-135m: covers 400 token rows up to row 400, but the store has 399 there" in res.stderr
     assert sha256(db) == before
     res = specx("check", "--db", str(tmp_path / "none.db"))
-    assert res.returncode == 2 and "no store" in res.stderr and not (tmp_path / "none.db").exists()
+    assert res.returncode == 1 and "no store" in res.stderr and not (tmp_path / "none.db").exists()
