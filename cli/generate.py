@@ -55,6 +55,7 @@ def generate_cmd(
     from specx.core.suffix_index import SuffixIndex
     from specx.core.text import TextStream
 
+    output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
     global_index = SuffixIndex()
     path = store_path(db)
@@ -64,6 +65,7 @@ def generate_cmd(
 
         with Store(path) as store:
             global_index = index_for(store, tokenizer_fingerprint(tok))
+        output.note(f"global index: {global_index.num_tokens:,} tokens from {path}")
     if raw:
         prompt_ids = tok.encode(prompt, add_special_tokens=False)
     else:
@@ -75,6 +77,7 @@ def generate_cmd(
                     top_k=top_k, seed=seed)
     cost = None
     if cost_aware:
+        output.note("measuring what a forward pass costs per number of tokens verified (compiles kernels on first use) ...")
         cost = calibrate(net, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
             output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")

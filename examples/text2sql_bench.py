@@ -103,6 +103,7 @@ def main() -> None:
     net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
     texts = spider_prompts(args.spider, args.history + args.warmup + args.requests, args.shots)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+    print("measuring what a forward pass costs per number of tokens verified ...", file=sys.stderr)
     cost = calibrate(net)
     drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
     if args.history:
@@ -112,8 +113,11 @@ def main() -> None:
     stock = load_model("smollm2-135m", args.cache, dtype=args.dtype, kernels=False)[0] if args.stock else None
     timed = lambda i: i >= args.warmup  # noqa: E731
     print(f"running {', '.join(methods)} over {len(prompts)} requests, taking turns ...", file=sys.stderr)
-    runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
-                   stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens)
+    with progress() as bar:
+        task = bar.add_task("requests x methods", total=len(prompts) * len(methods))
+        runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
+                       stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens,
+                       on_call=lambda: bar.advance(task))
     summary_ = summary(runs, timed)["methods"]
     if args.json:
         print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup, "history": args.history,
@@ -126,6 +130,7 @@ def main() -> None:
     for name, s in summary_.items():
         print(f"{name:<15}{s['tokens_per_s']:>10.1f}{s.get('speedup_vs_plain', 1.0):>8.2f}x"
               f"{s['identical_calls']:>6}/{s['calls']}")
+    print("higher tokens/s and speedup (vs plain decoding) are better; identical: outputs equal to plain decoding's")
     shown = "specx" if "specx" in runs else methods[0]
     print(f"example output ({shown}):", repr(tok.decode(runs[shown].outputs[-1])[:200]))
 
