@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from .cost import AcceptanceModel, ForwardCost
 from .generate import Totals, generate
-from .kernels import new_cache
+from .kv_cache import new_cache
 from .prefix_cache import PrefixCache
 
 METHODS = ("plain", "prompt_lookup", "specx")
@@ -47,7 +47,7 @@ def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_toke
                 prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False,
                 prefix_cache: PrefixCache | None = None) -> list[int]:
     """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
-    same KV cache class as specx (core.kernels.new_cache), so that only the decoding differs;
+    same KV cache class as specx (core.kv_cache.new_cache), so that only the decoding differs;
     `stock_cache`: on transformers' default cache instead. With `prefix_cache`, the prompt but its
     last token is prefilled through it first (transformers then runs only the last token)."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)

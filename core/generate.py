@@ -169,7 +169,7 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
                   eos_token_ids: Iterable[int] | int | None = None) -> list[int]:
     """Plain greedy decoding in the simplest form (forward with a KV cache, argmax): the reference
     that speculative greedy decoding must equal token for token."""
-    from .kernels import new_cache
+    from .kv_cache import new_cache
 
     eos = _eos_set(eos_token_ids)
     cache = new_cache(model)

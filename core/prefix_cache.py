@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kernels import full_attention, new_cache
+from .kv_cache import full_attention, new_cache
 
 
 class PrefixCache:

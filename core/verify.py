@@ -25,9 +25,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .draft import Draft
-from .kernels import ATTENTION
+from .attention import ATTENTION
 
-# Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.kernels'); flash
+# Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.attention's); flash
 # kernels only know causal/padding masks and flex attention wants a BlockMask.
 _MASKABLE = ("sdpa", "eager", ATTENTION)
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core import kernels
+from specx.core import matmul
 from specx.core.cost import calibrate
 from specx.core.model import load_model
 
@@ -64,7 +64,7 @@ def main() -> None:
     if not any("small-batch linear" in k for k in getattr(net, "specx_kernels", [])):
         sys.exit("error: the small-batch kernels are off on this machine (CPU float32 only); nothing to compare")
     stock_net, _ = load_model("smollm2-135m", args.cache, kernels=False)
-    layers = [m for m in net.modules() if isinstance(m, kernels.SmallBatchLinear)]
+    layers = [m for m in net.modules() if isinstance(m, matmul.SmallBatchLinear)]
     print(f"timing {len(layers)} linear layers and whole passes at {len(ROWS)} sizes ...", file=sys.stderr)
     linear = {n: {"mkl_ms": 1e3 * time_linears(layers, n, args.repeats, stock=True),
                   "specx_ms": 1e3 * time_linears(layers, n, args.repeats, stock=False)} for n in ROWS}
@@ -73,7 +73,7 @@ def main() -> None:
     rows = [{"tokens": n, "linear_mkl_ms": linear[n]["mkl_ms"], "linear_specx_ms": linear[n]["specx_ms"],
              "pass_stock_ms": 1e3 * passes["stock"](n), "pass_specx_ms": 1e3 * passes["specx"](n)} for n in ROWS]
     if args.json:
-        print(json.dumps({"rows": rows, "kernel_rows": [kernels.MIN_ROWS, kernels.MAX_ROWS],
+        print(json.dumps({"rows": rows, "kernel_rows": [matmul.MIN_ROWS, matmul.MAX_ROWS],
                           "linear_layers": len(layers), "threads": torch.get_num_threads()}, indent=2))
         return
     print(f"{'tokens':>6} | {'linear: MKL':>12}{'specx':>8} | {'pass: stock':>12}{'specx':>8}   (ms)")

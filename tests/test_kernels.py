@@ -1,4 +1,4 @@
-"""core.kernels: the small-batch linear kernel is exact and batch-invariant, the grouped-query
+"""core.kernels (core.matmul, core.attention, core.kv_cache): the small-batch linear kernel is exact and batch-invariant, the grouped-query
 attention and the growing cache change nothing but speed, and an accelerated model still decodes
 speculatively token for token like plain greedy (transformers' own prompt lookup too)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specx.core import kernels
+from specx.core import attention, kernels, kv_cache, matmul
 from specx.core.generate import generate, greedy_decode
 from specx.core.verify import keep_accepted, tree_logits
 
@@ -22,7 +22,7 @@ def test_panel_matmul_is_a_matmul(rows, n, k):
     rng = np.random.default_rng(rows * n)
     x = rng.standard_normal((rows, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
-    out = kernels.linear_rows(x, kernels.pack_weight(w), n)
+    out = matmul.linear_rows(x, matmul.pack_weight(w), n)
     assert out.shape == (rows, n)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)
 
@@ -30,14 +30,14 @@ def test_panel_matmul_is_a_matmul(rows, n, k):
 def test_panel_matmul_is_batch_invariant():
     # a row's result is the same bits alone, among others, and at any position in the batch
     rng = np.random.default_rng(7)
-    w = kernels.pack_weight(rng.standard_normal((70, 150), dtype=np.float32))  # 70: padded to 96
-    x = rng.standard_normal((kernels.MAX_ROWS, 150), dtype=np.float32)
-    full = kernels.linear_rows(x, w, 70)
-    for m in range(kernels.MAX_ROWS):  # every kernel (4, 8, ... 24 rows) in turn
-        assert np.array_equal(kernels.linear_rows(x[m : m + 1], w, 70)[0], full[m])  # alone (padded)
-        assert np.array_equal(kernels.linear_rows(x[m:], w, 70)[0], full[m])  # first of the rest
-    assert np.array_equal(kernels.linear_rows(x[::-1].copy(), w, 70)[::-1], full)  # other partners
-    assert np.array_equal(kernels.linear_rows(x[1:], w, 70), full[1:])  # every row in the other slot
+    w = matmul.pack_weight(rng.standard_normal((70, 150), dtype=np.float32))  # 70: padded to 96
+    x = rng.standard_normal((matmul.MAX_ROWS, 150), dtype=np.float32)
+    full = matmul.linear_rows(x, w, 70)
+    for m in range(matmul.MAX_ROWS):  # every kernel (4, 8, ... 24 rows) in turn
+        assert np.array_equal(matmul.linear_rows(x[m : m + 1], w, 70)[0], full[m])  # alone (padded)
+        assert np.array_equal(matmul.linear_rows(x[m:], w, 70)[0], full[m])  # first of the rest
+    assert np.array_equal(matmul.linear_rows(x[::-1].copy(), w, 70)[::-1], full)  # other partners
+    assert np.array_equal(matmul.linear_rows(x[1:], w, 70), full[1:])  # every row in the other slot
 
 
 def test_small_batch_linear_uses_the_kernel_only_where_it_applies():
@@ -45,16 +45,16 @@ def test_small_batch_linear_uses_the_kernel_only_where_it_applies():
     stock = torch.nn.Linear(40, 24)
     fast = torch.nn.Linear(40, 24)
     fast.load_state_dict(stock.state_dict())
-    fast.__class__ = kernels.SmallBatchLinear
+    fast.__class__ = matmul.SmallBatchLinear
     with torch.no_grad():
-        for shape in [(kernels.MIN_ROWS, 40), (2, 3, 40), (1, kernels.MAX_ROWS, 40)]:
+        for shape in [(matmul.MIN_ROWS, 40), (2, 3, 40), (1, matmul.MAX_ROWS, 40)]:
             x = torch.randn(shape)
             torch.testing.assert_close(fast(x), stock(x), rtol=1e-5, atol=1e-5)
         # a decoding step's row or a prefill: the stock path, bit for bit
-        for shape in [(1, 40), (1, kernels.MIN_ROWS - 1, 40), (1, kernels.MAX_ROWS + 1, 40)]:
+        for shape in [(1, 40), (1, matmul.MIN_ROWS - 1, 40), (1, matmul.MAX_ROWS + 1, 40)]:
             x = torch.randn(shape)
             assert torch.equal(fast(x), stock(x))
-    x = torch.randn(kernels.MIN_ROWS, 40, requires_grad=True)  # training: the stock path keeps autograd working
+    x = torch.randn(matmul.MIN_ROWS, 40, requires_grad=True)  # training: the stock path keeps autograd working
     fast(x).sum().backward()
     assert x.grad is not None
 
@@ -68,7 +68,7 @@ def test_gqa_attention_equals_sdpa():
     q, k, v = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 11, 8), torch.randn(1, 2, 11, 8)
     mask = torch.where(torch.rand(1, 1, 5, 11) < 0.3, torch.finfo(torch.float32).min, 0.0)
     mask[..., 0] = 0.0  # every query sees at least one key
-    ours, _ = kernels.gqa_attention(module, q, k, v, mask, scaling=0.3)
+    ours, _ = attention.gqa_attention(module, q, k, v, mask, scaling=0.3)
     ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
     assert ours.shape == ref.shape == (1, 5, 6, 8)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
@@ -78,7 +78,7 @@ def test_growing_cache_holds_what_the_dynamic_cache_holds():
     model = tiny_model(torch.float32)
     rng = random.Random(3)
     prefix = [rng.randrange(VOCAB) for _ in range(300)]  # past the first buffer: it has to grow
-    grown, plain = kernels.GrowingCache(), DynamicCache(config=model.config)
+    grown, plain = kv_cache.GrowingCache(), DynamicCache(config=model.config)
     with torch.no_grad():
         for cache in (grown, plain):
             model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
@@ -92,7 +92,7 @@ def test_growing_cache_holds_what_the_dynamic_cache_holds():
                 keep_accepted(cache, num_kept, accepted, len(draft))
             for g, p in zip(grown.layers, plain.layers):
                 assert torch.equal(g.keys, p.keys) and torch.equal(g.values, p.values)
-    assert kernels.new_cache(model).__class__ is kernels.GrowingCache
+    assert kv_cache.new_cache(model).__class__ is kv_cache.GrowingCache
 
 
 @pytest.fixture(scope="module")
@@ -130,5 +130,5 @@ def test_accelerated_model_under_transformers_generate(fast32):
 def test_accelerate_leaves_other_dtypes_on_the_stock_linear():
     model = tiny_model(torch.float64)
     assert kernels.accelerate(model) == ["grouped-query attention"]
-    assert not any(isinstance(m, kernels.SmallBatchLinear) for m in model.modules())
+    assert not any(isinstance(m, matmul.SmallBatchLinear) for m in model.modules())
     assert tree_logits(model, prefilled(model, [1, 2, 3]), [4], random_tree(random.Random(0), 5)).dtype == torch.float64

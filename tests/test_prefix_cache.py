@@ -9,7 +9,7 @@ import torch
 
 from specx.core.compare import hf_generate
 from specx.core.generate import generate, greedy_decode
-from specx.core.kernels import new_cache
+from specx.core.kv_cache import new_cache
 from specx.core.prefix_cache import PrefixCache
 
 from test_generate import MAKERS, FakeDrafter
