@@ -202,12 +202,12 @@ def calibrate(model: Any, sizes: Sequence[int] = SIZES, repeats: int = 3, contex
 def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -> tuple[float, ...]:
     import torch
 
-    from .generate import _prefill
+    from .prefix_cache import PrefixCache
     from .verify import tree_logits
 
     rng = np.random.default_rng(0)
     vocab = int(model.config.vocab_size)
-    cache = _prefill(model, rng.integers(0, vocab, size=context).tolist())
+    cache = PrefixCache(0).prefill(model, rng.integers(0, vocab, size=context).tolist())
     seconds = []
     # a GPU runs the pass asynchronously: wait for it (a step waits too, when it reads the logits)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
