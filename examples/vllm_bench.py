@@ -11,7 +11,8 @@ fresh process (in-process engine core, so the bench can time the drafter), the t
     suffix             ArcticInference's suffix tree after a restart: whatever it saw of the history
                        half died with the engine, so it starts cold (run as such)
     specx_warm         specx after a restart: the store holds what the same model answered to the
-                       history half (served once by specx, recorded, then the engine exited)
+                       history half at the same concurrency (served once by specx, recorded, then the
+                       engine exited)
     suffix_inprocess   history half then timed half in one engine
     specx_inprocess    the same with specx (empty store at start)
 
@@ -144,14 +145,18 @@ def bench(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     prompt_file = work / "prompts.json"
     prompt_file.write_text(json.dumps({"history": history, "timed": timed}))
-    warm_store = work / "warm.db"
-    if "specx_warm" in args.methods:  # specx serves the history half once and records it; the engine exits
-        history_file = work / "history.json"
-        history_file.write_text(json.dumps({"history": [], "timed": history}))
-        child(args, "specx_cold", max(args.concurrency), history_file, warm_store, history=False)
+    history_file = work / "history.json"
+    history_file.write_text(json.dumps({"history": [], "timed": history}))
     report: dict = {"params": {k: getattr(args, k) for k in ("requests", "max_new_tokens", "k", "shots", "model", "db",
                                                               "format", "source", "agent")}}
+    recorded: dict[int, list] = {}
     for c in args.concurrency:
+        warm_store = work / f"warm-c{c}.db"
+        if "specx_warm" in args.methods:
+            # specx serves the history half once, at this concurrency, and records it; the engine exits. At
+            # another concurrency the model's greedy answers can differ (batched arithmetic), and the
+            # in-process methods see the answers of the concurrency they are timed at.
+            recorded[c] = child(args, "specx_cold", c, history_file, warm_store, history=False)["outputs"]
         results = {}
         for m in args.methods:
             store = None
@@ -176,6 +181,9 @@ def bench(args: argparse.Namespace) -> dict:
                     "draft_us_per_step": ra["draft_us_per_step"] / rb["draft_us_per_step"]
                     if rb["draft_us_per_step"] else None}
         entry = {"methods": results, "ratios": ratios}
+        if c in recorded and args.concurrency[0] in recorded:  # the history's answers against the first concurrency's
+            entry["history_identical_to_first_concurrency"] = sum(
+                a == b for a, b in zip(recorded[c], recorded[args.concurrency[0]]))
         if c == args.concurrency[0]:
             report.update(entry | {"concurrency": c})
         else:
