@@ -9,12 +9,15 @@ from the global index, which holds earlier outputs and, live, every output being
 Engines stop requests lazily and do not say why: vLLM calls stop_request when a request is missing
 from the batch, which happens when it finished, but also when it was preempted or simply not
 scheduled in that step, and then it comes back with the same id (evict_cached_response, then
-start_request). So a stopped request stays *pending* for `linger_s`: its output remains a live
-sequence of the global index, and a start with the same id and prompt resumes it, output and all.
-After that it is *finished*: sealed into the global index and handed to `on_finish(request_id,
-prompt, output)` exactly once (specx's vLLM plugin stores it). An idle engine makes no calls, so
-its last requests are never stopped: `finish_idle` (called from a timer) finishes them, and
-`flush()` finishes everything, active requests included (at shutdown).
+start_request). So a stopped request stays *pending*: its output remains a live sequence of the
+global index, and a start with the same id and prompt resumes it, output and all. It is *finished*
+(sealed into the global index and handed to `on_finish(request_id, prompt, output)` exactly once;
+specx's vLLM plugin stores it) when the engine says so (`engine_finished`: the plugin passes on
+the scheduler's finished request ids), or else `linger_s` after its stop. A linger alone cuts an
+output into pieces whenever a request waits longer than that between two of its steps (on a CPU,
+behind other requests' long prefills, it did at 2 s). An idle engine makes no calls, so its last
+requests are never stopped: `finish_idle` (called from a timer) finishes them, and `flush()`
+finishes everything, active requests included (at shutdown).
 
 Engines verify linear drafts only (vLLM v1): `speculate` grows a path from each index, merges
 them as SuffixDrafter does, and returns the one with the highest expected accepted length
@@ -32,7 +35,7 @@ request per step is tens of microseconds, and separate calls spent more on glue 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, KeysView, Sequence
+from collections.abc import Callable, Hashable, Iterable, KeysView, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -150,6 +153,17 @@ class SuffixCache:
         req.stopped_at = self.clock()
         self._pending[req_id] = req
         self._finish_lingering()
+
+    def engine_finished(self, req_ids: Iterable[Hashable]) -> int:
+        """The engine says these requests are over (finished or aborted), whether or not they were
+        stopped yet: each known one is finished now. Returns how many were."""
+        done = 0
+        for req_id in req_ids:
+            req = self._active.pop(req_id, None) or self._pending.pop(req_id, None) or self._evicted.pop(req_id, None)
+            if req is not None:
+                self._finish(req_id, req)
+                done += 1
+        return done
 
     def evict_cached_response(self, req_id: Hashable) -> None:
         """vLLM calls this just before restarting a stopped request: the next start resumes it."""

@@ -3,6 +3,7 @@
 
 import importlib.util
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -83,6 +84,28 @@ def test_a_preempted_request_resumes_with_its_output_and_is_stored_once():
     assert cache.speculate("a", [4, 5], max_spec_tokens=4).token_ids == [9]  # its own output so far is indexed
     assert cache.flush() == 2
     assert sorted(seen) == [("a", [1, 2], [4, 5, 9]), ("b", [3], [6, 7, 8])]
+
+
+def test_a_request_left_out_of_many_slow_steps_is_stored_once_when_the_engine_says_it_finished():
+    clock = Clock()
+    seen, on_finish = finished_log()
+    cache = SuffixCache(SuffixIndex(64), on_finish=on_finish, linger_s=600.0, clock=clock)
+    batch = Batch({"a": [1, 2], "b": [3]}, order=["a", "b"])
+    step(cache, batch, {"a": [4], "b": [6]})
+    batch.order = ["b"]
+    for t in range(1, 6):  # "a" waits behind "b" for 50 s of slow steps (a CPU behind long prefills)
+        clock.now = 10.0 * t
+        step(cache, batch, {"b": [7]})
+        assert cache.finish_idle(10.0) == 0 and "a" in cache.cached_requests
+    batch.order = ["a", "b"]
+    step(cache, batch, {"a": [5], "b": [8]})
+    assert seen == []
+    assert cache.engine_finished(["a", "never-seen"]) == 1  # over before vLLM's lazy stop: finished now
+    assert seen == [("a", [1, 2], [4, 5])] and "a" not in cache.active_requests
+    batch.order = ["b"]
+    step(cache, batch, {"b": [9]})  # the stop never comes for "a": it is no longer active
+    assert cache.engine_finished(["b"]) == 1
+    assert seen[1] == ("b", [3], [6, 7, 7, 7, 7, 7, 8, 9]) and not cache.active_requests and not cache.cached_requests
 
 
 def test_quiet_requests_finish_without_another_engine_step():
@@ -316,6 +339,31 @@ def test_an_idle_engine_stores_its_last_request_and_persists_the_index(store_env
             state = store.index_state(tid) if tid is not None else None
     assert state is not None and state.num_calls == 1 and state.num_tokens == 3
     drafter.close()
+
+
+def test_the_model_runner_tells_the_drafter_which_requests_finished(store_env, monkeypatch):
+    class GPUModelRunner:  # vLLM's model runner, as far as the plugin's hook needs it
+        def _update_states(self, scheduler_output):
+            return "updated"
+
+    monkeypatch.setitem(plugin._FINISHES, "hooked", False)
+    plugin.hear_finished_requests(types.SimpleNamespace(GPUModelRunner=GPUModelRunner))
+    plugin.hear_finished_requests(types.SimpleNamespace(GPUModelRunner=GPUModelRunner))  # wraps once
+    monkeypatch.delenv("SPECX_LINGER_S")
+    tok = CharTokenizer()
+    drafter = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    assert drafter.cache.linger_s == 600.0  # told when requests finish, a stopped one may wait long
+    batch = Batch({"r": [1, 2]}, order=["r"])
+    step(drafter, batch, {"r": [40, 41]})
+    batch.order = []
+    step(drafter, batch, {})  # left out of a step: stopped, still pending
+    assert "r" in drafter.cached_requests
+    assert GPUModelRunner()._update_states(types.SimpleNamespace(finished_req_ids={"r"})) == "updated"
+    assert not drafter.cached_requests
+    drafter.close()
+    with Store(store_env) as store:
+        tid = store.tokenizer_id(tokenizer_fingerprint(tok))
+        assert [t.tolist() for _, t in store.iter_tokens(tid)] == [[40, 41]]
 
 
 def test_only_rank_zero_records_and_record_can_be_off(store_env, monkeypatch):

@@ -41,6 +41,7 @@ import threading
 import time
 import types
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +139,38 @@ def check_vllm_version(version: str | None = None) -> None:
                              f"{lo[0]}.{lo[1]}.x); unset SPECX_DB to run vLLM without specx")
 
 
+_DRAFTERS: "weakref.WeakSet[EngineDrafter]" = weakref.WeakSet()  # this process's drafters
+_FINISHES = {"hooked": False}  # whether the model runner passes on the scheduler's finished request ids
+
+
+def hear_finished_requests(module: Any) -> None:
+    """Wrap the model runner's per-step state update so the drafters learn which requests finished.
+
+    The suffix proposer stops every request missing from the batch, including the running ones the
+    scheduler left out of a step, which come back later; only the scheduler's `finished_req_ids`
+    says a request is over. Without it a drafter must guess from time alone and cuts outputs that
+    wait longer than its linger into pieces (in the store, too)."""
+    runner = getattr(module, "GPUModelRunner", None)
+    update = getattr(runner, "_update_states", None)
+    if update is None or getattr(update, "_specx", False):
+        return
+
+    def _update_states(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        finished = getattr(scheduler_output, "finished_req_ids", None)
+        if finished:
+            for drafter in list(_DRAFTERS):
+                drafter.engine_finished(finished)
+        return update(self, scheduler_output, *args, **kwargs)
+
+    _update_states._specx = True  # type: ignore[attr-defined]
+    runner._update_states = _update_states
+    _FINISHES["hooked"] = True
+
+
 def install() -> None:
-    """Make `from arctic_inference.suffix_decoding import SuffixDecodingCache` give specx's drafter."""
+    """Make `from arctic_inference.suffix_decoding import SuffixDecodingCache` give specx's drafter,
+    and have the model runner tell it which requests finished."""
+    after_import({"vllm.v1.worker.gpu_model_runner": hear_finished_requests})
     package = types.ModuleType("arctic_inference")
     package.__spec__ = importlib.machinery.ModuleSpec("arctic_inference", None, is_package=True)
     package.__path__ = []
@@ -205,7 +236,8 @@ class EngineDrafter:
         budget = parse_bytes(os.environ.get("SPECX_INDEX_BYTES", str(DEFAULT_INDEX_BYTES)))
         record = os.environ.get("SPECX_RECORD", "1") not in ("0", "false", "no", "")
         sync_s = _env_float("SPECX_SYNC_S", 10.0)
-        linger_s = _env_float("SPECX_LINGER_S", 2.0)
+        # told which requests finished, a stopped one waits to be resumed as long as it takes
+        linger_s = _env_float("SPECX_LINGER_S", 600.0 if _FINISHES["hooked"] else 2.0)
         idle_s = _env_float("SPECX_IDLE_S", 10.0)
         config = _current_vllm_config()
         if tokenizer is None:
@@ -257,6 +289,7 @@ class EngineDrafter:
         # Engines never stop their last requests, and vLLM's workers end by SystemExit: store what is
         # left at exit (multiprocessing's finalizers run in spawned and forked children alike).
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)
+        _DRAFTERS.add(self)
         log.info("specx: drafting from %s: %d outputs, %d tokens, %.1f MB in %.2f s (rank %d, %s)", path,
                  index.num_sequences, index.num_tokens, index.nbytes / 1e6, time.perf_counter() - t0, rank,
                  "recording" if self.writer is not None else "not recording")
@@ -303,6 +336,10 @@ class EngineDrafter:
     def flush(self) -> int:
         with self._lock:
             return self.cache.flush()
+
+    def engine_finished(self, req_ids: Any) -> int:
+        with self._lock:
+            return self.cache.engine_finished(req_ids)
 
     def _finish_quiet_requests(self) -> None:
         while not self._closed:
