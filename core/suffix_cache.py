@@ -12,12 +12,14 @@ scheduled in that step, and then it comes back with the same id (evict_cached_re
 start_request). So a stopped request stays *pending*: its output remains a live sequence of the
 global index, and a start with the same id and prompt resumes it, output and all. It is *finished*
 (sealed into the global index and handed to `on_finish(request_id, prompt, output)` exactly once;
-specx's vLLM plugin stores it) when the engine says so (`engine_finished`: the plugin passes on
-the scheduler's finished request ids), or else `linger_s` after its stop. A linger alone cuts an
+specx's vLLM plugin stores it) when the engine says so (`engine_step`: the plugin passes on the
+scheduler's finished request ids at each step), or else `linger_s` after its stop. A linger alone cuts an
 output into pieces whenever a request waits longer than that between two of its steps (on a CPU,
 behind other requests' long prefills, it did at 2 s). An idle engine makes no calls, so its last
-requests are never stopped: `finish_idle` (called from a timer) finishes them, and `flush()`
-finishes everything, active requests included (at shutdown).
+requests are never stopped: `finish_idle` (called from a timer) finishes them, but not while a step
+is under way (told by `engine_step`; on a CPU one step of long prefills took over 10 s, and
+finishing its requests as idle cut them into pieces too), and `flush()` finishes everything,
+active requests included (at shutdown).
 
 Engines verify linear drafts only (vLLM v1): `speculate` grows a path from each index, merges
 them as SuffixDrafter does, and returns the one with the highest expected accepted length
@@ -101,6 +103,7 @@ class SuffixCache:
         self._evicted: dict[Hashable, _Request] = {}  # evicted while pending: resumed by the next start
         vocab = self.global_index.vocab_size
         self._token_limit = MAX_TOKEN if vocab is None else vocab - 1
+        self._step_at = -np.inf  # when the engine last said it began a step (engine_step)
         self._checked: tuple = ()  # the last drafting arguments that passed check_speculate_args
         self._out = (np.empty(SORT_DEPTH, dtype=np.int32), np.empty(SORT_DEPTH, dtype=np.float64))  # path buffers
 
@@ -154,11 +157,13 @@ class SuffixCache:
         self._pending[req_id] = req
         self._finish_lingering()
 
-    def engine_finished(self, req_ids: Iterable[Hashable]) -> int:
-        """The engine says these requests are over (finished or aborted), whether or not they were
-        stopped yet: each known one is finished now. Returns how many were."""
+    def engine_step(self, finished: Iterable[Hashable] = ()) -> int:
+        """The engine begins a step (so it is not idle, however long the step takes), and says which
+        requests are over (finished or aborted), stopped yet or not: each known one is finished now.
+        Returns how many were."""
+        self._step_at = self.clock()
         done = 0
-        for req_id in req_ids:
+        for req_id in finished:
             req = self._active.pop(req_id, None) or self._pending.pop(req_id, None) or self._evicted.pop(req_id, None)
             if req is not None:
                 self._finish(req_id, req)
@@ -217,11 +222,12 @@ class SuffixCache:
         return len(todo)
 
     def finish_idle(self, idle_s: float) -> int:
-        """Finish lingering requests, and active ones without a new token for `idle_s` (an engine stops
-        a request only at its next step, and an idle engine takes none; a request that comes back
-        after this starts again). Returns how many were finished."""
+        """Finish lingering requests, and active ones without a new token for `idle_s` and no engine
+        step begun since (an engine stops a request only at its next step, and an idle engine takes
+        none; a step that takes longer than `idle_s` is not idleness). A request that comes back
+        after this starts again. Returns how many were finished."""
         now = self.clock()
-        idle = [r for r, req in self._active.items() if now - req.seen_at >= idle_s]
+        idle = [r for r, req in self._active.items() if now - req.seen_at >= idle_s and req.seen_at >= self._step_at]
         for req_id in idle:
             self._finish(req_id, self._active.pop(req_id))
         return len(idle) + self._finish_lingering()

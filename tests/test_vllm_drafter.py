@@ -100,11 +100,15 @@ def test_a_request_left_out_of_many_slow_steps_is_stored_once_when_the_engine_sa
     batch.order = ["a", "b"]
     step(cache, batch, {"a": [5], "b": [8]})
     assert seen == []
-    assert cache.engine_finished(["a", "never-seen"]) == 1  # over before vLLM's lazy stop: finished now
+    assert cache.engine_step(finished=["a", "never-seen"]) == 1  # over before vLLM's lazy stop: finished now
     assert seen == [("a", [1, 2], [4, 5])] and "a" not in cache.active_requests
     batch.order = ["b"]
     step(cache, batch, {"b": [9]})  # the stop never comes for "a": it is no longer active
-    assert cache.engine_finished(["b"]) == 1
+    clock.now = 100.0  # the next step began at 95 s and takes longer than the idle timeout: not idleness
+    cache.engine_step()
+    clock.now = 130.0
+    assert cache.finish_idle(10.0) == 0 and "b" in cache.active_requests
+    assert cache.engine_step(finished=["b"]) == 1
     assert seen[1] == ("b", [3], [6, 7, 7, 7, 7, 7, 8, 9]) and not cache.active_requests and not cache.cached_requests
 
 

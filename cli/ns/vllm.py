@@ -144,7 +144,8 @@ _FINISHES = {"hooked": False}  # whether the model runner passes on the schedule
 
 
 def hear_finished_requests(module: Any) -> None:
-    """Wrap the model runner's per-step state update so the drafters learn which requests finished.
+    """Wrap the model runner's per-step state update so the drafters learn that a step begins and
+    which requests finished.
 
     The suffix proposer stops every request missing from the batch, including the running ones the
     scheduler left out of a step, which come back later; only the scheduler's `finished_req_ids`
@@ -156,10 +157,9 @@ def hear_finished_requests(module: Any) -> None:
         return
 
     def _update_states(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        finished = getattr(scheduler_output, "finished_req_ids", None)
-        if finished:
-            for drafter in list(_DRAFTERS):
-                drafter.engine_finished(finished)
+        finished = getattr(scheduler_output, "finished_req_ids", None) or ()
+        for drafter in list(_DRAFTERS):
+            drafter.engine_step(finished)
         return update(self, scheduler_output, *args, **kwargs)
 
     _update_states._specx = True  # type: ignore[attr-defined]
@@ -337,9 +337,9 @@ class EngineDrafter:
         with self._lock:
             return self.cache.flush()
 
-    def engine_finished(self, req_ids: Any) -> int:
+    def engine_step(self, finished: Any = ()) -> int:
         with self._lock:
-            return self.cache.engine_finished(req_ids)
+            return self.cache.engine_step(finished)
 
     def _finish_quiet_requests(self) -> None:
         while not self._closed:
