@@ -37,7 +37,7 @@ request per step is tens of microseconds, and separate calls spent more on glue 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, KeysView, Sequence
+from collections.abc import Callable, Hashable, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -157,17 +157,31 @@ class SuffixCache:
         self._pending[req_id] = req
         self._finish_lingering()
 
-    def engine_step(self, finished: Iterable[Hashable] = ()) -> int:
+    def engine_step(self, finished: Iterable[Hashable] | Mapping[Hashable, Sequence[int]] = ()) -> int:
         """The engine begins a step (so it is not idle, however long the step takes), and says which
         requests are over (finished or aborted), stopped yet or not: each known one is finished now.
-        Returns how many were."""
+        `finished` may map each id to the request's whole output as the engine has it: the tokens the
+        cache never got are appended first. (vLLM skips its drafter in every step where a request of
+        the batch is within `num_speculative_tokens` of the context limit, so the tokens of those
+        steps never reach the cache.) Returns how many were finished."""
         self._step_at = self.clock()
+        outputs = finished if isinstance(finished, Mapping) else {}
         done = 0
         for req_id in finished:
             req = self._active.pop(req_id, None) or self._pending.pop(req_id, None) or self._evicted.pop(req_id, None)
-            if req is not None:
-                self._finish(req_id, req)
-                done += 1
+            if req is None:
+                continue
+            full = outputs.get(req_id)
+            whole = None
+            if full is not None:
+                req.settle(self.global_index)
+                have, full = req.output, check_tokens(np.asarray(full), self.global_index.vocab_size)
+                if len(full) > len(have) and np.array_equal(full[: len(have)], have):
+                    req.pending = full[len(have):].astype(np.int64)  # the last steps' tokens
+                elif not np.array_equal(full, have):
+                    whole = full  # tokens missing in the middle (a request skipped while another was near the limit)
+            self._finish(req_id, req, whole)
+            done += 1
         return done
 
     def evict_cached_response(self, req_id: Hashable) -> None:
@@ -242,14 +256,18 @@ class SuffixCache:
             self._finish(req_id, self._evicted.pop(req_id))
         return len(done) + len(gone)
 
-    def _finish(self, req_id: Hashable, req: _Request) -> None:
+    def _finish(self, req_id: Hashable, req: _Request, whole: np.ndarray | None = None) -> None:
+        """Seal the request's output in the global index and hand it on; `whole` (the engine's own
+        copy) replaces an output that lacks tokens."""
         req.settle(self.global_index)
-        output = req.output.copy()
+        output = req.output.copy() if whole is None else whole.copy()
         if req.live_id >= 0:  # the global index has the output already, live: seal it
-            if len(output):
+            if len(output) and whole is None:
                 self.global_index.finish(req.live_id)
             else:
                 self.global_index.discard(req.live_id)
+                if len(output):
+                    self.global_index.add(output)
         if self.on_finish is not None and len(output):
             self.on_finish(req_id, req.prompt, output)
 

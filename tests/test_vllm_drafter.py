@@ -104,12 +104,19 @@ def test_a_request_left_out_of_many_slow_steps_is_stored_once_when_the_engine_sa
     assert seen == [("a", [1, 2], [4, 5])] and "a" not in cache.active_requests
     batch.order = ["b"]
     step(cache, batch, {"b": [9]})  # the stop never comes for "a": it is no longer active
+    assert cache.engine_step(finished={"never-seen": [1]}) == 0
     clock.now = 100.0  # the next step began at 95 s and takes longer than the idle timeout: not idleness
     cache.engine_step()
     clock.now = 130.0
     assert cache.finish_idle(10.0) == 0 and "b" in cache.active_requests
-    assert cache.engine_step(finished=["b"]) == 1
-    assert seen[1] == ("b", [3], [6, 7, 7, 7, 7, 7, 8, 9]) and not cache.active_requests and not cache.cached_requests
+    # the engine's whole output: the tokens of steps where vLLM skipped the drafter are appended
+    assert cache.engine_step(finished={"b": [6, 7, 7, 7, 7, 7, 8, 9, 10, 11]}) == 1
+    assert seen[1] == ("b", [3], [6, 7, 7, 7, 7, 7, 8, 9, 10, 11]) and not cache.active_requests
+    assert not cache.cached_requests and cache.global_index.count([9, 10, 11]) == 1
+    step(cache, Batch({"c": [3]}, order=["c"]), {"c": [20, 22]})  # 21 came in a step vLLM did not draft in
+    assert cache.engine_step(finished={"c": [20, 21, 22]}) == 1
+    assert seen[2] == ("c", [3], [20, 21, 22]) and cache.global_index.count([20, 21, 22]) == 1
+    assert cache.global_index.count([20, 22]) == 0  # the gapped copy is gone from the global index
 
 
 def test_quiet_requests_finish_without_another_engine_step():
@@ -368,6 +375,21 @@ def test_the_model_runner_tells_the_drafter_which_requests_finished(store_env, m
     with Store(store_env) as store:
         tid = store.tokenizer_id(tokenizer_fingerprint(tok))
         assert [t.tolist() for _, t in store.iter_tokens(tid)] == [[40, 41]]
+
+
+def test_the_served_output_is_cut_where_the_scheduler_cut_it():
+    def state(tokens, max_tokens=10, eos=2, stop=(), prompt=(1, 1), repetition=None):
+        params = types.SimpleNamespace(max_tokens=max_tokens, eos_token_id=eos, stop_token_ids=list(stop),
+                                       repetition_detection=repetition)
+        return types.SimpleNamespace(output_token_ids=list(tokens), sampling_params=params, prompt_token_ids=list(prompt))
+
+    assert plugin.served_output(state([5, 6, 2, 7, 8]), None) == [5, 6, 2]  # drafts accepted past the EOS
+    assert plugin.served_output(state([5, 6, 9, 7], stop=[9]), None) == [5, 6, 9]
+    assert plugin.served_output(state([5, 6, 7, 8, 9], max_tokens=3), None) == [5, 6, 7]
+    assert plugin.served_output(state([5, 6, 7, 8, 9]), max_model_len=5) == [5, 6, 7]  # 2 prompt + 3
+    assert plugin.served_output(state([5, 6, 2], eos=None), None) == [5, 6, 2]
+    assert plugin.served_output(state([5], repetition=object()), None) is None  # a rule not followed: unknown
+    assert plugin.served_output(None, 100) is None
 
 
 def test_only_rank_zero_records_and_record_can_be_off(store_env, monkeypatch):

@@ -157,7 +157,11 @@ def hear_finished_requests(module: Any) -> None:
         return
 
     def _update_states(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        finished = getattr(scheduler_output, "finished_req_ids", None) or ()
+        # the finished requests' whole outputs, read before the runner forgets them: vLLM skips the
+        # drafter in steps near the context limit, so the drafter may lack the last tokens
+        states = getattr(self, "requests", None) or {}
+        finished = {r: served_output(states.get(r), getattr(self, "max_model_len", None))
+                    for r in getattr(scheduler_output, "finished_req_ids", None) or ()}
         for drafter in list(_DRAFTERS):
             drafter.engine_step(finished)
         return update(self, scheduler_output, *args, **kwargs)
@@ -165,6 +169,26 @@ def hear_finished_requests(module: Any) -> None:
     _update_states._specx = True  # type: ignore[attr-defined]
     runner._update_states = _update_states
     _FINISHES["hooked"] = True
+
+
+def served_output(state: Any, max_model_len: int | None) -> list[int] | None:
+    """A finished request's output as the engine returned it, from the model runner's copy of its
+    state, or None when that cannot be known. The runner keeps every token sampled, the accepted
+    draft tokens after a stop included; the scheduler cut them off with these rules (vLLM 0.32's
+    `check_stop`: an EOS or stop token ends the output, and so do `max_tokens` and the context limit)."""
+    tokens = getattr(state, "output_token_ids", None)
+    params = getattr(state, "sampling_params", None)
+    if tokens is None or params is None or getattr(params, "repetition_detection", None) is not None:
+        return None
+    stops = set(params.stop_token_ids or ())
+    eos = getattr(params, "eos_token_id", None)
+    limit = params.max_tokens if params.max_tokens is not None else len(tokens)
+    if max_model_len:
+        limit = min(limit, max_model_len - len(getattr(state, "prompt_token_ids", None) or ()))
+    for i, token in enumerate(tokens[:limit]):
+        if token == eos or token in stops:
+            return list(tokens[: i + 1])
+    return list(tokens[:limit])
 
 
 def install() -> None:
