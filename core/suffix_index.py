@@ -100,40 +100,34 @@ class SuffixIndex:
               budget_bytes: int | None = None) -> "SuffixIndex":
         """Bulk build: all sequences sealed in one segment (one sort, no merges)."""
         index = cls(max_depth, vocab_size, budget_bytes)
-        parts = []
-        for i, seq in enumerate(sequences):
-            arr = check_tokens(seq, vocab_size, f"sequence {i}")
-            index._doc_ids.append(index._next_id)
-            index._next_id += 1
-            parts.append(arr)
-        starts = np.zeros(len(parts), dtype=np.int64)
-        if parts:
-            lengths = np.array([len(p) + 1 for p in parts], dtype=np.int64)
-            starts[1:] = np.cumsum(lengths)[:-1]
-            text = np.empty(int(lengths.sum()), dtype=np.int32)
-            text.fill(SEP)
-            for s, p in zip(starts, parts):
-                text[s : s + len(p)] = p
-            index._doc_starts = starts.tolist()
-            index._append_segment(text, len(parts))
-        index._enforce_budget()
+        index.add_many(sequences)
         return index
 
     def add(self, tokens: Sequence[int]) -> int:
         """Add a finished sequence; returns its id. May merge segments and evict old sequences."""
-        arr = check_tokens(tokens, self.vocab_size)
-        seq_id = self._next_id
-        self._next_id += 1
-        self._doc_ids.append(seq_id)
-        self._doc_starts.append(self._text_len)
-        text = np.empty(len(arr) + 1, dtype=np.int32)
-        text[:-1] = arr
-        text[-1] = SEP
-        self._append_segment(text, 1)
+        return self.add_many([check_tokens(tokens, self.vocab_size)])[0]
+
+    def add_many(self, sequences: Iterable[Sequence[int]]) -> list[int]:
+        """Add finished sequences in one sealed segment (one sort), then merge and evict as `add`
+        does; returns their ids. Without a byte budget, every count and draft after it is what
+        adding them one by one gives (tests/test_suffix_index.py)."""
+        parts = [check_tokens(seq, self.vocab_size, f"sequence {i}") for i, seq in enumerate(sequences)]
+        if not parts:
+            return []
+        ids = list(range(self._next_id, self._next_id + len(parts)))
+        self._next_id += len(parts)
+        lengths = np.array([len(p) + 1 for p in parts], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        text = np.full(int(lengths.sum()), SEP, dtype=np.int32)
+        for offset, part in zip(offsets, parts):
+            text[offset : offset + len(part)] = part
+        self._doc_ids += ids
+        self._doc_starts += (offsets + self._text_len).tolist()
+        self._append_segment(text, len(parts))
         while len(self._segments) >= 2 and 2 * self._seg_size(-1) >= self._seg_size(-2):
             self._merge_last_two()
         self._enforce_budget()
-        return seq_id
+        return ids
 
     def start(self, tokens: Sequence[int] = ()) -> int:
         """Start a live sequence (e.g. a request's prompt); returns its id."""

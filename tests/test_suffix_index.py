@@ -69,6 +69,24 @@ def test_online_adds_and_live_appends_match_brute(docs, live, pats):
     check_against_brute(index, pats)
 
 
+@given(st.lists(tokens, max_size=12), st.lists(st.integers(1, 5), min_size=1, max_size=12),
+       st.lists(patterns, min_size=1, max_size=6))
+@settings(max_examples=150, deadline=None)
+def test_adding_in_blocks_drafts_as_adding_one_by_one(docs, blocks, pats):
+    one, many = SuffixIndex(max_depth=8), SuffixIndex(max_depth=8)
+    for d in docs:
+        one.add(d)
+    i = 0
+    while i < len(docs):  # blocks of any size: other segments, other merges, the same index
+        size = blocks[i % len(blocks)]
+        assert many.add_many(docs[i : i + size]) == list(range(i, min(i + size, len(docs))))
+        i += size
+    assert all_docs(many) == docs
+    check_against_brute(many, pats)
+    for pat in filter(None, pats):
+        assert many.speculate(pat, 8, 2.0, 0.0) == one.speculate(pat, 8, 2.0, 0.0), pat
+
+
 @given(corpora, st.lists(patterns, min_size=1, max_size=4))
 @settings(max_examples=100, deadline=None)
 def test_finish_seals_live_sequence(docs, pats):
