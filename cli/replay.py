@@ -70,29 +70,36 @@ def _prompt_tokens_by_message(store: Store, tokenizer: Any, calls: list[CallRef]
     out = []
     for call in calls:
         ids = store.call_prompt_ids(call.id) or []
-        messages = {}
-        missing = [mid for mid in ids if mid not in cache]
-        if missing:
-            for mid in missing:
-                messages[mid] = store.message(mid)
-            texts = [messages[m]["content"] if messages[m].get("role") == "prompt_text" else chatml_block(messages[m])
-                     for m in missing]
-            for mid, enc in zip(missing, backend.encode_batch(texts, add_special_tokens=False)):
-                cache[mid] = enc.ids
         first = store.message(ids[0]) if ids else None
         if first is not None and len(ids) == 1 and first.get("role") == "prompt_text":
+            _encode_messages(store, backend, cache, ids)
             tokens = cache[ids[0]]
         else:
-            tokens = []
-            for mid in reversed(ids):  # from the end, until the window is full
-                tokens[:0] = cache[mid]
-                if len(tokens) >= window:
-                    break
-            else:
-                if ids and first.get("role") != "system":
-                    tokens[:0] = prefix_ids
+            tokens, full, pos = [], False, len(ids)
+            while pos and not full:  # from the end, until the window is full: earlier messages never tokenized
+                chunk = ids[max(0, pos - 8) : pos]
+                _encode_messages(store, backend, cache, chunk)
+                for mid in reversed(chunk):
+                    tokens[:0] = cache[mid]
+                    pos -= 1
+                    if len(tokens) >= window:
+                        full = True
+                        break
+            if not full and ids and first.get("role") != "system":
+                tokens[:0] = prefix_ids
         out.append(np.asarray(tokens[-window:] if window else [], dtype=np.int32))
     return out
+
+
+def _encode_messages(store: Store, backend: Any, cache: dict[int, list[int]], ids: list[int]) -> None:
+    """Tokenize the messages of `ids` not in `cache` yet (one batch): a ChatML block each, or a plain text prompt."""
+    missing = [mid for mid in dict.fromkeys(ids) if mid not in cache]
+    if not missing:
+        return
+    messages = [store.message(mid) for mid in missing]
+    texts = [m["content"] if m.get("role") == "prompt_text" else chatml_block(m) for m in messages]
+    for mid, enc in zip(missing, backend.encode_batch(texts, add_special_tokens=False)):
+        cache[mid] = enc.ids
 
 
 def _prompt_tokens_rendered(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
