@@ -152,6 +152,12 @@ def replay_cmd(
                                                  "implementation (when installed), on the same calls.")] = True,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG or SVG: tokens per step against "
                                                                      "calls replayed, and accepted lengths.")] = None,
+    project: Annotated[bool, typer.Option(help="Project the speedup over plain decoding and over prompt lookup "
+                                               "on each cost curve (replays again with drafts cut to what pays, "
+                                               "on curves that are not flat).")] = True,
+    cost_curve: Annotated[Optional[list[Path]], typer.Option(help="A cost curve file for the projection, JSON "
+                                                                  "{\"1\": 1.0, \"8\": 1.3, ...} (repeatable; "
+                                                                  "flat and cpu are built in).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Replay stored calls without a model: how many tokens per verification step would speculation give?
@@ -159,7 +165,10 @@ def replay_cmd(
     Each recorded output is replayed as if the model wrote it (a simulated verifier): draft, accept
     the longest draft path equal to the recording, add one bonus token, repeat. The request index
     holds the call's prompt and output so far; the global index holds the outputs of the calls
-    already replayed. Every output must be rebuilt exactly.
+    already replayed. Every output must be rebuilt exactly. The projected speedup turns that into
+    time on a cost curve (the relative cost of verifying k tokens at once): flat (a large model on
+    a GPU at small batch), cpu (the built-in model on a 2-core CPU), or --cost-curve files; `specx
+    entropy` predicts the same figures from a sample of the calls.
 
     With --model, the stored prompts go through the model instead: plain greedy decoding,
     transformers' prompt lookup and specx take turns call by call, each output of specx entering
@@ -169,6 +178,7 @@ def replay_cmd(
     Example: [bold]specx replay --format swe-agent --plot swe.png[/]
     Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
     """
+    from . import predict as predict_lib
     from . import replay as replay_lib
     from . import reference as reference_impl
     from specx.core.model import load_tokenizer, tokenizer_fingerprint
@@ -193,6 +203,7 @@ def replay_cmd(
                                   {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
                                    "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
                                    "merge": merge, "prompt_window": prompt_window}, prefix_cache_tokens)
+    curves = predict_lib.cost_curves(cost_curve) if project else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
@@ -220,6 +231,15 @@ def replay_cmd(
         task = bar.add_task("replay", total=len(calls) * len(methods))
         result = replay_lib.run_replay(calls, prompts, outputs, warm_tokens, params, by, methods,
                                        on_call=lambda: bar.advance(task))
+    if curves:
+        with output.progress() as bar:
+            task = bar.add_task("projection", total=len(calls))
+            projection = predict_lib.project_replay(calls, prompts, outputs, warm_tokens, params, by, curves, result,
+                                                    on_call=lambda: bar.advance(task))
+        result["projected_speedup"] = projection["overall"]
+        result["cost_curves"] = predict_lib.curves_json(curves)
+        for group in result["groups"]:
+            group["projected_speedup"] = projection["groups"][group["key"]]
     if plot_file is not None:
         replay_lib.plot(result, plot_file)
         output.note(f"plot: {plot_file}")
@@ -236,6 +256,18 @@ def replay_cmd(
         rows = [["specx"] + [result["overall"][k] for k in keys]]
         rows += [[name] + [stats[k] for k in keys] for name, stats in result["baselines"].items()]
         output.print_table("methods on the same calls", ["method"] + keys, rows, caption=_REPLAY_CAPTION)
+    if curves:
+        output.print_table(f"projected speedup of specx by {by} (cost curve: x plain decoding / x prompt lookup)",
+                           [by] + [c.name for c in curves],
+                           [[g["key"]] + [_speedups(g["projected_speedup"][c.name]) for c in curves]
+                            for g in result["groups"]]
+                           + [["overall"] + [_speedups(result["projected_speedup"][c.name]) for c in curves]],
+                           caption="higher is better; drafts cut to what pays on curves that are not flat "
+                                   "(docs/predict.md)")
+
+
+def _speedups(by: dict[str, Any]) -> str:
+    return " / ".join("-" if by.get(k) is None else f"{by[k]:.2f}x" for k in ("vs_plain", "vs_prompt_lookup"))
 
 
 _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us columns: lower is better"

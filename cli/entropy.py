@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from . import output
 from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home
+from .predict import DEFAULT_SAMPLE_CALLS, SAMPLINGS
 
 
 def entropy_cmd(
@@ -17,12 +19,26 @@ def entropy_cmd(
     by: Annotated[str, typer.Option(help="Group by: format, source, model, agent or session.")] = "format",
     sample: Annotated[Optional[int], typer.Option(min=1, help="Use N outputs per group, drawn at random (the "
                                                               "SuffixDecoding paper finds ~100 enough).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for --sample.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for --sample, and for where --sample-calls' evenly spaced "
+                                           "draws start.")] = 0,
     max_depth: Annotated[int, typer.Option(min=1, max=512, help="Deepest context (index node) counted.")] = 64,
     fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
     source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
     llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
     agent: Annotated[ListOpt, typer.Option(help="Only calls of this agent role (repeatable).")] = None,
+    predict: Annotated[bool, typer.Option(help="Also predict the tokens per step `specx replay` would measure "
+                                               "(with its defaults) and the speedup, by replaying a sample of "
+                                               "the calls.")] = True,
+    sample_calls: Annotated[Optional[int], typer.Option(min=1, help=f"Calls the prediction replays, at most "
+                                                        f"(default {DEFAULT_SAMPLE_CALLS}, or every call of a "
+                                                        "smaller selection).")] = None,
+    sampling: Annotated[str, typer.Option(help="How the prediction draws its calls: weighted (a call's chance "
+                                               "grows with the square root of its output length) or calls "
+                                               "(every call alike).")] = "weighted",
+    cost_curve: Annotated[Optional[list[Path]], typer.Option(help="A cost curve file, JSON {\"1\": 1.0, \"8\": "
+                                                                  "1.3, ...}: a pass verifying k tokens costs this "
+                                                                  "relative to one (repeatable; flat and cpu are "
+                                                                  "built in).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How predictable are the stored outputs? Empirical entropy per group, before any model runs.
@@ -30,20 +46,32 @@ def entropy_cmd(
     entropy_bits: over every context (suffix-index node) of 1 to max-depth tokens in the outputs, the
     entropy of the token that follows it, averaged weighted by the context's occurrences. Low means
     structured, repetitive output: long accepted drafts. H0..H4 are the plain order-k conditional
-    entropies for reference.
+    entropies for reference. The entropy describes the outputs; it does not rank workloads by the
+    speedup (docs/predict.md).
+
+    The prediction (--no-predict: none) replays a sample of the calls (default 200) with the history
+    a full `specx replay` gives them, and estimates per group and overall the tokens per step that
+    replay would measure, with a 95% interval, and the speedup over plain decoding and over prompt
+    lookup per cost curve: flat (a large model on a GPU at small batch), cpu (the built-in model on
+    a 2-core CPU) and --cost-curve files.
 
     Example: [bold]specx entropy --by agent --sample 100[/]
+    Example: [bold]specx entropy --format swe-agent --sample-calls 100 --cost-curve my-gpu.json --json[/]
     """
     import numpy as np
 
     from specx.core.entropy import empirical_entropy
+    from . import predict as predict_lib
     from specx.core.model import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import GROUPS, select_calls
 
     if by not in GROUPS:
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
+    if sampling not in SAMPLINGS:
+        raise typer.BadParameter(f"must be one of {', '.join(SAMPLINGS)}", param_hint="--sampling")
     path = existing_store(db)
+    curves = predict_lib.cost_curves(cost_curve) if predict else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     rng = np.random.default_rng(seed)
     with Store(path) as store:
@@ -67,14 +95,47 @@ def entropy_cmd(
             rows.append({"key": key, **_entropy_row(empirical_entropy(tokens, max_depth=max_depth), len(members))})
         overall = {"key": "overall", **_entropy_row(empirical_entropy(everything, max_depth=max_depth),
                                                     sum(r["calls"] for r in rows))}
+        prediction = None
+        if predict:
+            n = predict_lib.sample_size(sample_calls, len(calls))
+            output.note(f"predicting: replaying at most {n:,} of {len(calls):,} calls with their history")
+            with output.progress() as bar:
+                task = bar.add_task("predict", total=n)
+                prediction = predict_lib.predict_selection(store, tok, tokenizer_id, calls, by, curves, sample_calls,
+                                                           seed, sampling, on_call=lambda: bar.advance(task))
+            for row in rows:
+                row.update(prediction["groups"][row["key"]])
+            overall.update(prediction["overall"])
     if json_out:
-        output.print_json({"by": by, "max_depth": max_depth, "sample": sample, "groups": rows, "overall": overall})
+        extra = {"prediction": prediction["sample"]} if prediction else {}
+        output.print_json({"by": by, "max_depth": max_depth, "sample": sample, "groups": rows, "overall": overall}
+                          | extra)
         return
     columns = ["calls", "tokens", "entropy_bits", "H0", "H1", "H2", "H3", "H4"]
-    output.print_table(f"empirical entropy by {by} (bits; contexts of 1-{max_depth} tokens)", [by] + columns,
-                       [[r["key"], r["calls"], r["tokens"], r["entropy_bits"], *r["order_bits"]]
-                        for r in rows + [overall]],
-                       caption="lower bits: more predictable outputs (a description, not a predicted speedup)")
+    table = [[r["key"], r["calls"], r["tokens"], r["entropy_bits"], *r["order_bits"]] for r in rows + [overall]]
+    caption = "lower bits: more predictable outputs (a description, not a predicted speedup)"
+    if prediction:
+        columns += ["sample_calls", "tokens/step", "95% interval"]
+        columns += [f"{c.name}: x plain / x prompt lookup" for c in curves]
+        for line, r in zip(table, rows + [overall]):
+            line += [r["sample_calls"], r["predicted_tokens_per_step"], _interval(r)]
+            line += [_speedups(r["predicted_speedup"][c.name]) for c in curves]
+        caption += ("; tokens/step: predicted `specx replay` figure (higher is better), 95% interval; x: predicted"
+                    " speedup on that cost curve (higher is better)")
+    output.print_table(f"empirical entropy by {by} (bits; contexts of 1-{max_depth} tokens)", [by] + columns, table,
+                       caption=caption)
+
+
+def _interval(row: dict) -> str:
+    low, high = row["predicted_tokens_per_step_low"], row["predicted_tokens_per_step_high"]
+    if low is None:
+        return "-"
+    return f"{low:.2f}-{high:.2f}" if low != high else "exact"
+
+
+def _speedups(by: dict) -> str:
+    plain, lookup = by.get("vs_plain"), by.get("vs_prompt_lookup")
+    return " / ".join("-" if v is None else f"{v:.2f}x" for v in (plain, lookup))
 
 
 def _entropy_row(result, calls: int) -> dict:

@@ -1,0 +1,111 @@
+"""The predictor behind `specx entropy` and the projection behind `specx replay`: store to core.predict.
+
+The prediction replays a sample of the selected calls with the history a full `specx replay`
+would give them (core/predict.py says why that is exact per call), with replay's default
+settings, so the two can be compared figure for figure.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import typer
+
+from specx.core.predict import (CostCurve, PredictError, builtin_curves, draw_sample, load_cost_curve,
+                                predict_groups, projected_speedup, replay_sample)
+
+from . import output
+
+# `specx replay`'s defaults (model-free): what the prediction predicts (tests check they agree).
+REPLAY_DEFAULTS = {"max_spec_tokens": 32, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_depth": 64,
+                   "tree": True, "merge": True, "prompt_window": 4096}
+DEFAULT_SAMPLE_CALLS = 200
+SAMPLINGS = {"weighted": 0.5, "calls": 0.0}  # --sampling: a call's chance ~ tokens ** power
+
+
+def fail(message: str) -> typer.Exit:
+    """A user error: one line on stderr, exit status 1."""
+    output.error(message)
+    return typer.Exit(1)
+
+
+def sample_size(sample_calls: int | None, selected: int) -> int:
+    """The calls to draw: --sample-calls (no more than the selection holds), else the default."""
+    if sample_calls is not None and sample_calls > selected:
+        raise fail(f"--sample-calls {sample_calls:,} is more than the {selected:,} calls selected "
+                   f"(leave it out to replay every call of a selection this small)")
+    return min(sample_calls or DEFAULT_SAMPLE_CALLS, selected)
+
+
+def cost_curves(files: Sequence[Path] | None) -> list[CostCurve]:
+    """The shipped curves ("flat", "cpu") and the user's files (named by file stem)."""
+    curves = builtin_curves()
+    for path in files or []:
+        try:
+            curve = load_cost_curve(path)
+        except PredictError as exc:
+            raise fail(str(exc)) from None
+        if curve.name in curves:
+            raise fail(f"cost curve {path}: the name {curve.name!r} is taken (a curve is named by its file's "
+                       f"stem; rename the file)")
+        curves[curve.name] = curve
+    return list(curves.values())
+
+
+def curves_json(curves: Sequence[CostCurve]) -> dict[str, Any]:
+    return {c.name: {"about": c.about, "cost": c.points()} for c in curves}
+
+
+def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list, by: str, curves: Sequence[CostCurve],
+                      sample_calls: int | None, seed: int, sampling: str = "weighted",
+                      params: dict[str, Any] | None = None,
+                      on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """{"overall": {...}, "groups": {key: {...}}, "sample": {...}} for `calls` (stored order)."""
+    from . import replay as replay_lib
+
+    params = params or REPLAY_DEFAULTS
+    started = time.perf_counter()
+    n = sample_size(sample_calls, len(calls))
+    outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
+    sample = draw_sample([len(o) for o in outputs], n, seed, SAMPLINGS[sampling])
+    positions = sample.calls
+    prompts = replay_lib.prompt_tokens(store, tokenizer, [calls[i] for i in positions], params["prompt_window"])
+    groups = [c.group(by) for c in calls]
+    replayed = replay_sample(outputs, groups, positions, prompts, lambda: replay_lib.make_drafter("specx", params),
+                             lambda: replay_lib.make_drafter("prompt_lookup", params), curves, on_call=on_call)
+    sizes: dict[str, int] = {}
+    for key in groups:
+        sizes[key] = sizes.get(key, 0) + 1
+    names = [c.name for c in curves]
+    overall, by_group = predict_groups(sample, replayed, sizes, names)
+    return {"overall": overall.to_json(), "groups": {k: p.to_json() for k, p in by_group.items()},
+            "sample": {"calls": len(positions), "draws": len(sample.hits), "sampling": sampling, "seed": seed,
+                       "exhaustive": sample.exhaustive, "seconds": time.perf_counter() - started,
+                       "interval": "value +- 1.96 standard errors of the ratio estimator",
+                       "params": params, "curves": curves_json(curves)},
+            "replayed": replayed}
+
+
+def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndarray], warm: list[np.ndarray],
+                   params: dict[str, Any], by: str, curves: Sequence[CostCurve], result: dict[str, Any],
+                   on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """`specx replay`'s projected speedups from its own replay of every call: {"overall": {curve:
+    {...}}, "groups": {key: {curve: {...}}}}. Uses the replay's measured steps (specx and, when
+    replayed, prompt lookup) for flat curves; replays with drafts cut to what pays for the others."""
+    from . import replay as replay_lib
+
+    curve_steps = result.get("curve", {})
+    specx_steps = [s for _, s in curve_steps["specx"]] if "specx" in curve_steps else None
+    lookup_steps = [s for _, s in curve_steps["prompt_lookup"]] if "prompt_lookup" in curve_steps else None
+    groups = [c.group(by) for c in calls]
+    replayed = replay_sample(outputs, groups, list(range(len(calls))), prompts,
+                             lambda: replay_lib.make_drafter("specx", params),
+                             lambda: replay_lib.make_drafter("prompt_lookup", params), curves, warm=warm,
+                             unsized=False, specx_steps=specx_steps, lookup_steps=lookup_steps, on_call=on_call)
+    names = [c.name for c in curves]
+    keys = sorted(set(groups))
+    return {"overall": projected_speedup(replayed, names),
+            "groups": {k: projected_speedup([c for c in replayed if c.group == k], names) for k in keys}}

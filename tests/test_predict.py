@@ -1,0 +1,290 @@
+"""The predictor (core/predict.py): hand-worked estimates and curves, sampled replay == full replay
+on a real store, and the commands' prediction, projection and bad input."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import AGENT_DATA
+from specx.core.cost import ForwardCost
+from specx.core.predict import (CostCurve, PredictError, RatioEstimate, Sample, builtin_curves, draw_sample,
+                                learning_curve, load_cost_curve, predict, predict_groups, projected_speedup,
+                                ratio_estimate, replay_sample, systematic_sample)
+from specx.core.replay import replay
+from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
+
+from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
+
+
+def arr(*tokens):
+    return np.array(tokens, dtype=np.int32)
+
+
+# ------------------------------------------------------------------------------- estimates, by hand
+
+
+def test_ratio_estimator_and_interval_by_hand():
+    # Three calls sampled of six: tokens 4, 6, 10 in steps 2, 2, 4. r = 20 / 8 = 2.5; residuals
+    # y - r x = -1, 1, 0 (sum of squares 2, / (n - 1) = 1); xbar = 8/3; fpc = 1 - 3/6 = 1/2:
+    # se^2 = 0.5 / (3 * 64/9) * 1 = 3/128, se = 0.15309; interval 2.5 -+ 1.96 se = 2.200 .. 2.800.
+    e = ratio_estimate([4, 6, 10], [2, 2, 4], population=6)
+    assert e.value == 2.5
+    assert e.se == pytest.approx(math.sqrt(3 / 128))
+    assert (e.low, e.high) == pytest.approx((2.5 - 1.959964 * 0.153093, 2.5 + 1.959964 * 0.153093), abs=1e-5)
+    # Drawn with unequal chances (no finite-population correction): se^2 = 1 / (3 * 64/9) = 3/64.
+    assert ratio_estimate([4, 6, 10], [2, 2, 4], population=None).se == pytest.approx(math.sqrt(3 / 64))
+    # The whole population: the exact ratio, no width; one unit of many: no standard error.
+    whole = ratio_estimate([4, 6, 10], [2, 2, 4], population=3)
+    assert (whole.value, whole.se, whole.low, whole.high) == (2.5, 0.0, 2.5, 2.5)
+    one = ratio_estimate([4], [2], population=6)
+    assert (one.value, one.se, one.low) == (2.0, None, None)
+    assert ratio_estimate([], [], population=6).value is None
+    with pytest.raises(PredictError):
+        ratio_estimate([1, 2], [1, 1], population=1)
+
+
+def test_systematic_draws_by_hand():
+    assert systematic_sample([1] * 10, 4, seed=None) == [1, 3, 6, 8]  # every 2.5, from 1.25
+    # Sizes 1, 9, 1, 1 (total 12), 4 points at 1.5, 4.5, 7.5, 10.5: the long call three times.
+    assert systematic_sample([1, 9, 1, 1], 4, seed=None) == [1, 1, 1, 2]
+    # Each call is drawn n * size / total times on average over the random start.
+    counts = np.zeros(4)
+    for seed in range(4000):
+        for i in systematic_sample([1, 9, 1, 1], 4, seed=seed):
+            counts[i] += 1
+    assert counts / 4000 == pytest.approx([4 / 12, 36 / 12, 4 / 12, 4 / 12], abs=0.03)
+    with pytest.raises(PredictError):
+        systematic_sample([1, 1], 0)
+
+
+def test_draw_sample_weights_and_the_whole_selection():
+    lengths = [4, 100, 9, 16, 1, 25]
+    whole = draw_sample(lengths, 6)
+    assert whole.exhaustive and whole.hits == tuple(range(6)) and set(whole.weights) == {1.0}
+    by_calls = draw_sample(lengths, 3, seed=None, power=0)
+    assert by_calls.hits == (1, 3, 5) and by_calls.population == 6 and set(by_calls.weights) == {1.0}
+    weighted = draw_sample(lengths, 3, seed=None)  # sizes 2, 10, 3, 4, 1, 5 (25): points 4.17, 12.5, 20.8
+    assert weighted.hits == (1, 2, 5) and weighted.population is None
+    assert weighted.weights == pytest.approx((1 / 10, 1 / 3, 1 / 5))
+    assert weighted.calls == [1, 2, 5]
+
+
+def test_cost_curve_interpolation():
+    # The shipped CPU curve: 38 ms for 1 token, 43 for 4, 53.5 for 8, 69 for 16, 84 for 32.
+    cpu = builtin_curves()["cpu"]
+    assert cpu(1) == 1.0
+    assert cpu(2) == pytest.approx((38 + 5 / 3) / 38)  # a third of the way from 1 to 4
+    assert cpu(8) == pytest.approx(53.5 / 38)
+    assert cpu(48) == pytest.approx((84 + 16 * 15 / 16) / 38)  # past 32: the slope from 16 to 32
+    assert not cpu.flat(33) and "calibrate" in cpu.about
+    flat = builtin_curves()["flat"]
+    assert flat.flat(64) and flat(33) == 1.0
+    assert CostCurve.from_mapping("one", {"1": 3}).flat(100)
+    assert CostCurve("f", ForwardCost((1, 2), (1.0, 1.5)))(2) == 1.5
+
+
+def test_cost_curve_files(tmp_path):
+    good = tmp_path / "gpu.json"
+    good.write_text(json.dumps({"1": 10, "16": 11, "64": 14}))
+    curve = load_cost_curve(good)
+    assert curve.name == "gpu" and curve(16) == pytest.approx(1.1) and curve(40) == pytest.approx(1.25)
+    (tmp_path / "about.json").write_text(json.dumps({"about": "measured", "cost": {"1": 1, "2": 1.5}}))
+    assert load_cost_curve(tmp_path / "about.json").about == "measured"
+    bad = {
+        "not JSON": ("{1: 2", "not JSON (line 1"),
+        "a list": ("[1, 2]", "expected a JSON object"),
+        "empty": ("{}", "expected a JSON object"),
+        "a bad key": ('{"1": 1, "k": 2}', "key 'k' is not a number of tokens"),
+        "zero tokens": ('{"0": 1, "1": 1}', "key '0' is not a number"),
+        "a negative cost": ('{"1": 1, "4": -2}', "'4' must be a positive number, got -2"),
+        "a string cost": ('{"1": "fast"}', "'1' must be a positive number"),
+        "a boolean": ('{"1": true}', "'1' must be a positive number"),
+        "no 1": ('{"2": 1, "4": 2}', 'needs "1"'),
+        "twice": ('{"1": 1, " 1": 2}', "given twice"),
+        "unknown field": ('{"cost": {"1": 1}, "source": "x"}', "unknown field 'source'"),
+    }
+    for what, (text, message) in bad.items():
+        path = tmp_path / "bad.json"
+        path.write_text(text)
+        with pytest.raises(PredictError, match="cost curve .*bad.json: ") as info:
+            load_cost_curve(path)
+        assert message in str(info.value), what
+    with pytest.raises(PredictError, match="cannot be read"):
+        load_cost_curve(tmp_path / "missing.json")
+
+
+def test_speedup_on_a_hand_made_call():
+    # core/replay.py's hand-worked call: the history [7, 8, 9], prompt [1], output [7, 8, 9, 5]:
+    # specx takes 3 steps with drafts of 0, 1 and 0 tokens; prompt lookup finds nothing in [1, 7, ...]
+    # that repeats: 4 steps, no drafts. On a curve where 2 tokens cost 1.5 (the one-node draft pays:
+    # 2 tokens expected for 1.5, so sizing keeps it), specx's passes cost 1 + 1.5 + 1 = 3.5, plain
+    # decoding 4 x 1, prompt lookup 4 x 1: 4 / 3.5 over plain and over prompt lookup; on the flat
+    # curve 4 / 3 over both.
+    steep = CostCurve("steep", ForwardCost((1, 2), (1.0, 1.5)))
+    flat = builtin_curves()["flat"]
+    outputs = [arr(7, 8, 9), arr(7, 8, 9, 5)]
+    replayed = replay_sample(outputs, ["a", "a"], [1], [arr(1)], SuffixDrafter, PromptLookupDrafter, [steep, flat])
+    (call,) = replayed
+    assert (call.index, call.history_tokens, call.stats.tokens, call.stats.steps) == (1, 3, 4, 3)
+    assert call.costs == {"steep": (4.0, 3.5, 4.0), "flat": (4.0, 3.0, 4.0)}
+    assert call.prompt_lookup_steps == 4
+    projected = projected_speedup(replayed, ["steep", "flat"])
+    assert projected["steep"] == pytest.approx({"vs_plain": 4 / 3.5, "vs_prompt_lookup": 4 / 3.5})
+    assert projected["flat"] == pytest.approx({"vs_plain": 4 / 3, "vs_prompt_lookup": 4 / 3})
+    sample = Sample((1,), (1.0,), 1, exhaustive=True)
+    prediction = predict(sample, {1: call}, 1, ["steep"])
+    assert prediction.tokens_per_step.value == pytest.approx(4 / 3) and prediction.tokens_per_step.se == 0
+    assert prediction.speedup["steep"]["vs_plain"].value == pytest.approx(4 / 3.5)
+    # Without its history the call drafts nothing: 4 steps.
+    alone = replay_sample(outputs[1:], ["a"], [0], [arr(1)], SuffixDrafter)
+    assert alone[0].stats.steps == 4 and alone[0].history_tokens == 0
+
+
+def test_weighted_draws_estimate_the_ratio():
+    # Two calls drawn of four (chances ~ sqrt(length)): the estimate weights each by 1 / sqrt(length).
+    # Lengths 4 and 16 (weights 1/2, 1/4), steps 2 and 4: (2 + 4) / (1 + 1) = 3 tokens per step.
+    calls = {0: _call(0, "a", 4, 2), 2: _call(2, "b", 16, 4)}
+    sample = Sample((0, 2), (0.5, 0.25), None)
+    overall, groups = predict_groups(sample, list(calls.values()), {"a": 2, "b": 2})
+    assert overall.tokens_per_step.value == pytest.approx(3.0) and overall.sample_calls == 2
+    # Weighted units y = (2, 4), x = (1, 1): residuals -1, 1; se^2 = 1 / (2 * 1^2) * 2 / 1 = 1.
+    assert overall.tokens_per_step.se == pytest.approx(1.0)
+    assert groups["a"].tokens_per_step.value == 2.0 and groups["a"].tokens_per_step.se is None
+    assert groups["b"].to_json()["predicted_tokens_per_step"] == 4.0
+    assert learning_curve(list(calls.values()), window=2) == [(0, 2.0), (0, 20 / 6)]
+
+
+def _call(index, group, tokens, steps):
+    from specx.core.predict import SampledCall
+    from specx.core.replay import ReplayStats
+
+    return SampledCall(index, group, 0, ReplayStats(calls=1, tokens=tokens, steps=steps))
+
+
+# ------------------------------------------------------------------- exact per call, on a real store
+
+
+def _store_calls(tmp_path, tokenizer):  # noqa: F811
+    from specx.cli.replay import prompt_tokens
+    from specx.store.db import Store
+    from specx.store.ingest import ingest
+    from specx.store.selection import select_calls
+
+    sources = [good_logs(tmp_path)]
+    swe = AGENT_DATA / "swe-agent-multi-swe-bench-java" / "trajs" / "20240825_SWE-agent_gpt-4o-2024-05-13"
+    if swe.is_dir():
+        sources.append(swe)
+    with Store(tmp_path / "real.db") as store:
+        ingest(store, sources, tokenizer)
+        tok_id = store.tokenizer_id(tokenizer.fingerprint)
+        calls = select_calls(store, tok_id)
+        prompts = prompt_tokens(store, tokenizer.get(), calls, 4096)
+        outputs = [store.call_tokens(c.id, tok_id) for c in calls]
+    return calls, prompts, outputs
+
+
+def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokenizer):  # noqa: F811
+    from specx.cli.predict import REPLAY_DEFAULTS
+    from specx.cli.replay import make_drafter
+
+    calls, prompts, outputs = _store_calls(tmp_path, tokenizer)
+    assert len(calls) > 20
+    # The full replay, each call its own group: per-call (tokens, steps, drafted, accepted).
+    full = replay(((str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outputs))),
+                  make_drafter("specx", REPLAY_DEFAULTS))
+    sample = draw_sample([len(o) for o in outputs], 12, seed=3)
+    positions = sample.calls
+    assert 0 < len(positions) < len(calls)
+    steep = CostCurve("steep", ForwardCost((1, 8, 33), (1.0, 1.6, 3.0)))
+    curves = [builtin_curves()["flat"], steep]
+    specx = lambda: make_drafter("specx", REPLAY_DEFAULTS)  # noqa: E731
+    lookup = lambda: make_drafter("prompt_lookup", REPLAY_DEFAULTS)  # noqa: E731
+    sampled = replay_sample(outputs, ["g"] * len(calls), positions, [prompts[i] for i in positions], specx, lookup,
+                            curves)
+    for call in sampled:
+        want = full.groups[str(call.index)]
+        got = call.stats
+        assert (got.tokens, got.steps, got.drafted, got.accepted) == (want.tokens, want.steps, want.drafted,
+                                                                      want.accepted), call.index
+        assert call.history_tokens == sum(len(o) for o in outputs[: call.index])
+    # The projection over every call (as `specx replay` computes it) gives the sampled calls the
+    # same costs: drafts cut on the steep curve depend on nothing but the call and its history.
+    everything = replay_sample(outputs, ["g"] * len(calls), list(range(len(calls))), prompts, specx, lookup, curves,
+                               unsized=False, specx_steps=[s for _, s in full.curve])
+    by_index = {c.index: c for c in everything}
+    for call in sampled:
+        assert by_index[call.index].costs == call.costs
+        assert call.costs["flat"][1] == call.stats.steps  # flat: a pass costs one, nothing is cut
+
+
+# ------------------------------------------------------------------------------------- the commands
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "specx", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory, tokenizer):  # noqa: F811
+    tokenizer.get()
+    root = tmp_path_factory.mktemp("predict-cli")
+    path = str(root / "cli.db")
+    assert run("ingest", str(good_logs(root)), "--db", path).returncode == 0
+    return path
+
+
+def test_entropy_predicts_what_replay_measures(db):
+    from specx.cli.predict import REPLAY_DEFAULTS
+
+    replayed = run("replay", "--db", db, "--json", "--no-baselines")
+    assert replayed.returncode == 0, replayed.stderr
+    measured = json.loads(replayed.stdout)
+    assert {k: measured["params"][k] for k in REPLAY_DEFAULTS} == REPLAY_DEFAULTS
+    assert set(measured["projected_speedup"]) == {"flat", "cpu"}
+    # A selection smaller than the sample is replayed whole: the prediction is the replay's figure.
+    res = run("entropy", "--db", db, "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    overall = data["overall"]
+    assert overall["sample_calls"] == measured["overall"]["calls"] == overall["calls"]
+    assert overall["predicted_tokens_per_step"] == pytest.approx(measured["overall"]["tokens_per_step"])
+    assert overall["predicted_tokens_per_step_low"] == overall["predicted_tokens_per_step_high"]
+    for curve in ("flat", "cpu"):
+        for against in ("vs_plain", "vs_prompt_lookup"):
+            assert overall["predicted_speedup"][curve][against] == pytest.approx(
+                measured["projected_speedup"][curve][against])
+    groups = {g["key"]: g for g in measured["groups"]}
+    for row in data["groups"]:
+        assert row["predicted_tokens_per_step"] == pytest.approx(groups[row["key"]]["tokens_per_step"])
+        assert row["predicted_speedup"]["cpu"]["vs_plain"] == pytest.approx(
+            groups[row["key"]]["projected_speedup"]["cpu"]["vs_plain"])
+    assert data["prediction"]["exhaustive"] and data["prediction"]["params"] == REPLAY_DEFAULTS
+    # A sample: an interval around the estimate, and the table prints it.
+    res = run("entropy", "--db", db, "--sample-calls", "5", "--sampling", "calls")
+    assert res.returncode == 0, res.stderr
+    assert "tokens/step" in res.stdout and "95% interval" in res.stdout and "cpu: x plain" in res.stdout
+    res = run("entropy", "--db", db, "--no-predict", "--json")
+    assert res.returncode == 0 and "predicted_tokens_per_step" not in res.stdout
+
+
+def test_bad_input_is_one_clear_line(tmp_path, db):
+    curve = tmp_path / "curve.json"
+    curve.write_text('{"1": 1.0, "8": "cheap"}')
+    for command in ("entropy", "replay"):
+        res = run(command, "--db", db, "--cost-curve", str(curve))
+        assert res.returncode == 1, res.stderr
+        assert res.stderr.strip() == f"error: cost curve {curve}: '8' must be a positive number, got 'cheap'"
+    curve.write_text("{oops")
+    res = run("entropy", "--db", db, "--cost-curve", str(curve))
+    assert res.returncode == 1 and "not JSON (line 1, column 2" in res.stderr and "Traceback" not in res.stderr
+    res = run("entropy", "--db", db, "--sample-calls", "100000")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
+    assert "--sample-calls 100,000 is more than the" in res.stderr and "Traceback" not in res.stderr
+    res = run("entropy", "--db", db, "--format", "no-such-format")
+    assert res.returncode == 2 and "no stored call matches the selection" in res.stderr
+    res = run("entropy", "--db", db, "--sampling", "random")
+    assert res.returncode == 2 and "weighted" in res.stderr
