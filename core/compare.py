@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from .cost import AcceptanceModel, ForwardCost
 from .generate import Totals, generate
-from .kv_cache import new_cache
+from .kv_cache import cache_kwarg, new_cache
 from .prefix_cache import PrefixCache
 
 METHODS = ("plain", "prompt_lookup", "specx")
@@ -56,7 +56,7 @@ def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_toke
     if prefix_cache is not None:
         cache = prefix_cache.prefill(model, prompt[:-1], cache)
     if prefix_cache is not None or not stock_cache:
-        extra["past_key_values"] = cache
+        extra[cache_kwarg(model)] = cache
     if prompt_lookup_num_tokens and cache.get_seq_length():
         # transformers' assisted decoding runs its first pass over the whole prompt even when the
         # cache already holds all of it but the last token; run it over the uncached tokens only
@@ -71,12 +71,13 @@ def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_toke
 
 
 def _uncached_first_pass(prepare: Callable[..., Any], model: Any, input_ids: torch.Tensor,
-                         next_sequence_length: int | None = None, past_key_values: Any = None,
-                         is_first_iteration: bool | None = False, **kwargs: Any) -> Any:
-    if is_first_iteration and next_sequence_length is None and past_key_values is not None:
-        next_sequence_length = input_ids.shape[1] - past_key_values.get_seq_length()
-    return prepare(model, input_ids, next_sequence_length=next_sequence_length, past_key_values=past_key_values,
-                   is_first_iteration=is_first_iteration, **kwargs)
+                         next_sequence_length: int | None = None, is_first_iteration: bool | None = False,
+                         **kwargs: Any) -> Any:
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.2x: `cache`
+    if is_first_iteration and next_sequence_length is None and cache is not None:
+        next_sequence_length = input_ids.shape[1] - cache.get_seq_length()
+    return prepare(model, input_ids, next_sequence_length=next_sequence_length, is_first_iteration=is_first_iteration,
+                   **kwargs)
 
 
 def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_tokens: int,

@@ -169,14 +169,14 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
                   eos_token_ids: Iterable[int] | int | None = None) -> list[int]:
     """Plain greedy decoding in the simplest form (forward with a KV cache, argmax): the reference
     that speculative greedy decoding must equal token for token."""
-    from .kv_cache import new_cache
+    from .kv_cache import cache_kwarg, new_cache
 
     eos = _eos_set(eos_token_ids)
     cache = new_cache(model)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, S]
     out: list[int] = []
     while len(out) < max_new_tokens:
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits  # [1, S, V]
+        logits = model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits  # [1, S, V]
         tok = int(torch.argmax(logits[0, -1]))
         out.append(tok)
         if tok in eos:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -41,6 +43,17 @@ class GrowingCache(DynamicCache):
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The keyword a model's forward (and generate) takes its KV cache by: `cache` in transformers
+    5.2x, which deprecates `past_key_values` (removed in 5.40), `past_key_values` before."""
+    return _cache_kwarg(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def full_attention(config: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kv_cache import full_attention, new_cache
+from .kv_cache import cache_kwarg, full_attention, new_cache
 
 
 class PrefixCache:
@@ -75,7 +75,7 @@ class PrefixCache:
         if len(tokens) > reuse:
             ids = torch.tensor([tokens[reuse:]], dtype=torch.long, device=model.device)  # [1, S - reuse]
             # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats
-            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1)
         self.hit_tokens += reuse
         self.miss_tokens += len(tokens) - reuse
         if usable and reuse < len(tokens) <= self.max_tokens:

@@ -120,8 +120,10 @@ def tree_logits(model: Any, cache: Any, pending: Sequence[int], draft: Draft) ->
         raise ValueError(f"tree verification needs an attention implementation that takes a 4D mask "
                          f"({', '.join(_MASKABLE)}), not {impl!r}")
     input_ids, position_ids, mask = tree_inputs(pending, draft, cache.get_seq_length(), model.dtype, model.device)
+    from .kv_cache import cache_kwarg
+
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                past_key_values=cache, use_cache=True)
+                **{cache_kwarg(model): cache}, use_cache=True)
     return out.logits[0]  # [Q, V]
 
 

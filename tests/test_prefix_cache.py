@@ -9,7 +9,7 @@ import torch
 
 from specx.core.compare import hf_generate
 from specx.core.generate import generate, greedy_decode
-from specx.core.kv_cache import new_cache
+from specx.core.kv_cache import cache_kwarg, new_cache
 from specx.core.prefix_cache import PrefixCache
 
 from test_generate import MAKERS, FakeDrafter
@@ -55,9 +55,9 @@ def test_a_copy_is_handed_out_and_the_stored_entries_stay_intact():
     stored = [(k.clone(), v.clone()) for k, v in prefixes._entries[0][1]]
     cache = prefixes.prefill(model, prompt)  # all of it reused: nothing to run
     assert prefixes.miss_tokens == len(prompt)
-    model(input_ids=torch.tensor([[7, 7, 7]]), past_key_values=cache, use_cache=True)  # decoding appends
+    model(input_ids=torch.tensor([[7, 7, 7]]), **{cache_kwarg(model): cache}, use_cache=True)  # decoding appends
     cache.crop(-(cache.get_seq_length() - len(SHARED)))
-    model(input_ids=torch.tensor([[9] * 6]), past_key_values=cache, use_cache=True)  # and overwrites after a crop
+    model(input_ids=torch.tensor([[9] * 6]), **{cache_kwarg(model): cache}, use_cache=True)  # and overwrites after a crop
     for (k, v), (k0, v0) in zip(prefixes._entries[0][1], stored, strict=True):
         assert torch.equal(k, k0) and torch.equal(v, v0)
 

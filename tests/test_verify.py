@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specx.core.draft import Draft
+from specx.core.kv_cache import cache_kwarg
 from specx.core.verify import Sampling, accept, check_draft, process_logits, tree_logits, verify
 
 VOCAB = 97
@@ -39,7 +40,7 @@ def path_of(draft: Draft, node: int) -> list[int]:
 def prefilled(model, tokens):
     cache = DynamicCache(config=model.config)
     if tokens:
-        model(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([tokens]), **{cache_kwarg(model): cache}, use_cache=True)
     return cache
 
 
