@@ -1,4 +1,4 @@
-"""`specx bench index` and `specx bench ingest`: figures side by side in one run (cli/bench.py measures)."""
+"""`specx bench index`, `ingest` and `cost`: figures side by side in one run (cli/bench.py measures)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,55 @@ def bench_ingest(
     targets = {"ingest_s": "<= 60", "reingest_s": "<= 5", "reingest_new_calls": "0", "store_vs_logs": "<= 0.25"}
     output.print_table(f"ingest {root}", ["metric", "value", "target"],
                        [[k, v, targets.get(k, "")] for k, v in result.items() if k != "targets_met"])
+
+
+@bench_app.command("cost")
+def bench_cost(
+    model: Annotated[str, typer.Option(help="Built-in name, HF folder or .gguf file.", envvar="SPECX_MODEL")]
+    = "smollm2-135m",
+    context: Annotated[int, typer.Option(min=1, help="Tokens in the cache the passes run on.")] = 128,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per size (the median is kept).")] = 5,
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")] = "auto",
+    out: Annotated[Optional[Path], typer.Option(help="Write the curve here, a file for `specx entropy "
+                                                     "--cost-curve` and `specx replay --cost-curve`.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What one verification pass over k tokens costs on this machine, relative to one token (plain decoding).
+
+    The forward-cost curve the prediction turns tokens per step into a speedup with: the shipped
+    `cpu` curve is this command's output for the built-in model on the development machine.
+
+    Example: [bold]specx bench cost --model my-model.gguf --out my-model.json[/]
+    """
+    import json
+
+    import torch
+
+    from specx.core.cost import SIZES, calibrate
+    from specx.core.model import load_model
+
+    torch.set_grad_enabled(False)
+    output.note(f"loading {model}")
+    net, _ = load_model(model, specx_home() / "models", dtype=dtype)
+    output.note(f"timing passes over {', '.join(map(str, SIZES))} tokens on a {context}-token cache")
+    cost = calibrate(net, repeats=repeats, context=context, long_context=None)
+    from . import bench
+
+    ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
+    curve = {"about": f"{model} ({str(net.dtype).removeprefix('torch.')}) on {bench.machine()['platform']}, "
+                      f"{bench.machine()['cpus']} CPUs ({torch.get_num_threads()} threads): milliseconds of one "
+                      f"verification pass over k tokens on a {context}-token cache, median of {repeats} "
+                      f"(`specx bench cost`)", "cost": ms}
+    if out is not None:
+        out.write_text(json.dumps(curve, indent=1) + "\n")
+        output.note(f"curve: {out}")
+    if json_out:
+        output.print_json(curve)
+        return
+    base = cost.seconds[0]
+    output.print_table(f"one verification pass, {model}", ["tokens", "ms", "relative to 1"],
+                       [[k, v, round(v / 1000 / base, 3)] for k, v in ms.items()],
+                       caption="lower is better; a flat curve (a large model on a GPU) makes every draft token free")
 
 
 def _print_bench_table(corpora: list[dict]) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import AGENT_DATA
 from specx.core.cost import ForwardCost
-from specx.core.predict import (CostCurve, PredictError, RatioEstimate, Sample, builtin_curves, draw_sample,
-                                learning_curve, load_cost_curve, predict, predict_groups, projected_speedup,
+from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, RatioEstimate, Sample, builtin_curves,
+                                draw_sample, learning_curve, load_cost_curve, predict, predict_groups, projected_speedup,
                                 ratio_estimate, replay_sample, systematic_sample)
 from specx.core.replay import replay
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
@@ -74,13 +74,18 @@ def test_draw_sample_weights_and_the_whole_selection():
 
 
 def test_cost_curve_interpolation():
-    # The shipped CPU curve: 38 ms for 1 token, 43 for 4, 53.5 for 8, 69 for 16, 84 for 32.
+    # The shipped CPU curve: its file's points divided by the 1-token cost, linear in between, and
+    # past the last point the slope of the last two.
+    points = {int(k): v for k, v in json.loads((CURVES_DIR / "cpu.json").read_text())["cost"].items()}
     cpu = builtin_curves()["cpu"]
     assert cpu(1) == 1.0
-    assert cpu(2) == pytest.approx((38 + 5 / 3) / 38)  # a third of the way from 1 to 4
-    assert cpu(8) == pytest.approx(53.5 / 38)
-    assert cpu(48) == pytest.approx((84 + 16 * 15 / 16) / 38)  # past 32: the slope from 16 to 32
-    assert not cpu.flat(33) and "calibrate" in cpu.about
+    for k, v in points.items():
+        assert cpu(k) == pytest.approx(v / points[1])
+    a, b = sorted(points)[-2:]
+    assert cpu(2 * b - a) == pytest.approx((2 * points[b] - points[a]) / points[1])
+    assert not cpu.flat(33) and "specx bench cost" in cpu.about
+    mid = CostCurve.from_mapping("c", {"1": 2.0, "5": 4.0})
+    assert mid(3) == pytest.approx(1.5)  # halfway from 1.0 to 2.0
     flat = builtin_curves()["flat"]
     assert flat.flat(64) and flat(33) == 1.0
     assert CostCurve.from_mapping("one", {"1": 3}).flat(100)
@@ -155,7 +160,8 @@ def test_weighted_draws_estimate_the_ratio():
     assert overall.tokens_per_step.se == pytest.approx(1.0)
     assert groups["a"].tokens_per_step.value == 2.0 and groups["a"].tokens_per_step.se is None
     assert groups["b"].to_json()["predicted_tokens_per_step"] == 4.0
-    assert learning_curve(list(calls.values()), window=2) == [(0, 2.0), (0, 20 / 6)]
+    # The learning curve weighs calls as the estimate does: its point over the whole sample is the estimate.
+    assert learning_curve(list(calls.values()), sample, window=2) == [(0, 2.0), (0, 3.0)]
 
 
 def _call(index, group, tokens, steps):
@@ -271,6 +277,26 @@ def test_entropy_predicts_what_replay_measures(db):
     assert res.returncode == 0 and "predicted_tokens_per_step" not in res.stdout
 
 
+def test_learning_curve_plot(tmp_path, db):
+    plot = tmp_path / "learning.png"
+    res = run("entropy", "--db", db, "--sample-calls", "6", "--plot", str(plot), "--json")
+    assert res.returncode == 0, res.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curve = json.loads(res.stdout)["prediction"]["learning_curve"]
+    assert curve and [h for h, _ in curve] == sorted(h for h, _ in curve) and all(t >= 1 for _, t in curve)
+    res = run("entropy", "--db", db, "--no-predict", "--plot", str(plot))
+    assert res.returncode == 2 and "--no-predict" in res.stderr
+
+
+def test_doctests_of_the_hand_worked_cases():
+    import doctest
+
+    import specx.core.predict
+
+    result = doctest.testmod(specx.core.predict)
+    assert result.attempted >= 5 and result.failed == 0
+
+
 def test_bad_input_is_one_clear_line(tmp_path, db):
     curve = tmp_path / "curve.json"
     curve.write_text('{"1": 1.0, "8": "cheap"}')
@@ -288,3 +314,17 @@ def test_bad_input_is_one_clear_line(tmp_path, db):
     assert res.returncode == 2 and "no stored call matches the selection" in res.stderr
     res = run("entropy", "--db", db, "--sampling", "random")
     assert res.returncode == 2 and "weighted" in res.stderr
+
+
+@pytest.mark.slow
+def test_bench_cost_writes_a_curve_the_predictor_reads(tmp_path, db):
+    curve = tmp_path / "mine.json"
+    res = run("bench", "cost", "--repeats", "1", "--context", "32", "--out", str(curve), "--json")
+    assert res.returncode == 0, res.stderr
+    measured = json.loads(res.stdout)
+    assert json.loads(curve.read_text()) == measured
+    assert "1" in measured["cost"] and all(v > 0 for v in measured["cost"].values())
+    res = run("entropy", "--db", db, "--cost-curve", str(curve), "--json")
+    assert res.returncode == 0, res.stderr
+    speedup = json.loads(res.stdout)["overall"]["predicted_speedup"]
+    assert set(speedup) == {"flat", "cpu", "mine"} and speedup["mine"]["vs_plain"] > 0
