@@ -39,6 +39,9 @@ def entropy_cmd(
                                                                   "1.3, ...}: a pass verifying k tokens costs this "
                                                                   "relative to one (repeatable; flat and cpu are "
                                                                   "built in).")] = None,
+    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG or SVG of the prediction's learning "
+                                                                     "curve: tokens per step against the history "
+                                                                     "the global index held.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How predictable are the stored outputs? Empirical entropy per group, before any model runs.
@@ -55,7 +58,7 @@ def entropy_cmd(
     lookup per cost curve: flat (a large model on a GPU at small batch), cpu (the built-in model on
     a 2-core CPU) and --cost-curve files.
 
-    Example: [bold]specx entropy --by agent --sample 100[/]
+    Example: [bold]specx entropy --by agent --sample 100 --plot learning.png[/]
     Example: [bold]specx entropy --format swe-agent --sample-calls 100 --cost-curve my-gpu.json --json[/]
     """
     import numpy as np
@@ -70,6 +73,9 @@ def entropy_cmd(
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
     if sampling not in SAMPLINGS:
         raise typer.BadParameter(f"must be one of {', '.join(SAMPLINGS)}", param_hint="--sampling")
+    if plot_file is not None and not predict:
+        raise typer.BadParameter("the learning curve comes from the prediction: leave out --no-predict",
+                                 param_hint="--plot")
     path = existing_store(db)
     curves = predict_lib.cost_curves(cost_curve) if predict else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
@@ -106,8 +112,12 @@ def entropy_cmd(
             for row in rows:
                 row.update(prediction["groups"][row["key"]])
             overall.update(prediction["overall"])
+    if plot_file is not None and prediction is not None:
+        predict_lib.plot(prediction, by, plot_file)
+        output.note(f"plot: {plot_file}")
     if json_out:
-        extra = {"prediction": prediction["sample"]} if prediction else {}
+        extra = {"prediction": prediction["sample"] | {"learning_curve": prediction["learning_curve"]}} \
+            if prediction else {}
         output.print_json({"by": by, "max_depth": max_depth, "sample": sample, "groups": rows, "overall": overall}
                           | extra)
         return

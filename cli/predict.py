@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import typer
 
-from specx.core.predict import (CostCurve, PredictError, builtin_curves, draw_sample, load_cost_curve,
-                                predict_groups, projected_speedup, replay_sample)
+from specx.core.predict import (CostCurve, PredictError, builtin_curves, draw_sample, learning_curve,
+                                load_cost_curve, predict_groups, projected_speedup, replay_sample)
 
 from . import output
 
@@ -86,7 +86,38 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
                        "exhaustive": sample.exhaustive, "seconds": time.perf_counter() - started,
                        "interval": "value +- 1.96 standard errors of the ratio estimator",
                        "params": params, "curves": curves_json(curves)},
-            "replayed": replayed}
+            "learning_curve": learning_curve(replayed, sample, window=max(5, len(positions) // 10)),
+            "group_curves": {key: learning_curve([c for c in replayed if c.group == key], sample,
+                                                 window=max(5, len(positions) // 10)) for key in sizes}}
+
+
+def plot(prediction: dict[str, Any], by: str, path: Path) -> None:
+    """The learning curve: tokens per step of the sampled calls (rolling, weighted as the estimate
+    weighs them) against the output tokens the global index held when each started."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    groups = prediction["group_curves"]
+    if len(groups) > 1:
+        for key, points in sorted(groups.items()):
+            if len(points) >= 2:
+                ax.plot([h for h, _ in points], [t for _, t in points], linewidth=1.0, alpha=0.7, label=f"{by} {key}")
+    points = prediction["learning_curve"]
+    ax.plot([h for h, _ in points], [t for _, t in points], color="black", linewidth=2.0, label="all selected")
+    overall = prediction["overall"]["predicted_tokens_per_step"]
+    if overall is not None:
+        ax.axhline(overall, color="black", linestyle=":", linewidth=1.0, label=f"predicted overall {overall:.2f}")
+    ax.set_xlabel("history: output tokens in the global index when the call started")
+    ax.set_ylabel("tokens per step (rolling over sampled calls)")
+    ax.set_title(f"learning curve ({prediction['sample']['calls']} sampled calls)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndarray], warm: list[np.ndarray],

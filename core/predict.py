@@ -452,14 +452,23 @@ def projected_speedup(sampled: Sequence[SampledCall], curves: Sequence[str]) -> 
     return out
 
 
-def learning_curve(sampled: Sequence[SampledCall], window: int = 20) -> list[tuple[int, float]]:
+def learning_curve(sampled: Sequence[SampledCall], sample: Sample, window: int = 20) -> list[tuple[int, float]]:
     """(history tokens, tokens per step over the `window` sampled calls ending there) along the
-    stored order: how tokens per step grows with the history the global index holds."""
+    stored order, each call weighted as the estimate weighs it: how tokens per step grows with the
+    output tokens the global index holds.
+
+    >>> calls = [SampledCall(i, "g", 100 * i, ReplayStats(calls=1, tokens=6, steps=s)) for i, s in enumerate((3, 2))]
+    >>> learning_curve(calls, Sample((0, 1), (1.0, 1.0), 2), window=2)  # 6/3, then 12/5
+    [(0, 2.0), (100, 2.4)]
+    """
+    weight: dict[int, float] = {}
+    for i, w in zip(sample.hits, sample.weights):
+        weight[i] = weight.get(i, 0.0) + w
     rows = [c for c in sampled if c.stats is not None]
     out = []
     for j in range(len(rows)):
         part = rows[max(0, j - window + 1) : j + 1]
-        steps = sum(c.stats.steps for c in part)
+        steps = sum(weight[c.index] * c.stats.steps for c in part)
         if steps:
-            out.append((rows[j].history_tokens, sum(c.stats.tokens for c in part) / steps))
+            out.append((rows[j].history_tokens, sum(weight[c.index] * c.stats.tokens for c in part) / steps))
     return out

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -214,20 +215,40 @@ def main() -> None:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["| workload | calls | tokens | replayed | predicted (weighted) | 95% interval | error | "
-             "predicted (calls alike) | error | entropy bits | predict s | replay s | ratio |",
-             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| workload | calls | tokens | replayed | predicted | 95% interval | error | largest error over seeds: "
+             "weighted / calls alike | interval held | entropy bits | predict s | replay s |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in report["workloads"]:
-        interval = "exact" if r["exhaustive"] else (
+        exact = r["exhaustive"]
+        interval = "exact" if exact else (
             "-" if r["predicted_weighted_low"] is None
             else f"{r['predicted_weighted_low']:.2f}-{r['predicted_weighted_high']:.2f}")
-        lines.append(f"| {r['workload']} | {r['calls']:,} | {r['tokens']:,} | {r['replayed']:.3f} | "
-                     f"{r['predicted_weighted']:.3f} | {interval} | {r['error_weighted']:+.1%} | "
-                     f"{r['predicted_calls']:.3f} | {r['error_calls']:+.1%} | {r['entropy_bits']:.3f} | "
-                     f"{r['predict_seconds_weighted']:.2f} | {r['replay_seconds']:.2f} | {r['time_ratio']:.2f} |")
+        seeds, alike = r.get("seeds_weighted"), r.get("seeds_calls")
+        spread = "-" if exact or not seeds else f"{seeds['max_abs_error']:.1%} / {alike['max_abs_error']:.1%}"
+        held = "-" if exact or not seeds else f"{seeds['coverage']:.0%}"
+        lines.append(f"| {short(r['workload'])} | {r['calls']:,} | {r['tokens']:,} | {r['replayed']:.3f} | "
+                     f"{r['predicted_weighted']:.3f} | {interval} | {r['error_weighted']:+.1%} | {spread} | {held} | "
+                     f"{r['entropy_bits']:.3f} | {r['predict_seconds_weighted']:.2f} | {r['replay_seconds']:.2f} |")
+    with_speedup = [r for r in report["workloads"] if "predicted_speedup" in r]
+    if with_speedup:
+        lines += ["", "| workload | curve | predicted x plain | projected x plain (every call) | error | "
+                      "predicted x prompt lookup | projected | error |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in with_speedup:
+            for curve, got in r["predicted_speedup"].items():
+                want = r["projected_speedup"][curve]
+                cells = []
+                for key in ("vs_plain", "vs_prompt_lookup"):
+                    g, w = got.get(key), want.get(key)
+                    cells += ["-", "-", "-"] if g is None or w is None else [f"{g:.2f}x", f"{w:.2f}x", f"{g / w - 1:+.1%}"]
+                lines.append(f"| {short(r['workload'])} | {curve} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(json.dumps(report["summary"], indent=2))
     return "\n".join(lines)
+
+
+def short(name: str) -> str:
+    """A workload's name without the folder the logs were ingested from."""
+    return re.sub(r"^(--source )\S*?agent-data/", r"\1", name)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specx.core.compare import STOCK, compare, summary
@@ -64,14 +65,39 @@ def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
     return prompts
 
 
-def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache_tokens) -> None:
-    """specx alone over `prompts` (untimed): its global index learns every answer, as when serving."""
+def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache_tokens) -> list[list[int]]:
+    """specx alone over `prompts` (untimed): its global index learns every answer, as when serving.
+    Returns the answers."""
     acceptance, prefixes = AcceptanceModel(), PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+    answers = []
     with progress() as bar:
         for prompt in bar.track(prompts, description=f"history: specx serves {len(prompts)} earlier requests"):
-            for _ in generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost, acceptance=acceptance,
-                              prefix_cache=prefixes):
-                pass
+            answers.append([t for step in generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost,
+                                                    acceptance=acceptance, prefix_cache=prefixes) for t in step.new_tokens])
+    return answers
+
+
+def projection(prompts, outputs, history, timed, cost, max_spec_factor) -> dict:
+    """What `specx entropy` / `specx replay` project from the recorded outputs alone (core/predict.py):
+    specx's speedup over plain decoding on the timed requests, model-free, with the history the run
+    gave them, on the forward-cost curve this run measured (at the median context of the timed
+    requests) and on the shipped cpu curve."""
+    from specx.core.cost import ForwardCost
+    from specx.core.predict import CostCurve, builtin_curves, projected_speedup, replay_sample
+
+    positions = [i for i in range(len(prompts)) if timed(i)]
+    context = int(np.median([len(prompts[i]) + len(outputs[i]) // 2 for i in positions]))
+    measured = CostCurve("measured", ForwardCost(cost.sizes, tuple(cost(n, context) for n in cost.sizes)),
+                         f"this run's calibration at a {context}-token context")
+    curves = [measured, builtin_curves()["cpu"]]
+    arrays = lambda seqs: [np.asarray(s, dtype=np.int32) for s in seqs]  # noqa: E731
+    replayed = replay_sample(arrays(outputs), ["timed"] * len(outputs), positions, arrays([prompts[i] for i in positions]),
+                             lambda: SuffixDrafter(max_spec_factor=max_spec_factor), curves=curves, warm=arrays(history))
+    tokens = sum(c.stats.tokens for c in replayed)
+    steps = sum(c.stats.steps for c in replayed)
+    return {"tokens_per_step_unsized": tokens / steps, "context": context,
+            "speedup_vs_plain": {name: v["vs_plain"] for name, v in projected_speedup(replayed, [c.name for c in curves]).items()},
+            "measured_curve": measured.points()}
 
 
 def main() -> None:
@@ -95,6 +121,9 @@ def main() -> None:
                              "0: prefill every prompt whole)")
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--cache", type=Path, default=specx_home() / "models", help="model cache ($SPECX_HOME/models)")
+    parser.add_argument("--predict", action="store_true",
+                        help="also project specx's speedup from the plain outputs alone, model-free (core/predict.py), "
+                             "beside the measured one")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not (args.spider / "spider_dev.json").is_file():
@@ -106,8 +135,10 @@ def main() -> None:
     print("measuring what a forward pass costs per number of tokens verified ...", file=sys.stderr)
     cost = calibrate(net)
     drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
+    history = []
     if args.history:
-        serve_history(net, tok, prompts[: args.history], drafter, args.max_new_tokens, cost, args.prefix_cache_tokens)
+        history = serve_history(net, tok, prompts[: args.history], drafter, args.max_new_tokens, cost,
+                                args.prefix_cache_tokens)
         prompts = prompts[args.history :]
     methods = args.methods.split(",") + ([STOCK] if args.stock else [])
     stock = load_model("smollm2-135m", args.cache, dtype=args.dtype, kernels=False)[0] if args.stock else None
@@ -119,8 +150,11 @@ def main() -> None:
                        stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens,
                        on_call=lambda: bar.advance(task))
     summary_ = summary(runs, timed)["methods"]
+    projected = None
+    if args.predict and "plain" in runs and "specx" in runs:
+        projected = projection(prompts, runs["plain"].outputs, history, timed, cost, args.max_spec_factor)
     if args.json:
-        print(json.dumps({"methods": summary_, "requests": args.requests, "warmup": args.warmup, "history": args.history,
+        print(json.dumps({"methods": summary_, "projected": projected, "requests": args.requests, "warmup": args.warmup, "history": args.history,
                           "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
                           "dtype": str(net.dtype).removeprefix("torch."),
@@ -131,6 +165,10 @@ def main() -> None:
         print(f"{name:<15}{s['tokens_per_s']:>10.1f}{s.get('speedup_vs_plain', 1.0):>8.2f}x"
               f"{s['identical_calls']:>6}/{s['calls']}")
     print("higher tokens/s and speedup (vs plain decoding) are better; identical: outputs equal to plain decoding's")
+    if projected:
+        print("projected from the outputs alone (model-free replay, core/predict.py): specx "
+              + ", ".join(f"{v:.2f}x on the {k} curve" for k, v in projected["speedup_vs_plain"].items())
+              + f", against {summary_['specx'].get('speedup_vs_plain', 0):.2f}x measured")
     shown = "specx" if "specx" in runs else methods[0]
     print(f"example output ({shown}):", repr(tok.decode(runs[shown].outputs[-1])[:200]))
 
