@@ -38,6 +38,7 @@ class MethodRun:
     outputs: list[list[int]] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
+    prefill_seconds: float = 0.0  # of `seconds`, in the prefix cache's prefill (with prefix_cache_tokens > 0)
     steps: int = 0  # forward passes (specx only)
     accepted: int = 0  # draft tokens accepted (specx only)
     drafted: int = 0
@@ -103,6 +104,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 run = runs[method]
                 totals = Totals()
                 t0 = time.perf_counter()
+                prefilled = prefixes[method].seconds if prefixes[method] is not None else 0.0
                 if method == "specx":
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
                                          eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
@@ -121,11 +123,20 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 if timed(i):
                     run.tokens += len(out)
                     run.seconds += elapsed
+                    if prefixes[method] is not None:
+                        run.prefill_seconds += prefixes[method].seconds - prefilled
                     run.steps += totals.steps
                     run.accepted += totals.accepted
                     run.drafted += totals.drafted
                 on_call()
     return runs
+
+
+def _decoding_seconds(row: dict[str, Any] | None) -> float | None:
+    """Seconds past the prefix cache's prefills (None without one: the prefill is not timed apart)."""
+    if not row or not row["prefill_seconds"]:
+        return None
+    return row["seconds"] - row["prefill_seconds"]
 
 
 def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i: True) -> dict[str, Any]:
@@ -140,6 +151,7 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
         row: dict[str, Any] = {
             "tokens_per_s": run.tokens / run.seconds if run.seconds else 0.0,
             "tokens": run.tokens, "seconds": run.seconds, "calls": len(idx),
+            "prefill_seconds": run.prefill_seconds,
             "identical_calls": None if reference is None else sum(run.outputs[i] == reference[i] for i in idx),
         }
         if name == "specx":
@@ -151,4 +163,8 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
         for base in ("plain", "prompt_lookup"):
             if base in methods and base != name and methods[base]["tokens_per_s"]:
                 row[f"speedup_vs_{base}"] = row["tokens_per_s"] / methods[base]["tokens_per_s"]
+            decoding, base_decoding = _decoding_seconds(row), _decoding_seconds(methods.get(base))
+            if base in methods and base != name and decoding and base_decoding:
+                # tokens per second spent past the prompt's prefill
+                row[f"decode_speedup_vs_{base}"] = (row["tokens"] / decoding) / (methods[base]["tokens"] / base_decoding)
     return {"methods": methods}

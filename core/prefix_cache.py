@@ -17,6 +17,7 @@ differ from them in the last bits (as any two matrix kernels do), never more.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,7 @@ class PrefixCache:
         self._next_key = 0
         self.hit_tokens = 0  # prompt tokens whose entries were copied instead of computed
         self.miss_tokens = 0  # prompt tokens prefilled
+        self.seconds = 0.0  # spent in prefill: copying stored entries and running the rest
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +61,7 @@ class PrefixCache:
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> Any:
         """A KV cache (`cache`, or a new one) holding `tokens`: the longest stored prefix is copied,
         the rest run through `model`; then `tokens` are stored (when the budget allows)."""
+        started = time.perf_counter()
         tokens = [int(t) for t in tokens]
         if cache is None:
             cache = new_cache(model)
@@ -80,6 +83,7 @@ class PrefixCache:
         self.miss_tokens += len(tokens) - reuse
         if usable and reuse < len(tokens) <= self.max_tokens:
             self._store(tokens, cache)
+        self.seconds += time.perf_counter() - started
         return cache
 
     def _store(self, tokens: list[int], cache: Any) -> None:

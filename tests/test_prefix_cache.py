@@ -114,3 +114,23 @@ def test_zero_budget_and_other_caches():
     assert type(cache) is type(new_cache(model))
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixCache(-1)
+
+
+def test_compare_times_the_prefill_apart():
+    from specx.core.compare import compare, summary
+
+    model = tiny_model(torch.float64)
+    prompts = agent_prompts(random.Random(5), 3)
+    from specx.core.speculate import SuffixDrafter
+
+    drafter = SuffixDrafter()
+    runs = compare(model, prompts, drafter, 12, None, ["plain", "specx"], prefix_cache_tokens=4096)
+    for run in runs.values():
+        assert 0 < run.prefill_seconds < run.seconds
+    rows = summary(runs)["methods"]
+    specx = rows["specx"]
+    want = (specx["tokens"] / (specx["seconds"] - specx["prefill_seconds"])) / (
+        rows["plain"]["tokens"] / (rows["plain"]["seconds"] - rows["plain"]["prefill_seconds"]))
+    assert specx["decode_speedup_vs_plain"] == pytest.approx(want)
+    assert "decode_speedup_vs_plain" not in summary(compare(model, prompts[:1], drafter, 4, None,
+                                                            ["plain", "specx"]))["methods"]["specx"]
