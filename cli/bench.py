@@ -203,7 +203,8 @@ def check_targets(figures: dict[str, Any]) -> dict[str, bool]:
 def bench_ingest(root: Path, workdir: Path, tokenizer: Any, on_step: Callable[[str], None] = lambda s: None) -> dict:
     """Ingest `root` into a new store, then again; sizes and the index load time."""
     from specx.store.db import Store
-    from specx.store.ingest import ingest, load_index
+    from specx.store.index import load_index
+    from specx.store.ingest import ingest
 
     db = workdir / "bench-ingest.db"
     for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):

@@ -61,7 +61,7 @@ def generate_cmd(
     path = store_path(db)
     if path.exists():  # drafting from an empty index needs no store: none is created
         from specx.store.db import Store
-        from specx.store.ingest import index_for
+        from specx.store.index import index_for
 
         with Store(path) as store:
             global_index = index_for(store, tokenizer_fingerprint(tok))

@@ -79,7 +79,7 @@ def serve_cmd(
     from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
     from specx.store.db import Store
-    from specx.store.ingest import index_for
+    from specx.store.index import index_for
 
     from .server import Api
     from .worker import LockedTokenizer, Metrics, Worker

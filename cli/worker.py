@@ -360,7 +360,7 @@ class Worker:
         """Save the global index to the store (update_index: the persisted index plus every token row
         added since, whoever added it), so the next start loads it instead of rebuilding."""
         from specx.store.db import StoreError
-        from specx.store.ingest import update_index
+        from specx.store.index import update_index
 
         self._saved_at = time.monotonic()
         try:

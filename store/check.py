@@ -28,7 +28,7 @@ from specx.core.suffix_array import build_suffix_array
 from specx.core.tokens import SuffixIndexError
 
 from .db import IndexState, Store, StoreError, health_problems, schema_problem
-from .ingest import _load_persisted
+from .index import load_persisted
 
 TABLES = ("sources", "sessions", "packs", "messages", "calls", "tokenizers", "tokens", "indexes", "index_chunks")
 MAX_LISTED = 20  # problems named per check; the rest are counted
@@ -195,7 +195,7 @@ def _check_index(store: Store, tokenizer_id: int, name: str) -> Check:
         check.problem(f"{len(data):,} bytes, {raw_bytes:,} recorded")
         return check
     try:
-        index = _load_persisted(store, state)
+        index = load_persisted(store, state)
     except (SuffixIndexError, ValueError, KeyError, IndexError) as exc:
         check.problem(f"does not load with its token rows as text ({exc})")
         return check

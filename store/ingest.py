@@ -9,21 +9,16 @@ reported and the other files go on.
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from specx.core.suffix_index import SuffixIndex
-
-from .db import IndexState, PackWriter, Store, content_key
+from .calls import calls_missing_tokens, ids_without_tokens, insert_calls, insert_tokens
+from .db import Store, content_key
 from .formats import Call, ParseError, find_logs, read_calls
-
-MAX_DEPTH = 64
-REBUILD_FRACTION = 0.1  # more new tokens than this share of the index: rebuild instead of adding
+from .index import MAX_DEPTH, update_index
 
 
 @dataclass
@@ -150,7 +145,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
     source_key = content_key(fmt, sha)
     previous = store.source(source_key)
     if previous is not None and previous["error"] is None and known_tokenizer is not None \
-            and not _calls_missing_tokens(store, previous["id"], known_tokenizer):
+            and not calls_missing_tokens(store, previous["id"], known_tokenizer):
         report.skipped_files += 1
         report.calls += previous["num_calls"]
         report.by_format[fmt] = report.by_format.get(fmt, 0) + previous["num_calls"]
@@ -177,9 +172,9 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
         # Sessions are told apart by the file they come from (by its real path: the same file
         # named another way is the same session), so the same instance id in two submissions'
         # folders stays two sessions.
-        call_ids, num_new = _insert_calls(store, source_id, path, fmt, calls, scope=str(path.resolve()),
+        call_ids, num_new = insert_calls(store, source_id, path, fmt, calls, scope=str(path.resolve()),
                                           legacy_scope=path.name)
-        missing = set(_ids_without_tokens(store, call_ids, tokenizer_id))
+        missing = set(ids_without_tokens(store, call_ids, tokenizer_id))
         todo = [(cid, call.output_text) for cid, call in zip(call_ids, calls) if cid in missing]
         todo = list(dict(todo).items())  # a call repeated within the file is tokenized once
         if todo:
@@ -188,18 +183,6 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
             report.new_tokens += int(sum(len(t) for t in encoded))
     report.new_calls += num_new
     report.duplicate_calls += len(calls) - num_new
-
-
-def insert_tokens(store: Store, tokenizer_id: int, rows: list[tuple[int, Any]]) -> None:
-    """Token rows (call id, token ids) for calls that have none yet for this tokenizer, in one pack."""
-    packs = PackWriter(store, "tokens")
-    values = []
-    for cid, tokens in rows:
-        pack, offset = packs.add(np.asarray(tokens, dtype="<i4").tobytes())
-        values.append((cid, tokenizer_id, len(tokens), pack, offset))
-    packs.flush()
-    store.db.conn.executemany("INSERT INTO tokens (call_id, tokenizer_id, num_tokens, pack_id, pack_offset)"
-                              " VALUES (?,?,?,?,?)", values)
 
 
 def _upsert_source(store: Store, key: bytes, path: Path, fmt: str, sha: str, size: int, num_calls: int,
@@ -212,137 +195,3 @@ def _upsert_source(store: Store, key: bytes, path: Path, fmt: str, sha: str, siz
     return store.db.execute("SELECT id FROM sources WHERE key = ?", [key]).fetchone()[0]
 
 
-def _existing_id(store: Store, table: str, key: bytes) -> int | None:
-    row = store.db.execute(f"SELECT id FROM {table} WHERE key = ?", [key]).fetchone()
-    return None if row is None else row[0]
-
-
-def _insert_calls(store: Store, source_id: int, path: Path, fmt: str, calls: list[Call], scope: str | None = None,
-                  legacy_scope: str | None = None) -> tuple[list[int], int]:
-    """Insert sessions, messages and calls (each only if new); returns the calls' ids and how many were new.
-
-    A session's key is its format, `scope` (default: the file's name), session id and model. A call
-    stored under `legacy_scope` instead counts as stored too: stores written before ingest scoped
-    sessions by the file's path keyed them by its name, and re-reading a file into one (for another
-    tokenizer, or grown) must not add its calls again."""
-    scope = path.name if scope is None else scope
-    call_ids, num_new = [], 0
-    sessions: dict[bytes, int] = {}
-    messages: dict[bytes, int] = {}
-    message_pack, prompt_pack, output_pack = (PackWriter(store, k) for k in ("message", "prompt", "output"))
-    for call in calls:
-        skey = content_key(fmt, scope, call.session_id, call.model)
-        if call.prompt_messages is not None:
-            prompt = call.prompt_messages
-        elif call.prompt_text is not None:
-            prompt = [{"role": "prompt_text", "content": call.prompt_text}]  # a plain-text prompt, whole
-        else:
-            prompt = None
-        message_ids, message_keys, prompt_bytes = [], [], 0
-        for message in prompt or []:
-            raw = json.dumps(message, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str).encode(
-                "utf-8", "surrogatepass")
-            mkey = hashlib.sha256(raw).digest()[:16]
-            if mkey not in messages:
-                messages[mkey] = _existing_id(store, "messages", mkey) or store.db.execute(
-                    "INSERT INTO messages (key, pack_id, pack_offset, raw_bytes) VALUES (?, ?, ?, ?)",
-                    [mkey, *message_pack.add(raw), len(raw)]).lastrowid
-            message_ids.append(messages[mkey])
-            message_keys.append(mkey.hex())
-            prompt_bytes += len(raw)
-        content = (call.position, call.agent, call.model, None if prompt is None else message_keys, call.output_text)
-        ckey = content_key(skey.hex(), *content)
-        cid = _existing_id(store, "calls", ckey)
-        if cid is None and legacy_scope is not None:
-            old_skey = content_key(fmt, legacy_scope, call.session_id, call.model)
-            cid = _existing_id(store, "calls", content_key(old_skey.hex(), *content))
-        if cid is None:
-            if skey not in sessions:
-                sessions[skey] = _existing_id(store, "sessions", skey) or store.db.execute(
-                    "INSERT INTO sessions (key, source_id, session_key, format, model) VALUES (?, ?, ?, ?, ?)",
-                    [skey, source_id, str(call.session_id), fmt, call.model]).lastrowid
-            output = call.output_text.encode("utf-8", "surrogatepass")
-            ppack, poffset = prompt_pack.add(np.asarray(message_ids, dtype="<i4").tobytes()) if prompt is not None \
-                else (None, None)
-            cid = store.db.execute(
-                "INSERT INTO calls (key, session_id, position, agent, model, prompt_pack, prompt_offset, num_messages,"
-                " prompt_bytes, output_pack, output_offset, output_bytes, started_at, ended_at, line, meta)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [ckey, sessions[skey], call.position, call.agent, call.model, ppack, poffset, len(message_ids),
-                 prompt_bytes, *output_pack.add(output), len(output), call.started_at, call.ended_at, call.line,
-                 json.dumps(call.meta, ensure_ascii=False, default=str) if call.meta else None]).lastrowid
-            num_new += 1
-        call_ids.append(cid)
-    for writer in (message_pack, prompt_pack, output_pack):
-        writer.flush()
-    return call_ids, num_new
-
-
-def _chunked(ids: list[int], size: int = 900) -> list[list[int]]:
-    return [ids[i : i + size] for i in range(0, len(ids), size)]
-
-
-def _ids_without_tokens(store: Store, call_ids: list[int], tokenizer_id: int) -> list[int]:
-    have: set[int] = set()
-    for part in _chunked(call_ids):
-        marks = ",".join("?" * len(part))
-        have.update(r[0] for r in store.db.execute(
-            f"SELECT call_id FROM tokens WHERE tokenizer_id = ? AND call_id IN ({marks})", [tokenizer_id, *part]))
-    return sorted(set(call_ids) - have)
-
-
-def _calls_missing_tokens(store: Store, source_id: int, tokenizer_id: int) -> bool:
-    row = store.db.execute(
-        "SELECT 1 FROM calls c JOIN sessions s ON s.id = c.session_id WHERE s.source_id = ? AND NOT EXISTS"
-        " (SELECT 1 FROM tokens t WHERE t.call_id = c.id AND t.tokenizer_id = ?) LIMIT 1",
-        [source_id, tokenizer_id]).fetchone()
-    return row is not None
-
-
-def update_index(store: Store, tokenizer_id: int, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
-    """Bring the persisted index of a tokenizer up to date: nothing, online adds, or a rebuild."""
-    t0 = time.perf_counter()
-    count, last = store.token_rows(tokenizer_id)
-    state = store.index_state(tokenizer_id)
-    if state is not None and (state.num_calls, state.last_token_rowid, state.max_depth) == (count, last, max_depth):
-        return {"action": "unchanged", "calls": count, "tokens": state.num_tokens, "seconds": time.perf_counter() - t0}
-    index = None
-    action = "built"
-    if state is not None and state.max_depth == max_depth \
-            and store.token_rows(tokenizer_id, state.last_token_rowid)[0] == state.num_calls:
-        # Only rows were added since: add them online unless they are many.
-        new = [t for _, t in store.iter_tokens(tokenizer_id, after_rowid=state.last_token_rowid)]
-        if sum(len(t) for t in new) <= REBUILD_FRACTION * max(state.num_tokens, 1):
-            index = _load_persisted(store, state)
-            for tokens in new:
-                index.add(tokens)
-            action = "updated"
-    if index is None:
-        index = SuffixIndex.build([t for _, t in store.iter_tokens(tokenizer_id)], max_depth=max_depth)
-    store.save_index(IndexState(tokenizer_id, max_depth, count, last, index.num_tokens),
-                     index.to_bytes(include_text=False))
-    return {"action": action, "calls": count, "tokens": index.num_tokens, "seconds": time.perf_counter() - t0}
-
-
-def _load_persisted(store: Store, state: IndexState) -> SuffixIndex:
-    """The saved index, its text reassembled from the token rows it covers (no re-sorting)."""
-    parts = []
-    for _, tokens in store.iter_tokens(state.tokenizer_id, upto_rowid=state.last_token_rowid):
-        parts.append(tokens)
-        parts.append(np.array([-1], dtype=np.int32))  # SEP after each sequence
-    text = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    return SuffixIndex.from_bytes(store.index_bytes(state.tokenizer_id), text=text)
-
-
-def load_index(store: Store, tokenizer_id: int, max_depth: int = MAX_DEPTH) -> SuffixIndex:
-    """The global index of a tokenizer's stored outputs, brought up to date first if stale."""
-    update_index(store, tokenizer_id, max_depth)
-    state = store.index_state(tokenizer_id)
-    return _load_persisted(store, state)  # type: ignore[arg-type]
-
-
-def index_for(store: Store, fingerprint: str, max_depth: int = MAX_DEPTH) -> SuffixIndex:
-    """load_index for the tokenizer with this fingerprint; an empty index when the store has no
-    tokens for it (what `specx generate` and `specx serve` draft from)."""
-    tokenizer_id = store.tokenizer_id(fingerprint)
-    return load_index(store, tokenizer_id, max_depth) if tokenizer_id is not None else SuffixIndex(max_depth)

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from .calls import ids_without_tokens, insert_calls, insert_tokens
 from .db import Store, StoreError, content_key
 from .formats import Call
-from .ingest import _ids_without_tokens, _insert_calls, insert_tokens, update_index
+from .index import update_index
 
 log = logging.getLogger("specx.served")
 
@@ -49,8 +50,8 @@ def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequen
             " num_calls = sources.num_calls + excluded.num_calls, ingested_at = excluded.ingested_at",
             [key, path.as_posix(), SERVED_FORMAT, len(calls)])
         source_id = store.db.execute("SELECT id FROM sources WHERE key = ?", [key]).fetchone()[0]
-        call_ids, _ = _insert_calls(store, source_id, path, SERVED_FORMAT, calls)
-        missing = set(_ids_without_tokens(store, call_ids, tokenizer_id))
+        call_ids, _ = insert_calls(store, source_id, path, SERVED_FORMAT, calls)
+        missing = set(ids_without_tokens(store, call_ids, tokenizer_id))
         rows = []
         for cid, tokens in zip(call_ids, token_ids):
             if cid in missing:

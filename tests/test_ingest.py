@@ -1,7 +1,6 @@
 """`specx ingest` into a real SQLite file: counts, idempotency, bad input, a killed ingest, the index."""
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
@@ -19,7 +18,8 @@ from specx.core.model import load_tokenizer, tokenizer_fingerprint
 from specx.core.suffix_index import SuffixIndex
 from specx.store.db import Store
 from specx.store.formats import Call, read_calls
-from specx.store.ingest import Tokenizer, ingest, load_index, update_index
+from specx.store.index import load_index
+from specx.store.ingest import Tokenizer, ingest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "formats"
 
@@ -290,8 +290,8 @@ def test_a_store_keyed_by_file_name_gets_no_duplicates(tmp_path, tokenizer, monk
     import specx.store.ingest as ingest_module
 
     log = write_pairs(tmp_path / "pairs.jsonl")
-    by_name = ingest_module._insert_calls
-    monkeypatch.setattr(ingest_module, "_insert_calls",
+    by_name = ingest_module.insert_calls
+    monkeypatch.setattr(ingest_module, "insert_calls",
                         lambda store, source_id, path, fmt, calls, **_: by_name(store, source_id, path, fmt, calls))
     with Store(tmp_path / "s.db") as store:
         assert ingest(store, [log], tokenizer).new_calls == 6

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import AGENT_DATA
 from specx.core.cost import ForwardCost
-from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, RatioEstimate, Sample, builtin_curves,
+from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, Sample, builtin_curves,
                                 draw_sample, learning_curve, load_cost_curve, predict, predict_groups, projected_speedup,
                                 ratio_estimate, replay_sample, systematic_sample)
 from specx.core.replay import replay

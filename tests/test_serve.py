@@ -22,7 +22,7 @@ import pytest
 from specx.cli.api_requests import ApiError, Tokenizers, parse_request
 from specx.store.db import Store
 from specx.store.formats import Call
-from specx.store.ingest import load_index
+from specx.store.index import load_index
 from specx.store.served import record_served
 
 MODEL = "smollm2-135m"

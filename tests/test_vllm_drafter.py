@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brute
-from vllm_proposer import Batch, propose, step
+from vllm_proposer import Batch, step
 from specx import vllm as plugin
 from specx.core.draft import Draft
 from specx.core.model import tokenizer_fingerprint
@@ -19,7 +19,7 @@ from specx.core.suffix_cache import SuffixCache
 from specx.core.suffix_index import SuffixIndex
 from specx.core.tokens import SuffixIndexError
 from specx.store.db import Store
-from specx.store.ingest import insert_tokens
+from specx.store.calls import insert_tokens
 from specx.store.served import SERVED_FORMAT, ServedRequest, ServedWriter
 
 

@@ -251,7 +251,7 @@ class EngineDrafter:
         from specx.core.suffix_cache import SuffixCache
         from specx.core.suffix_index import SuffixIndex
         from specx.store.db import Store
-        from specx.store.ingest import MAX_DEPTH, index_for
+        from specx.store.index import MAX_DEPTH, index_for
         from specx.store.served import ServedWriter
 
         path = Path(os.environ.get("SPECX_DB", "")).expanduser()
