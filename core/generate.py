@@ -18,6 +18,7 @@ import torch
 
 from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
 from .draft import MODEL, Draft
+from .speculate import Drafter
 from .verify import Sampling, check_draft, verify
 
 
@@ -53,15 +54,15 @@ class Totals:
         self.verify_us += step.verify_us
 
 
-def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new_tokens: int = 256,
+def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = None, max_new_tokens: int = 256,
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
              acceptance: AcceptanceModel | None = None, prefix_cache: Any = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
 
-    `drafter` (optional) needs `speculate() -> Draft`; its `start_request(prompt)`,
-    `extend(tokens)` and `finish_request(learn)` are called when it has them. Greedy output
+    `drafter` (optional; a core.speculate.Drafter) is driven through a request: start_request(prompt),
+    speculate() before each pass, extend(tokens) after it, finish_request(learn). Greedy output
     (temperature 0) equals plain greedy decoding token for token; with temperature > 0 every token
     has exactly the plain sampler's distribution, and the same `seed` gives the same text with or
     without a drafter (up to floating-point differences between the two passes). With `cost`
@@ -89,7 +90,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
         generator.manual_seed(seed)
     sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
 
-    _call(drafter, "start_request", prompt)
+    if drafter is not None:
+        drafter.start_request(prompt)
     if acceptance is None:
         acceptance = AcceptanceModel()  # adaptive draft size: each node's chance, learned from verdicts
     learn = False
@@ -126,7 +128,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             num_out += len(tokens)
             if len(draft):
                 acceptance.update(draft, verdict.accepted_nodes)
-            _call(drafter, "extend", tokens)
+            if drafter is not None:
+                drafter.extend(tokens)
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
                        (drafted - start) * 1e6, (verified - drafted) * 1e6)
             if done:
@@ -135,7 +138,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Any = None, max_new
             guesses = verdict.guesses if drafter is not None else []
         learn = True
     finally:
-        _call(drafter, "finish_request", learn)
+        if drafter is not None:
+            drafter.finish_request(learn)
 
 
 GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
@@ -199,8 +203,3 @@ def _eos_set(eos_token_ids: Iterable[int] | int | None) -> set[int]:
     return {int(t) for t in eos_token_ids}
 
 
-def _call(drafter: Any, method: str, *args: Any) -> None:
-    # The Drafter protocol only requires speculate(); request hooks are optional.
-    fn = getattr(drafter, method, None) if drafter is not None else None
-    if fn is not None:
-        fn(*args)

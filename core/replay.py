@@ -25,23 +25,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from .cost import AcceptanceModel, ForwardCost, size_draft
-from .draft import Draft
+from .speculate import Drafter
 
 
 class ReplayMismatch(RuntimeError):
     """The replay did not rebuild a recorded output: a bug in drafting or acceptance, never the data."""
-
-
-class ReplayDrafter(Protocol):
-    def start_request(self, prompt: Sequence[int]) -> None: ...
-    def extend(self, tokens: Sequence[int]) -> None: ...
-    def speculate(self) -> Draft: ...
-    def finish_request(self, learn: bool = True) -> None: ...
 
 
 @dataclass
@@ -88,7 +81,7 @@ class ReplayStats:
         }
 
 
-def replay_call(drafter: ReplayDrafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
+def replay_call(drafter: Drafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
                 trace: list[tuple[int, int]] | None = None, cost: ForwardCost | None = None, size: bool = True,
                 acceptance: AcceptanceModel | None = None) -> ReplayStats:
     """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt.
@@ -151,7 +144,7 @@ class ReplayResult:
     curve: list[tuple[int, int]]  # per call, in order: (tokens, steps)
 
 
-def replay(calls: Iterable[tuple[str, np.ndarray, np.ndarray]], drafter: ReplayDrafter,
+def replay(calls: Iterable[tuple[str, np.ndarray, np.ndarray]], drafter: Drafter,
            on_call: Callable[[], None] = lambda: None) -> ReplayResult:
     """Replay (group key, prompt tokens, output tokens) in order; each output is learned after its call."""
     overall = ReplayStats()

@@ -29,9 +29,17 @@ from .tokens import SuffixIndexError, check_tokens
 
 
 class Drafter(Protocol):
-    """Anything that proposes a draft for the running sequence."""
+    """What the decode loop (core.generate) and the model-free replay (core.replay) drive: a request
+    begins with its prompt, each verification step's tokens (accepted + bonus) extend it, a draft
+    is asked for before each step, and the request ends, its output learned or not."""
 
-    def speculate(self, context: Sequence[int] | None = None) -> Draft: ...
+    def start_request(self, prompt: Sequence[int]) -> None: ...
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def speculate(self) -> Draft: ...
+
+    def finish_request(self, learn: bool = True) -> None: ...
 
 
 class SuffixDrafter:
