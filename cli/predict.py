@@ -14,8 +14,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import typer
 
-from specx.core.predict import (CostCurve, PredictError, builtin_curves, draw_sample, learning_curve,
-                                load_cost_curve, predict_groups, projected_speedup, replay_sample)
+from specx.core.predict import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
+                                predict_groups, projected_speedup, replay_sample)
+from specx.core.sampling import draw_sample
 
 from . import output
 

@@ -44,7 +44,7 @@ from specx.cli import replay as replay_lib
 from specx.cli.options import specx_home
 from specx.core.entropy import empirical_entropy
 from specx.core.model import load_tokenizer, tokenizer_fingerprint
-from specx.core.predict import draw_sample, ratio_estimate
+from specx.core.sampling import draw_sample, ratio_estimate
 from specx.store.db import Store
 from specx.store.selection import select_calls
 

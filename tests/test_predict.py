@@ -11,9 +11,9 @@ import pytest
 
 from conftest import AGENT_DATA
 from specx.core.cost import ForwardCost
-from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, Sample, builtin_curves,
-                                draw_sample, learning_curve, load_cost_curve, predict, predict_groups, projected_speedup,
-                                ratio_estimate, replay_sample, systematic_sample)
+from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
+                                predict, predict_groups, projected_speedup, replay_sample)
+from specx.core.sampling import Sample, SampleError, draw_sample, ratio_estimate, systematic_sample
 from specx.core.replay import replay
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
 
@@ -43,7 +43,7 @@ def test_ratio_estimator_and_interval_by_hand():
     one = ratio_estimate([4], [2], population=6)
     assert (one.value, one.se, one.low) == (2.0, None, None)
     assert ratio_estimate([], [], population=6).value is None
-    with pytest.raises(PredictError):
+    with pytest.raises(SampleError):
         ratio_estimate([1, 2], [1, 1], population=1)
 
 
@@ -57,7 +57,7 @@ def test_systematic_draws_by_hand():
         for i in systematic_sample([1, 9, 1, 1], 4, seed=seed):
             counts[i] += 1
     assert counts / 4000 == pytest.approx([4 / 12, 36 / 12, 4 / 12, 4 / 12], abs=0.03)
-    with pytest.raises(PredictError):
+    with pytest.raises(SampleError):
         systematic_sample([1, 1], 0)
 
 
@@ -292,9 +292,11 @@ def test_doctests_of_the_hand_worked_cases():
     import doctest
 
     import specx.core.predict
+    import specx.core.sampling
 
-    result = doctest.testmod(specx.core.predict)
-    assert result.attempted >= 5 and result.failed == 0
+    for module in (specx.core.predict, specx.core.sampling):
+        result = doctest.testmod(module)
+        assert result.attempted >= 2 and result.failed == 0, module.__name__
 
 
 def test_bad_input_is_one_clear_line(tmp_path, db):
