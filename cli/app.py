@@ -19,6 +19,7 @@ from .bench_cmd import bench_app
 from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
+from .merge import merge_cmd
 from .serve import serve_cmd
 from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, store_path
 
@@ -318,6 +319,7 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
 
 app.command("entropy")(entropy_cmd)
 app.command("check")(check_cmd)
+app.command("merge")(merge_cmd)
 app.command("generate")(generate_cmd)
 app.command("serve")(serve_cmd)
 
