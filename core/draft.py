@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Draft.sources bits: the request's own index, the global index of past outputs, and the model's own
@@ -60,24 +60,33 @@ class Draft:
                 out.append(path[::-1])
         return out
 
-    def accepted_nodes(self, continuation: Sequence[int]) -> list[int]:
-        """Indices of the nodes along the longest path that equals a prefix of `continuation`.
-
-        This is the greedy verifier when `continuation` is what the model would write: walk from
-        the root, moving to the child that carries the next token, stop at the first miss.
+    def walk(self, choose: Callable[[int, int], int | None]) -> tuple[list[int], list[int]]:
+        """The accept walk, for the model's verifier (core.verify.accept) and for a recorded output
+        (accepted_nodes): from the root, `choose(node, depth)` is the token chosen after `node` (-1:
+        the root; depth: nodes passed so far); move to the child that carries it, else stop. Returns
+        (tokens chosen, nodes passed): the last token is the bonus token unless `choose` gave None.
         """
-        node_at: dict[tuple[int, int], int] = {}
+        children: dict[tuple[int, int], int] = {}
         for i, (tok, par) in enumerate(zip(self.token_ids, self.parents)):
-            node_at.setdefault((par, tok), i)
-        path: list[int] = []
-        parent = -1
-        for tok in continuation:
-            nxt = node_at.get((parent, int(tok)))
+            children.setdefault((par, int(tok)), i)
+        tokens: list[int] = []
+        nodes: list[int] = []
+        node = -1
+        while True:
+            tok = choose(node, len(nodes))
+            if tok is None:
+                return tokens, nodes
+            tokens.append(tok)
+            nxt = children.get((node, tok))
             if nxt is None:
-                break
-            path.append(nxt)
-            parent = nxt
-        return path
+                return tokens, nodes
+            nodes.append(nxt)
+            node = nxt
+
+    def accepted_nodes(self, continuation: Sequence[int]) -> list[int]:
+        """Indices of the nodes along the longest path that equals a prefix of `continuation`: the
+        greedy verifier's walk when `continuation` is what the model would write."""
+        return self.walk(lambda node, depth: int(continuation[depth]) if depth < len(continuation) else None)[1]
 
     def accepted_path(self, continuation: Sequence[int]) -> list[int]:
         """Draft tokens along `accepted_nodes(continuation)`."""

@@ -184,23 +184,14 @@ def accept(logits: torch.Tensor, draft: Draft, root_row: int, sampling: Sampling
     target distribution (every token is a plain draw), and greedy equals plain greedy. `argmax`:
     row_argmax(logits[root_row:]) when the caller has it already (greedy only).
     """
-    children: dict[tuple[int, int], int] = {}
-    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
-        children.setdefault((par, int(tok)), i)
     if sampling.greedy and argmax is None:
         argmax = row_argmax(logits[root_row:])  # greedy: every row's choice at once
-    tokens: list[int] = []
-    nodes: list[int] = []
-    node = -1
-    while True:
-        row = root_row if node < 0 else root_row + 1 + node
-        tok = argmax[row - root_row] if sampling.greedy else choose_token(logits[row], sampling)
-        tokens.append(tok)
-        nxt = children.get((node, tok))
-        if nxt is None:
-            return Verdict(tokens, nodes)
-        nodes.append(nxt)
-        node = nxt
+
+    def choose(node: int, depth: int) -> int:  # the token plain decoding would choose after `node`
+        row = 0 if node < 0 else 1 + node
+        return argmax[row] if sampling.greedy else choose_token(logits[root_row + row], sampling)
+
+    return Verdict(*draft.walk(choose))
 
 
 def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_nodes: int) -> None:
