@@ -39,6 +39,7 @@ class MethodRun:
     tokens: int = 0
     seconds: float = 0.0
     prefill_seconds: float = 0.0  # of `seconds`, in the prefix cache's prefill (with prefix_cache_tokens > 0)
+    prefill_tokens: int = 0  # prompt tokens prefilled (not found in the prefix cache)
     steps: int = 0  # forward passes (specx only)
     accepted: int = 0  # draft tokens accepted (specx only)
     drafted: int = 0
@@ -105,6 +106,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 totals = Totals()
                 t0 = time.perf_counter()
                 prefilled = prefixes[method].seconds if prefixes[method] is not None else 0.0
+                missed = prefixes[method].miss_tokens if prefixes[method] is not None else 0
                 if method == "specx":
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
                                          eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
@@ -125,6 +127,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                     run.seconds += elapsed
                     if prefixes[method] is not None:
                         run.prefill_seconds += prefixes[method].seconds - prefilled
+                        run.prefill_tokens += prefixes[method].miss_tokens - missed
                     run.steps += totals.steps
                     run.accepted += totals.accepted
                     run.drafted += totals.drafted
@@ -151,7 +154,7 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
         row: dict[str, Any] = {
             "tokens_per_s": run.tokens / run.seconds if run.seconds else 0.0,
             "tokens": run.tokens, "seconds": run.seconds, "calls": len(idx),
-            "prefill_seconds": run.prefill_seconds,
+            "prefill_seconds": run.prefill_seconds, "prefill_tokens": run.prefill_tokens,
             "identical_calls": None if reference is None else sum(run.outputs[i] == reference[i] for i in idx),
         }
         if name == "specx":

@@ -173,7 +173,7 @@ def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: 
                   make_prompt_lookup: Callable[[], Any] | None = None, curves: Sequence[CostCurve] = (),
                   warm: Sequence[np.ndarray] = (), unsized: bool = True,
                   specx_steps: Sequence[int] | None = None, lookup_steps: Sequence[int] | None = None,
-                  on_call: Callable[[], None] = lambda: None) -> list[SampledCall]:
+                  prefill: Sequence[float] | None = None, on_call: Callable[[], None] = lambda: None) -> list[SampledCall]:
     """Replay the calls at `sample` (sorted positions in `outputs`, the selection's output tokens in
     stored order; `prompts[j]` is call sample[j]'s prompt) with the history the full replay gives
     them: every output before a call is in the global index when it starts (after `warm`, outputs
@@ -183,8 +183,10 @@ def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: 
     lookup are replayed with drafts cut to what pays (`size_draft`); on a curve flat up to the
     longest pass nothing is cut and every pass costs cost(1): their uncut steps are enough, taken
     from `specx_steps` / `lookup_steps` (per call of `outputs`, from a replay already run) or
-    replayed. `make_prompt_lookup` None: no prompt lookup (its cost is then 0). `on_call` after
-    each replayed call.
+    replayed. `make_prompt_lookup` None: no prompt lookup (its cost is then 0). `prefill[j]`: what
+    call sample[j]'s prefill costs (the prompt tokens a prefix cache does not hold), in one-token
+    passes, added to every method's cost on each curve (None: decoding only). `on_call` after each
+    replayed call.
     """
     if len(prompts) != len(sample):
         raise PredictError(f"{len(prompts)} prompts for {len(sample)} sampled calls")
@@ -220,6 +222,7 @@ def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: 
         learn(tokens)
         history += len(tokens)
     wanted = dict(zip(sample, prompts))
+    prefilled = dict(zip(sample, prefill)) if prefill is not None else {}
     out: list[SampledCall] = []
     for i, tokens in enumerate(outputs):
         prompt = wanted.get(i)
@@ -243,7 +246,8 @@ def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: 
                     passes = replay_call(specx, prompt, tokens, learn=False, cost=curve, size=True).pass_seconds
                     other = replay_call(lookup, prompt, tokens, cost=curve, size=True).pass_seconds \
                         if lookup is not None else 0.0
-                call.costs[curve.name] = (plain, passes, other)
+                first = prefilled.get(i, 0.0) * curve(1)  # the same for every method
+                call.costs[curve.name] = (first + plain, first + passes, first + other if lookup is not None else 0.0)
             if not unsized:
                 call.stats = None
             out.append(call)

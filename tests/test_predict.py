@@ -144,6 +144,10 @@ def test_speedup_on_a_hand_made_call():
     prediction = predict(sample, {1: call}, 1, ["steep"])
     assert prediction.tokens_per_step.value == pytest.approx(4 / 3) and prediction.tokens_per_step.se == 0
     assert prediction.speedup["steep"]["vs_plain"].value == pytest.approx(4 / 3.5)
+    # A prefill costing 6 one-token passes is paid by every method: (6 + 4) / (6 + 3.5) on the steep curve.
+    with_prefill = replay_sample(outputs, ["a", "a"], [1], [arr(1)], SuffixDrafter, PromptLookupDrafter, [steep],
+                                 prefill=[6.0])
+    assert with_prefill[0].costs == {"steep": (10.0, 9.5, 10.0)}
     # Without its history the call drafts nothing: 4 steps.
     alone = replay_sample(outputs[1:], ["a"], [0], [arr(1)], SuffixDrafter)
     assert alone[0].stats.steps == 4 and alone[0].history_tokens == 0
