@@ -29,9 +29,9 @@ def entropy_cmd(
     predict: Annotated[bool, typer.Option(help="Also predict the tokens per step `specx replay` would measure "
                                                "(with its defaults) and the speedup, by replaying a sample of "
                                                "the calls.")] = True,
-    sample_calls: Annotated[Optional[int], typer.Option(min=1, help=f"Calls the prediction replays, at most "
-                                                        f"(default {DEFAULT_SAMPLE_CALLS}, or every call of a "
-                                                        "smaller selection).")] = None,
+    sample_calls: Annotated[Optional[int], typer.Option(min=1, help=f"Calls the prediction replays, about "
+                                                        f"(default {DEFAULT_SAMPLE_CALLS}, at least N / groups per "
+                                                        "group; every call of a smaller selection).")] = None,
     sampling: Annotated[str, typer.Option(help="How the prediction draws its calls: weighted (a call's chance "
                                                "grows with the square root of its output length) or calls "
                                                "(every call alike).")] = "weighted",
@@ -52,8 +52,8 @@ def entropy_cmd(
     entropies for reference. The entropy describes the outputs; it does not rank workloads by the
     speedup (docs/predict.md).
 
-    The prediction (--no-predict: none) replays a sample of the calls (default 200) with the history
-    a full `specx replay` gives them, and estimates per group and overall the tokens per step that
+    The prediction (--no-predict: none) replays a sample of the calls (about 200, drawn within each
+    group) with the history a full `specx replay` gives them, and estimates per group and overall the tokens per step that
     replay would measure, with a 95% interval, and the speedup over plain decoding and over prompt
     lookup per cost curve: flat (a large model on a GPU at small batch), cpu (the built-in model on
     a 2-core CPU) and --cost-curve files.

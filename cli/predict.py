@@ -16,7 +16,7 @@ import typer
 
 from specx.core.predict import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict_groups, projected_speedup, replay_sample)
-from specx.core.sampling import draw_sample
+from specx.core.sampling import draw_stratified
 
 from . import output
 
@@ -71,24 +71,26 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
     started = time.perf_counter()
     n = sample_size(sample_calls, len(calls))
     outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
-    sample = draw_sample([len(o) for o in outputs], n, seed, SAMPLINGS[sampling])
-    positions = sample.calls
-    prompts = replay_lib.prompt_tokens(store, tokenizer, [calls[i] for i in positions], params["prompt_window"])
     groups = [c.group(by) for c in calls]
+    samples = draw_stratified([len(o) for o in outputs], groups, n, seed, SAMPLINGS[sampling])
+    positions = sorted({i for part in samples.values() for i in part.hits})
+    prompts = replay_lib.prompt_tokens(store, tokenizer, [calls[i] for i in positions], params["prompt_window"])
     replayed = replay_sample(outputs, groups, positions, prompts, lambda: replay_lib.make_drafter("specx", params),
                              lambda: replay_lib.make_drafter("prompt_lookup", params), curves, on_call=on_call)
     sizes: dict[str, int] = {}
     for key in groups:
         sizes[key] = sizes.get(key, 0) + 1
     names = [c.name for c in curves]
-    overall, by_group = predict_groups(sample, replayed, sizes, names)
+    overall, by_group = predict_groups(samples, replayed, sizes, names)
     return {"overall": overall.to_json(), "groups": {k: p.to_json() for k, p in by_group.items()},
-            "sample": {"calls": len(positions), "draws": len(sample.hits), "sampling": sampling, "seed": seed,
-                       "exhaustive": sample.exhaustive, "seconds": time.perf_counter() - started,
-                       "interval": "value +- 1.96 standard errors of the ratio estimator",
+            "sample": {"calls": len(positions), "draws": sum(len(p.hits) for p in samples.values()),
+                       "sampling": sampling, "seed": seed, "by": by,
+                       "exhaustive": all(p.exhaustive for p in samples.values()),
+                       "seconds": time.perf_counter() - started,
+                       "interval": "value +- 1.96 standard errors of the (combined) ratio estimator",
                        "params": params, "curves": curves_json(curves)},
-            "learning_curve": learning_curve(replayed, sample, window=max(5, len(positions) // 10)),
-            "group_curves": {key: learning_curve([c for c in replayed if c.group == key], sample,
+            "learning_curve": learning_curve(replayed, samples, window=max(5, len(positions) // 10)),
+            "group_curves": {key: learning_curve([c for c in replayed if c.group == key], samples,
                                                  window=max(5, len(positions) // 10)) for key in sizes}}
 
 

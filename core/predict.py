@@ -44,7 +44,7 @@ import numpy as np
 
 from .cost import ForwardCost
 from .replay import ReplayStats, replay_call
-from .sampling import RatioEstimate, Sample, ratio_estimate
+from .sampling import RatioEstimate, Sample, combined_ratio, ratio_estimate
 
 CURVES_DIR = Path(__file__).resolve().parent / "cost_curves"
 FLAT_UPTO = 64  # the shipped flat curve: 1.0 for every k up to this
@@ -307,14 +307,37 @@ def predict(sample: Sample, replayed: Mapping[int, SampledCall], calls: int, cur
     return Prediction(calls, len({c.index for c, _ in hits}), tps, speedup)
 
 
-def predict_groups(sample: Sample, replayed: Sequence[SampledCall], group_sizes: Mapping[str, int],
+def predict_groups(samples: Mapping[str, Sample], replayed: Sequence[SampledCall], group_sizes: Mapping[str, int],
                    curves: Sequence[str] = (), prompt_lookup: bool = True) -> tuple[Prediction, dict[str, Prediction]]:
-    """(overall, {group: prediction}) from one sample of the whole selection; a group's figures
-    come from the draws that fell in it (a group none fell in has no estimate)."""
+    """(overall, {group: prediction}) from a sample drawn within each group (`draw_stratified`):
+    each group's figures from its own draws, the overall ones by the combined ratio estimator."""
     by_index = {c.index: c for c in replayed}
-    overall = predict(sample, by_index, sum(group_sizes.values()), curves, prompt_lookup)
-    return overall, {key: predict(sample, by_index, size, curves, prompt_lookup, group=key)
-                     for key, size in group_sizes.items()}
+    groups = {key: predict(samples[key], by_index, size, curves, prompt_lookup) for key, size in group_sizes.items()}
+
+    def combined(y: Callable[[SampledCall], float], x: Callable[[SampledCall], float]) -> RatioEstimate:
+        return combined_ratio([([w * y(by_index[i]) for i, w in zip(part.hits, part.weights)],
+                                [w * x(by_index[i]) for i, w in zip(part.hits, part.weights)],
+                                None if part.population is None else group_sizes[key], part.exhaustive)
+                               for key, part in samples.items()])
+
+    hits = [by_index[i] for part in samples.values() for i in part.hits]
+    if all(c.stats is not None for c in hits):
+        tps = combined(lambda c: c.stats.tokens, lambda c: c.stats.steps)
+    else:
+        tps = RatioEstimate(None, None, len(hits), None)
+    speedup = {}
+    for name in curves:
+        by = {"vs_plain": combined(lambda c: c.costs[name][0], lambda c: c.costs[name][1])}
+        if prompt_lookup:
+            by["vs_prompt_lookup"] = combined(lambda c: c.costs[name][2], lambda c: c.costs[name][1])
+        speedup[name] = by
+    exact = all(part.exhaustive for part in samples.values())
+    if exact:  # every call replayed: exact figures, an interval of zero width
+        tps = RatioEstimate(tps.value, 0.0 if tps.value is not None else None, tps.n, tps.n)
+        speedup = {name: {k: RatioEstimate(e.value, 0.0 if e.value is not None else None, e.n, e.n)
+                          for k, e in by.items()} for name, by in speedup.items()}
+    overall = Prediction(sum(group_sizes.values()), len({c.index for c in hits}), tps, speedup)
+    return overall, groups
 
 
 def projected_speedup(sampled: Sequence[SampledCall], curves: Sequence[str]) -> dict[str, dict[str, float | None]]:
@@ -330,7 +353,8 @@ def projected_speedup(sampled: Sequence[SampledCall], curves: Sequence[str]) -> 
     return out
 
 
-def learning_curve(sampled: Sequence[SampledCall], sample: Sample, window: int = 20) -> list[tuple[int, float]]:
+def learning_curve(sampled: Sequence[SampledCall], sample: Sample | Mapping[str, Sample],
+                   window: int = 20) -> list[tuple[int, float]]:
     """(history tokens, tokens per step over the `window` sampled calls ending there) along the
     stored order, each call weighted as the estimate weighs it: how tokens per step grows with the
     output tokens the global index holds.
@@ -340,8 +364,9 @@ def learning_curve(sampled: Sequence[SampledCall], sample: Sample, window: int =
     [(0, 2.0), (100, 2.4)]
     """
     weight: dict[int, float] = {}
-    for i, w in zip(sample.hits, sample.weights):
-        weight[i] = weight.get(i, 0.0) + w
+    for part in sample.values() if isinstance(sample, Mapping) else [sample]:
+        for i, w in zip(part.hits, part.weights):
+            weight[i] = weight.get(i, 0.0) + w
     rows = [c for c in sampled if c.stats is not None]
     out = []
     for j in range(len(rows)):

@@ -82,7 +82,41 @@ def draw_sample(tokens: Sequence[int], n: int, seed: int | None = 0, power: floa
         return Sample(tuple(range(count)), (1.0,) * count, count, exhaustive=True)
     sizes = np.asarray(tokens, dtype=float) ** power if power else np.ones(count)
     hits = systematic_sample(sizes, n, seed)
-    return Sample(tuple(hits), tuple(1.0 / float(sizes[i]) for i in hits), count if power == 0 else None)
+    scale = float(sizes.sum()) / n  # 1 / (a draw's chance of landing on call i) = total / (n sizes[i])
+    return Sample(tuple(hits), tuple(scale / float(sizes[i]) for i in hits), count if power == 0 else None)
+
+
+def draw_stratified(tokens: Sequence[int], strata: Sequence[str], n: int, seed: int | None = 0,
+                    power: float = 0.5) -> dict[str, Sample]:
+    """`draw_sample` within each stratum (a group of calls), positions kept in the whole order.
+
+    About `n` draws in all: each stratum gets its share of them by its total size measure, but at
+    least n / (number of strata) (at least 2), and a stratum no larger than its share is taken
+    whole. So a small group is estimated from enough of its own calls, or exactly, rather than from
+    the few draws a sample of everything would give it.
+
+    >>> parts = draw_stratified([1, 1, 1, 1, 1, 1, 1, 1, 1, 1], list("aaaaaaaabb"), 4, seed=None, power=0)
+    >>> {k: (v.hits, v.exhaustive) for k, v in parts.items()}  # a: its share, 3.2 -> 4 of 8; b: whole
+    {'a': ((1, 3, 5, 7), False), 'b': ((8, 9), True)}
+    """
+    if n < 1:
+        raise SampleError(f"the sample needs at least 1 call, got {n}")
+    if len(strata) != len(tokens):
+        raise SampleError(f"{len(strata)} strata for {len(tokens)} calls")
+    if n >= len(tokens):
+        n = len(tokens) * max(len(set(strata)), 1)  # every stratum whole
+    members: dict[str, list[int]] = {}
+    for i, key in enumerate(strata):
+        members.setdefault(key, []).append(i)
+    sizes = np.asarray(tokens, dtype=float) ** power if power else np.ones(len(tokens))
+    total = float(sizes.sum()) or 1.0
+    floor = max(2, n // max(len(members), 1))
+    out = {}
+    for key, positions in members.items():
+        share = math.ceil(round(n * float(sizes[positions].sum()) / total, 6))  # 200.00000000000003 is 200
+        part = draw_sample([tokens[i] for i in positions], max(floor, share), seed, power)
+        out[key] = Sample(tuple(positions[j] for j in part.hits), part.weights, part.population, part.exhaustive)
+    return out
 
 
 @dataclass(frozen=True)
@@ -106,6 +140,39 @@ class RatioEstimate:
     @property
     def high(self) -> float | None:
         return None if self.value is None or self.se is None else self.value + self.z * self.se
+
+
+def combined_ratio(strata: Sequence[tuple[Sequence[float], Sequence[float], int | None, bool]],
+                   z: float = Z95) -> RatioEstimate:
+    """The combined ratio estimator over strata (Cochran 6.11): R = sum of every stratum's estimated
+    total of Y / the same of X, each stratum given as (w_i Y_i, w_i X_i, population, exhaustive),
+    w_i the draw's expansion weight. Its variance sums the strata's: for a stratum of n draws,
+    n / (n - 1) * sum((d_i - mean d)^2) with d_i = w_i (Y_i - R X_i), times 1 - n/N where every
+    call was equally likely (population N), nothing where it was taken whole; divided by the
+    estimated total of X squared. With one stratum it is `ratio_estimate`.
+
+    >>> e = combined_ratio([([4, 6], [2, 2], 2, True), ([16, 8], [4, 4], 4, False)])  # exact a + drawn b
+    >>> round(e.value, 4), round(e.se, 4)  # (10 + 24) / (4 + 8); b: d = 4.67, -3.33 -> 64 * 0.5 / 12^2
+    (2.8333, 0.4714)
+    """
+    parts = [(np.asarray(y, dtype=float), np.asarray(x, dtype=float), population, exhaustive)
+             for y, x, population, exhaustive in strata]
+    n = sum(len(x) for _, x, _, _ in parts)
+    x_total = sum(float(x.sum()) for _, x, _, _ in parts)
+    if n == 0 or x_total <= 0:
+        return RatioEstimate(None, None, n, None, z)
+    r = sum(float(y.sum()) for y, _, _, _ in parts) / x_total
+    var = 0.0
+    for y, x, population, exhaustive in parts:
+        m = len(x)
+        if exhaustive or m == 0 or m == population:
+            continue
+        if m < 2:
+            return RatioEstimate(r, None, n, None, z)
+        d = y - r * x
+        fpc = 1 - m / population if population is not None else 1.0
+        var += fpc * m / (m - 1) * float(((d - d.mean()) ** 2).sum())
+    return RatioEstimate(r, math.sqrt(var) / x_total, n, None, z)
 
 
 def ratio_estimate(y: Sequence[float], x: Sequence[float], population: int | None, z: float = Z95) -> RatioEstimate:

@@ -44,7 +44,7 @@ from specx.cli import replay as replay_lib
 from specx.cli.options import specx_home
 from specx.core.entropy import empirical_entropy
 from specx.core.model import load_tokenizer, tokenizer_fingerprint
-from specx.core.sampling import draw_sample, ratio_estimate
+from specx.core.sampling import combined_ratio, draw_stratified
 from specx.store.db import Store
 from specx.store.selection import select_calls
 
@@ -88,16 +88,18 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def seed_errors(curve: list[tuple[int, int]], n: int, power: float, seeds: int) -> dict[str, float]:
-    """Errors of the estimate over `seeds` draws, from the full replay's per-call (tokens, steps)."""
+def seed_errors(curve: list[tuple[int, int]], strata: list[str], n: int, power: float, seeds: int) -> dict[str, float]:
+    """Errors of the estimate over `seeds` draws (within each stratum, as `specx entropy` draws by
+    format), from the full replay's per-call (tokens, steps)."""
     tokens = np.array([t for t, _ in curve], dtype=float)
     steps = np.array([s for _, s in curve], dtype=float)
     truth = tokens.sum() / steps.sum()
+    sizes = {key: strata.count(key) for key in set(strata)}
     errors, held = [], 0
     for seed in range(seeds):
-        sample = draw_sample(tokens.astype(int).tolist(), n, seed, power)
-        hits, w = np.array(sample.hits), np.array(sample.weights)
-        e = ratio_estimate(w * tokens[hits], w * steps[hits], len(tokens) if sample.population is not None else None)
+        parts = draw_stratified(tokens.astype(int).tolist(), strata, n, seed, power)
+        e = combined_ratio([(np.array(p.weights) * tokens[list(p.hits)], np.array(p.weights) * steps[list(p.hits)],
+                             None if p.population is None else sizes[key], p.exhaustive) for key, p in parts.items()])
         errors.append(e.value / truth - 1)
         held += e.low is not None and e.low <= truth <= e.high
     errors = np.abs(errors)
@@ -137,7 +139,8 @@ def check(store: Store, tok: Any, tokenizer_id: int, name: str, calls: list, arg
         row[f"in_interval_{sampling}"] = None if low is None else bool(low - 1e-9 <= truth <= high + 1e-9)
         if not row["exhaustive"] and args.seeds:
             power = predict_lib.SAMPLINGS[sampling]
-            row[f"seeds_{sampling}"] = seed_errors(full["curve"]["specx"], args.sample_calls, power, args.seeds)
+            row[f"seeds_{sampling}"] = seed_errors(full["curve"]["specx"], [c.group("format") for c in calls],
+                                                   args.sample_calls, power, args.seeds)
     row["entropy_bits"] = empirical_entropy(outputs, max_depth=64).entropy_bits
     if args.speedup:
         t0 = time.perf_counter()

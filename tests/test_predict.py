@@ -13,7 +13,7 @@ from conftest import AGENT_DATA
 from specx.core.cost import ForwardCost
 from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict, predict_groups, projected_speedup, replay_sample)
-from specx.core.sampling import Sample, SampleError, draw_sample, ratio_estimate, systematic_sample
+from specx.core.sampling import Sample, SampleError, draw_sample, draw_stratified, ratio_estimate, systematic_sample
 from specx.core.replay import replay
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
 
@@ -66,10 +66,11 @@ def test_draw_sample_weights_and_the_whole_selection():
     whole = draw_sample(lengths, 6)
     assert whole.exhaustive and whole.hits == tuple(range(6)) and set(whole.weights) == {1.0}
     by_calls = draw_sample(lengths, 3, seed=None, power=0)
-    assert by_calls.hits == (1, 3, 5) and by_calls.population == 6 and set(by_calls.weights) == {1.0}
+    # expansion weights: 1 / (a call's expected draws), 6 / 3 for each of 3 draws among 6 alike
+    assert by_calls.hits == (1, 3, 5) and by_calls.population == 6 and set(by_calls.weights) == {2.0}
     weighted = draw_sample(lengths, 3, seed=None)  # sizes 2, 10, 3, 4, 1, 5 (25): points 4.17, 12.5, 20.8
     assert weighted.hits == (1, 2, 5) and weighted.population is None
-    assert weighted.weights == pytest.approx((1 / 10, 1 / 3, 1 / 5))
+    assert weighted.weights == pytest.approx((25 / 3 / 10, 25 / 3 / 3, 25 / 3 / 5))  # total / (n size)
     assert weighted.calls == [1, 2, 5]
 
 
@@ -156,16 +157,34 @@ def test_speedup_on_a_hand_made_call():
 def test_weighted_draws_estimate_the_ratio():
     # Two calls drawn of four (chances ~ sqrt(length)): the estimate weights each by 1 / sqrt(length).
     # Lengths 4 and 16 (weights 1/2, 1/4), steps 2 and 4: (2 + 4) / (1 + 1) = 3 tokens per step.
-    calls = {0: _call(0, "a", 4, 2), 2: _call(2, "b", 16, 4)}
+    calls = {0: _call(0, "a", 4, 2), 2: _call(2, "a", 16, 4)}
     sample = Sample((0, 2), (0.5, 0.25), None)
-    overall, groups = predict_groups(sample, list(calls.values()), {"a": 2, "b": 2})
+    overall, groups = predict_groups({"a": sample}, list(calls.values()), {"a": 4})
     assert overall.tokens_per_step.value == pytest.approx(3.0) and overall.sample_calls == 2
     # Weighted units y = (2, 4), x = (1, 1): residuals -1, 1; se^2 = 1 / (2 * 1^2) * 2 / 1 = 1.
-    assert overall.tokens_per_step.se == pytest.approx(1.0)
-    assert groups["a"].tokens_per_step.value == 2.0 and groups["a"].tokens_per_step.se is None
-    assert groups["b"].to_json()["predicted_tokens_per_step"] == 4.0
+    assert overall.tokens_per_step.se == pytest.approx(1.0) == groups["a"].tokens_per_step.se
+    assert groups["a"].to_json()["predicted_tokens_per_step"] == 3.0
     # The learning curve weighs calls as the estimate does: its point over the whole sample is the estimate.
     assert learning_curve(list(calls.values()), sample, window=2) == [(0, 2.0), (0, 3.0)]
+
+
+def test_groups_drawn_apart_and_combined():
+    # Group a (2 calls) taken whole: 10 tokens in 4 steps, exactly 2.5. Group b: 2 of its 4 calls,
+    # every call alike (expansion weight 2): 8 and 4 tokens in 2 steps each, so 24 / 8 = 3.0 with
+    # se^2 = (1 - 2/4) / (2 * 4^2) * ((16 - 12)^2 + (8 - 12)^2) = 0.5. Overall, the combined ratio
+    # (10 + 24) / (4 + 8), se^2 = 0.5 * 2 * ((4.67 - 0.67)^2 + (-3.33 - 0.67)^2) / 12^2 = 32 / 144.
+    calls = [_call(0, "a", 4, 2), _call(1, "a", 6, 2), _call(2, "b", 8, 2), _call(5, "b", 4, 2)]
+    samples = {"a": Sample((0, 1), (1.0, 1.0), 2, exhaustive=True), "b": Sample((2, 5), (2.0, 2.0), 4)}
+    overall, groups = predict_groups(samples, calls, {"a": 2, "b": 4})
+    assert (groups["a"].tokens_per_step.value, groups["a"].tokens_per_step.se) == (2.5, 0.0)
+    assert groups["b"].tokens_per_step.value == 3.0 and groups["b"].tokens_per_step.se == pytest.approx(0.5 ** 0.5)
+    assert overall.tokens_per_step.value == pytest.approx(34 / 12)
+    assert overall.tokens_per_step.se == pytest.approx((32 / 144) ** 0.5)
+    assert overall.calls == 6 and overall.sample_calls == 4
+    # A stratified draw: each group gets its share or at least n / groups; a small group whole.
+    parts = draw_stratified([1] * 10, list("aaaaaaaabb"), 4, seed=None, power=0)
+    assert parts["b"].exhaustive and parts["b"].hits == (8, 9) and parts["a"].hits == (1, 3, 5, 7)
+    assert all(p.exhaustive for p in draw_stratified([3, 1, 2], list("abb"), 3).values())
 
 
 def _call(index, group, tokens, steps):
