@@ -104,11 +104,13 @@ def entropy_cmd(
         prediction = None
         if predict:
             n = predict_lib.sample_size(sample_calls, len(calls))
-            output.note(f"predicting: replaying at most {n:,} of {len(calls):,} calls with their history")
+            output.note(f"predicting: replaying about {n:,} of {len(calls):,} calls (drawn within each {by}) with "
+                        "their history")
             with output.progress() as bar:
                 task = bar.add_task("predict", total=n)
                 prediction = predict_lib.predict_selection(store, tok, tokenizer_id, calls, by, curves, sample_calls,
-                                                           seed, sampling, on_call=lambda: bar.advance(task))
+                                                           seed, sampling, on_call=lambda: bar.advance(task),
+                                                           on_sample=lambda k: bar.update(task, total=k))
             for row in rows:
                 row.update(prediction["groups"][row["key"]])
             overall.update(prediction["overall"])

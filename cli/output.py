@@ -81,9 +81,12 @@ class LineProgress:
                            "last": now, "printed": 0})
         return len(self.tasks) - 1
 
-    def update(self, task_id: int, advance: float = 0, description: str | None = None) -> None:
+    def update(self, task_id: int, advance: float = 0, description: str | None = None,
+               total: float | None = None) -> None:
         task = self.tasks[task_id]
         task["completed"] += advance
+        if total is not None:
+            task["total"] = total
         if description is not None:
             task["description"] = description
         if time.monotonic() - task["last"] >= self.every or task["completed"] == task["total"]:

@@ -63,8 +63,10 @@ def curves_json(curves: Sequence[CostCurve]) -> dict[str, Any]:
 def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list, by: str, curves: Sequence[CostCurve],
                       sample_calls: int | None, seed: int, sampling: str = "weighted",
                       params: dict[str, Any] | None = None,
-                      on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """{"overall": {...}, "groups": {key: {...}}, "sample": {...}} for `calls` (stored order)."""
+                      on_call: Callable[[], None] = lambda: None,
+                      on_sample: Callable[[int], None] = lambda calls: None) -> dict[str, Any]:
+    """{"overall": {...}, "groups": {key: {...}}, "sample": {...}} for `calls` (stored order);
+    `on_sample(n)` once the n calls to replay are drawn, `on_call()` after each is replayed."""
     from . import replay as replay_lib
 
     params = params or REPLAY_DEFAULTS
@@ -74,6 +76,7 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
     groups = [c.group(by) for c in calls]
     samples = draw_stratified([len(o) for o in outputs], groups, n, seed, SAMPLINGS[sampling])
     positions = sorted({i for part in samples.values() for i in part.hits})
+    on_sample(len(positions))
     prompts = replay_lib.prompt_tokens(store, tokenizer, [calls[i] for i in positions], params["prompt_window"])
     replayed = replay_sample(outputs, groups, positions, prompts, lambda: replay_lib.make_drafter("specx", params),
                              lambda: replay_lib.make_drafter("prompt_lookup", params), curves, on_call=on_call)
