@@ -260,15 +260,10 @@ def replay_cmd(
     if curves:
         output.print_table(f"projected speedup of specx by {by} (cost curve: x plain decoding / x prompt lookup)",
                            [by] + [c.name for c in curves],
-                           [[g["key"]] + [_speedups(g["projected_speedup"][c.name]) for c in curves]
-                            for g in result["groups"]]
-                           + [["overall"] + [_speedups(result["projected_speedup"][c.name]) for c in curves]],
+                           [[row["key"]] + [predict_lib.speedups_cell(row["projected_speedup"][c.name]) for c in curves]
+                            for row in result["groups"] + [{"key": "overall"} | result]],
                            caption="higher is better; drafts cut to what pays on curves that are not flat "
                                    "(docs/predict.md)")
-
-
-def _speedups(by: dict[str, Any]) -> str:
-    return " / ".join("-" if by.get(k) is None else f"{by[k]:.2f}x" for k in ("vs_plain", "vs_prompt_lookup"))
 
 
 _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us columns: lower is better"

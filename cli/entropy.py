@@ -131,7 +131,7 @@ def entropy_cmd(
         columns += [f"{c.name}: x plain / x prompt lookup" for c in curves]
         for line, r in zip(table, rows + [overall]):
             line += [r["sample_calls"], r["predicted_tokens_per_step"], _interval(r)]
-            line += [_speedups(r["predicted_speedup"][c.name]) for c in curves]
+            line += [predict_lib.speedups_cell(r["predicted_speedup"][c.name]) for c in curves]
         caption += ("; tokens/step: predicted `specx replay` figure (higher is better), 95% interval; x: predicted"
                     " speedup on that cost curve (higher is better)")
     output.print_table(f"empirical entropy by {by} (bits; contexts of 1-{max_depth} tokens)", [by] + columns, table,
@@ -143,11 +143,6 @@ def _interval(row: dict) -> str:
     if low is None:
         return "-"
     return f"{low:.2f}-{high:.2f}" if low != high else "exact"
-
-
-def _speedups(by: dict) -> str:
-    plain, lookup = by.get("vs_plain"), by.get("vs_prompt_lookup")
-    return " / ".join("-" if v is None else f"{v:.2f}x" for v in (plain, lookup))
 
 
 def _entropy_row(result, calls: int) -> dict:

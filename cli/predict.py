@@ -56,6 +56,11 @@ def cost_curves(files: Sequence[Path] | None) -> list[CostCurve]:
     return list(curves.values())
 
 
+def speedups_cell(by: dict[str, Any]) -> str:
+    """A table cell: "2.50x / 1.80x", the speedup over plain decoding / over prompt lookup ("-": none)."""
+    return " / ".join("-" if by.get(k) is None else f"{by[k]:.2f}x" for k in ("vs_plain", "vs_prompt_lookup"))
+
+
 def curves_json(curves: Sequence[CostCurve]) -> dict[str, Any]:
     return {c.name: {"about": c.about, "cost": c.points()} for c in curves}
 

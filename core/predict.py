@@ -282,35 +282,44 @@ class Prediction:
         }
 
 
-def predict(sample: Sample, replayed: Mapping[int, SampledCall], calls: int, curves: Sequence[str] = (),
-            prompt_lookup: bool = True, group: str | None = None) -> Prediction:
-    """Ratio estimates over the sample's draws (of `group` only, if given; `calls` is how many calls
-    that group or the whole selection holds), from the replayed calls by position."""
-    hits = [(replayed[i], w) for i, w in zip(sample.hits, sample.weights) if group is None or replayed[i].group == group]
-    population = None if sample.population is None else calls
-    if sample.exhaustive:
-        population = len(hits)
+Estimator = Callable[[Callable[[SampledCall], float], Callable[[SampledCall], float]], RatioEstimate]
 
-    def estimate(y: Callable[[SampledCall], float], x: Callable[[SampledCall], float]) -> RatioEstimate:
-        return ratio_estimate([w * y(c) for c, w in hits], [w * x(c) for c, w in hits], population)
 
-    if all(c.stats is not None for c, _ in hits):
+def _figures(hits: Sequence[SampledCall], estimate: Estimator, curves: Sequence[str],
+             prompt_lookup: bool) -> tuple[RatioEstimate, dict[str, dict[str, RatioEstimate]]]:
+    """Tokens per step and the speedups per curve, each a ratio `estimate(y, x)` over the draws."""
+    if all(c.stats is not None for c in hits):
         tps = estimate(lambda c: c.stats.tokens, lambda c: c.stats.steps)
     else:
-        tps = RatioEstimate(None, None, len(hits), population)
+        tps = RatioEstimate(None, None, len(hits), None)
     speedup = {}
     for name in curves:
         by = {"vs_plain": estimate(lambda c: c.costs[name][0], lambda c: c.costs[name][1])}
         if prompt_lookup:
             by["vs_prompt_lookup"] = estimate(lambda c: c.costs[name][2], lambda c: c.costs[name][1])
         speedup[name] = by
+    return tps, speedup
+
+
+def predict(sample: Sample, replayed: Mapping[int, SampledCall], calls: int, curves: Sequence[str] = (),
+            prompt_lookup: bool = True) -> Prediction:
+    """Ratio estimates over one sample's draws (`calls`: how many calls it was drawn from), from the
+    replayed calls by position."""
+    hits = [(replayed[i], w) for i, w in zip(sample.hits, sample.weights)]
+    population = len(hits) if sample.exhaustive else None if sample.population is None else calls
+
+    def estimate(y: Callable[[SampledCall], float], x: Callable[[SampledCall], float]) -> RatioEstimate:
+        return ratio_estimate([w * y(c) for c, w in hits], [w * x(c) for c, w in hits], population)
+
+    tps, speedup = _figures([c for c, _ in hits], estimate, curves, prompt_lookup)
     return Prediction(calls, len({c.index for c, _ in hits}), tps, speedup)
 
 
 def predict_groups(samples: Mapping[str, Sample], replayed: Sequence[SampledCall], group_sizes: Mapping[str, int],
                    curves: Sequence[str] = (), prompt_lookup: bool = True) -> tuple[Prediction, dict[str, Prediction]]:
     """(overall, {group: prediction}) from a sample drawn within each group (`draw_stratified`):
-    each group's figures from its own draws, the overall ones by the combined ratio estimator."""
+    each group's figures from its own draws, the overall ones by the combined ratio estimator
+    (exact, an interval of zero width, when every group was replayed whole)."""
     by_index = {c.index: c for c in replayed}
     groups = {key: predict(samples[key], by_index, size, curves, prompt_lookup) for key, size in group_sizes.items()}
 
@@ -321,21 +330,7 @@ def predict_groups(samples: Mapping[str, Sample], replayed: Sequence[SampledCall
                                for key, part in samples.items()])
 
     hits = [by_index[i] for part in samples.values() for i in part.hits]
-    if all(c.stats is not None for c in hits):
-        tps = combined(lambda c: c.stats.tokens, lambda c: c.stats.steps)
-    else:
-        tps = RatioEstimate(None, None, len(hits), None)
-    speedup = {}
-    for name in curves:
-        by = {"vs_plain": combined(lambda c: c.costs[name][0], lambda c: c.costs[name][1])}
-        if prompt_lookup:
-            by["vs_prompt_lookup"] = combined(lambda c: c.costs[name][2], lambda c: c.costs[name][1])
-        speedup[name] = by
-    exact = all(part.exhaustive for part in samples.values())
-    if exact:  # every call replayed: exact figures, an interval of zero width
-        tps = RatioEstimate(tps.value, 0.0 if tps.value is not None else None, tps.n, tps.n)
-        speedup = {name: {k: RatioEstimate(e.value, 0.0 if e.value is not None else None, e.n, e.n)
-                          for k, e in by.items()} for name, by in speedup.items()}
+    tps, speedup = _figures(hits, combined, curves, prompt_lookup)
     overall = Prediction(sum(group_sizes.values()), len({c.index for c in hits}), tps, speedup)
     return overall, groups
 
