@@ -66,29 +66,49 @@ class PrefixCache:
         if cache is None:
             cache = new_cache(model)
         usable = self.max_tokens > 0 and full_attention(model.config)
-        reuse, key = self.longest_prefix(tokens) if usable else (0, None)
-        if key is not None:
-            stored, layers = self._entries[key]
-            for layer, (keys, values) in enumerate(layers):
-                cache.update(keys[..., :reuse, :], values[..., :reuse, :], layer)
-            if reuse == len(stored) < len(tokens):
-                del self._entries[key]  # the new prompt extends it (an agent's next turn): it replaces it
-            else:
-                self._entries.move_to_end(key)
+        reuse, layers = self._claim(tokens, usable)
+        for layer, (keys, values) in enumerate(layers or []):
+            cache.update(keys[..., :reuse, :], values[..., :reuse, :], layer)
         if len(tokens) > reuse:
             ids = torch.tensor([tokens[reuse:]], dtype=torch.long, device=model.device)  # [1, S - reuse]
             # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats
             model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1)
+        self._keep(tokens, reuse, usable, cache)
+        self.seconds += time.perf_counter() - started
+        return cache
+
+    def plan(self, tokens: Sequence[int]) -> int:
+        """prefill's bookkeeping without a model (a cache of a full-attention model that only counts):
+        how many of `tokens` would be prefilled; they are then held as prefill would hold them."""
+        tokens = [int(t) for t in tokens]
+        usable = self.max_tokens > 0
+        reuse, _ = self._claim(tokens, usable)
+        self._keep(tokens, reuse, usable, None)
+        return len(tokens) - reuse
+
+    def _claim(self, tokens: list[int], usable: bool) -> tuple[int, Any]:
+        """(length, KV layers) of the longest stored prefix of `tokens`; an entry they extend (an
+        agent's next turn) is dropped, for they replace it; another is marked recently used."""
+        reuse, key = self.longest_prefix(tokens) if usable else (0, None)
+        if key is None:
+            return 0, None
+        stored, layers = self._entries[key]
+        if reuse == len(stored) < len(tokens):
+            del self._entries[key]  # the new prompt extends it (an agent's next turn): it replaces it
+        else:
+            self._entries.move_to_end(key)
+        return reuse, layers
+
+    def _keep(self, tokens: list[int], reuse: int, usable: bool, cache: Any) -> None:
         self.hit_tokens += reuse
         self.miss_tokens += len(tokens) - reuse
         if usable and reuse < len(tokens) <= self.max_tokens:
             self._store(tokens, cache)
-        self.seconds += time.perf_counter() - started
-        return cache
 
     def _store(self, tokens: list[int], cache: Any) -> None:
-        layers = [(layer.keys[..., : len(tokens), :].clone(), layer.values[..., : len(tokens), :].clone())
-                  for layer in cache.layers]
+        layers = None if cache is None else [
+            (layer.keys[..., : len(tokens), :].clone(), layer.values[..., : len(tokens), :].clone())
+            for layer in cache.layers]
         self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64), layers)
         self._next_key += 1
         while self.num_tokens > self.max_tokens:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -79,31 +78,11 @@ def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache
 
 
 def uncached_tokens(prompts, budget) -> list[int]:
-    """The prompt tokens each request prefills behind a prefix cache of `budget` tokens that sees
-    the prompts in order: core.prefix_cache.PrefixCache's bookkeeping without the model (each
-    prompt but its last token; the longest stored prefix is reused; a prompt that extends a stored
-    one replaces it; least recently used out first)."""
-    entries: OrderedDict[int, list[int]] = OrderedDict()
-    out = []
-    for n, prompt in enumerate(prompts):
-        tokens = list(prompt[:-1])
-        reuse, key = 0, None
-        for k, stored in entries.items():
-            m = min(len(stored), len(tokens))
-            shared = next((i for i in range(m) if stored[i] != tokens[i]), m)
-            if shared > reuse:
-                reuse, key = shared, k
-        if key is not None:
-            if reuse == len(entries[key]) < len(tokens):
-                del entries[key]
-            else:
-                entries.move_to_end(key)
-        out.append(len(tokens) - reuse)
-        if budget and reuse < len(tokens) <= budget:
-            entries[n] = tokens
-            while sum(len(t) for t in entries.values()) > budget:
-                entries.popitem(last=False)
-    return out
+    """The prompt tokens each request prefills behind a prefix cache of `budget` tokens that sees the
+    prompts in order (each but its last token, as generate prefills it): PrefixCache's bookkeeping
+    without the model."""
+    cache = PrefixCache(budget)
+    return [cache.plan(prompt[:-1]) for prompt in prompts]
 
 
 def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):

@@ -134,3 +134,15 @@ def test_compare_times_the_prefill_apart():
     assert specx["decode_speedup_vs_plain"] == pytest.approx(want)
     assert "decode_speedup_vs_plain" not in summary(compare(model, prompts[:1], drafter, 4, None,
                                                             ["plain", "specx"]))["methods"]["specx"]
+
+
+def test_plan_counts_what_prefill_prefills():
+    model = tiny_model(torch.float64)
+    prompts = agent_prompts(random.Random(7), 6)
+    real, counted = PrefixCache(max_tokens=60), PrefixCache(max_tokens=60)  # small: entries are evicted too
+    for prompt in prompts:
+        before = real.miss_tokens
+        real.prefill(model, prompt)
+        assert counted.plan(prompt) == real.miss_tokens - before
+    assert (counted.hit_tokens, counted.miss_tokens) == (real.hit_tokens, real.miss_tokens) and real.hit_tokens > 0
+    assert [t.tolist() for t, _ in counted._entries.values()] == [t.tolist() for t, _ in real._entries.values()]
