@@ -129,8 +129,9 @@ def bench_cost(
     from . import bench
 
     ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
-    curve = {"about": f"{model} ({str(net.dtype).removeprefix('torch.')}) on {bench.machine()['platform']}, "
-                      f"{bench.machine()['cpus']} CPUs ({torch.get_num_threads()} threads): milliseconds of one "
+    machine = bench.machine()
+    curve = {"about": f"{model} ({str(net.dtype).removeprefix('torch.')}) on {machine['platform']}, "
+                      f"{machine['cpus']} CPUs ({torch.get_num_threads()} threads): milliseconds of one "
                       f"verification pass over k tokens on a {context}-token cache, median of {repeats} "
                       f"(`specx bench cost`)", "cost": ms}
     if out is not None:

@@ -35,8 +35,9 @@ def merge_cmd(
             try:
                 if not other.is_file():
                     raise StoreError(f"{other}: no such store")
-                with Store(other, readonly=True) as src:
-                    report = merge(dest, src, on_source=lambda p: None)
+                with Store(other, readonly=True) as src, output.progress() as bar:
+                    task = bar.add_task(f"merge {other.name}: sources", total=None)
+                    report = merge(dest, src, on_source=lambda p: bar.advance(task))
             except (StoreError, ValueError) as exc:
                 errors.append(str(exc))
                 continue

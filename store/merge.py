@@ -51,7 +51,7 @@ def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda pat
         with dest.db.atomic():
             tokenizer_ids = {tid: dest.add_tokenizer(fp, name, vocab) for tid, fp, name, vocab in tokenizers}
             _merge_source(dest, src, source, tokenizer_ids, report)
-    for tid, name in report.tokenizers.items():
+    for tid in report.tokenizers:
         update_index(dest, tid)
     return report
 
