@@ -86,35 +86,63 @@ def draw_sample(tokens: Sequence[int], n: int, seed: int | None = 0, power: floa
     return Sample(tuple(hits), tuple(scale / float(sizes[i]) for i in hits), count if power == 0 else None)
 
 
+def allocate(measures: dict[str, float], counts: dict[str, int], n: int) -> dict[str, int]:
+    """Draws per stratum, `n` in all: each its share of n by its size measure, but at least
+    n / (number of strata) (at least 2), and a stratum of no more calls than that taken whole;
+    the shares are spread over what the floors and the whole strata leave (largest remainders).
+
+    >>> allocate({"a": 8.0, "b": 1.0, "c": 1.0}, {"a": 8, "b": 1, "c": 50}, 12)  # b whole, c its floor
+    {'a': 7, 'b': 1, 'c': 4}
+    """
+    floor = max(2, n // max(len(counts), 1))
+    out = {key: count for key, count in counts.items() if count <= floor}  # whole
+    left = [key for key in counts if key not in out]
+    budget = n - sum(out.values())
+    while left:
+        total = sum(measures[key] for key in left) or 1.0
+        shares = {key: max(budget, 0) * measures[key] / total for key in left}
+        small = [key for key in left if shares[key] < floor]
+        if not small:
+            base = {key: int(shares[key]) for key in left}
+            extra = max(budget, 0) - sum(base.values())
+            for key in sorted(left, key=lambda k: base[k] - shares[k])[:extra]:
+                base[key] += 1
+            out.update(base)
+            break
+        for key in small:
+            out[key] = floor
+            budget -= floor
+        left = [key for key in left if key not in small]
+    return {key: out[key] for key in counts}
+
+
 def draw_stratified(tokens: Sequence[int], strata: Sequence[str], n: int, seed: int | None = 0,
                     power: float = 0.5) -> dict[str, Sample]:
-    """`draw_sample` within each stratum (a group of calls), positions kept in the whole order.
-
-    About `n` draws in all: each stratum gets its share of them by its total size measure, but at
-    least n / (number of strata) (at least 2), and a stratum no larger than its share is taken
-    whole. So a small group is estimated from enough of its own calls, or exactly, rather than from
-    the few draws a sample of everything would give it.
+    """`draw_sample` within each stratum (a group of calls), positions kept in the whole order,
+    `n` draws in all as `allocate` spreads them (more only where 2 per stratum exceed n). So a
+    small group is estimated from enough of its own calls, or exactly, rather than from the few
+    draws a sample of everything would give it.
 
     >>> parts = draw_stratified([1, 1, 1, 1, 1, 1, 1, 1, 1, 1], list("aaaaaaaabb"), 4, seed=None, power=0)
-    >>> {k: (v.hits, v.exhaustive) for k, v in parts.items()}  # a: its share, 3.2 -> 4 of 8; b: whole
-    {'a': ((1, 3, 5, 7), False), 'b': ((8, 9), True)}
+    >>> {k: (v.hits, v.exhaustive) for k, v in parts.items()}  # b whole; a the 2 left
+    {'a': ((2, 6), False), 'b': ((8, 9), True)}
     """
     if n < 1:
         raise SampleError(f"the sample needs at least 1 call, got {n}")
     if len(strata) != len(tokens):
         raise SampleError(f"{len(strata)} strata for {len(tokens)} calls")
-    if n >= len(tokens):
-        n = len(tokens) * max(len(set(strata)), 1)  # every stratum whole
     members: dict[str, list[int]] = {}
     for i, key in enumerate(strata):
         members.setdefault(key, []).append(i)
-    sizes = np.asarray(tokens, dtype=float) ** power if power else np.ones(len(tokens))
-    total = float(sizes.sum()) or 1.0
-    floor = max(2, n // max(len(members), 1))
+    if n >= len(tokens):
+        draws = {key: len(positions) for key, positions in members.items()}  # every stratum whole
+    else:
+        sizes = np.asarray(tokens, dtype=float) ** power if power else np.ones(len(tokens))
+        draws = allocate({key: float(sizes[p].sum()) for key, p in members.items()},
+                         {key: len(p) for key, p in members.items()}, n)
     out = {}
     for key, positions in members.items():
-        share = math.ceil(round(n * float(sizes[positions].sum()) / total, 6))  # 200.00000000000003 is 200
-        part = draw_sample([tokens[i] for i in positions], max(floor, share), seed, power)
+        part = draw_sample([tokens[i] for i in positions], draws[key], seed, power)
         out[key] = Sample(tuple(positions[j] for j in part.hits), part.weights, part.population, part.exhaustive)
     return out
 

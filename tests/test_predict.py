@@ -13,7 +13,7 @@ from conftest import AGENT_DATA
 from specx.core.cost import ForwardCost
 from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict, predict_groups, projected_speedup, replay_sample)
-from specx.core.sampling import Sample, SampleError, draw_sample, draw_stratified, ratio_estimate, systematic_sample
+from specx.core.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
 from specx.core.replay import replay
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
 
@@ -181,10 +181,28 @@ def test_groups_drawn_apart_and_combined():
     assert overall.tokens_per_step.value == pytest.approx(34 / 12)
     assert overall.tokens_per_step.se == pytest.approx((32 / 144) ** 0.5)
     assert overall.calls == 6 and overall.sample_calls == 4
-    # A stratified draw: each group gets its share or at least n / groups; a small group whole.
+    # A stratified draw of n in all: a small group whole, the others what is left.
     parts = draw_stratified([1] * 10, list("aaaaaaaabb"), 4, seed=None, power=0)
-    assert parts["b"].exhaustive and parts["b"].hits == (8, 9) and parts["a"].hits == (1, 3, 5, 7)
+    assert parts["b"].exhaustive and parts["b"].hits == (8, 9) and parts["a"].hits == (2, 6)
     assert all(p.exhaustive for p in draw_stratified([3, 1, 2], list("abb"), 3).values())
+
+
+def test_allocate_spends_the_sample_and_no_more():
+    # n = 20 over 4 groups: floor 5. "d" (3 calls) whole; of the 17 left, "b" and "c" would get
+    # 17 * 1/12 = 1.4 by size, so each its floor of 5; "a" the remaining 7.
+    draws = allocate({"a": 10.0, "b": 1.0, "c": 1.0, "d": 0.5}, {"a": 100, "b": 50, "c": 50, "d": 3}, 20)
+    assert draws == {"a": 7, "b": 5, "c": 5, "d": 3}
+    # Shares by size with largest remainders: 10 * (0.55, 0.45) = 5.5, 4.5 -> floors 5 each.
+    assert allocate({"a": 55.0, "b": 45.0}, {"a": 100, "b": 100}, 10) == {"a": 5, "b": 5}
+    assert allocate({"a": 56.0, "b": 44.0}, {"a": 100, "b": 100}, 11) == {"a": 6, "b": 5}
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # never more than n draws (while 2 per group fit), every group drawn
+        groups = int(rng.integers(1, 8))
+        counts = {str(g): int(rng.integers(1, 300)) for g in range(groups)}
+        measures = {g: float(rng.random() * c + 0.1) for g, c in counts.items()}
+        n = int(rng.integers(2 * groups, 400))
+        draws = allocate(measures, counts, n)
+        assert sum(draws.values()) <= n and all(d >= min(2, counts[g]) for g, d in draws.items())
 
 
 def _call(index, group, tokens, steps):
