@@ -29,9 +29,9 @@ def entropy_cmd(
     predict: Annotated[bool, typer.Option(help="Also predict the tokens per step `specx replay` would measure "
                                                "(with its defaults) and the speedup, by replaying a sample of "
                                                "the calls.")] = True,
-    sample_calls: Annotated[Optional[int], typer.Option(min=1, help=f"Calls the prediction replays, about "
-                                                        f"(default {DEFAULT_SAMPLE_CALLS}, at least N / groups per "
-                                                        "group; every call of a smaller selection).")] = None,
+    sample_calls: Annotated[Optional[int], typer.Option(min=1, help=f"Calls the prediction replays, at most "
+                                                        f"(default {DEFAULT_SAMPLE_CALLS}; each group gets at least N / "
+                                                        "groups; every call of a smaller selection).")] = None,
     sampling: Annotated[str, typer.Option(help="How the prediction draws its calls: weighted (a call's chance "
                                                "grows with the square root of its output length) or calls "
                                                "(every call alike).")] = "weighted",
