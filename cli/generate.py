@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,8 +21,8 @@ def generate_cmd(
     temperature: Annotated[float, typer.Option(min=0, help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0, max=1, help="Nucleus sampling mass.")] = 1.0,
     top_k: Annotated[int, typer.Option(min=0, help="Sample from the k most likely tokens (0 = all).")] = 0,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
-    stop: Annotated[Optional[list[str]], typer.Option(help="Stop at this text (repeatable); the output ends "
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable); the output ends "
                                                          "before it.")] = None,
     raw: Annotated[bool, typer.Option(help="Use PROMPT as raw text instead of a chat message.")] = False,
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
@@ -49,7 +49,8 @@ def generate_cmd(
     import time
 
     from specx.core.cost import calibrate
-    from specx.core.generate import Totals, generate
+    from specx.core.decode import DecodeStats
+    from specx.core.generate import generate
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
@@ -88,20 +89,20 @@ def generate_cmd(
                                [[n, 1e3 * t, 1e3 * t / n, 1e3 * lt] for n, t, lt in zip(cost.sizes, cost.seconds, long)])
 
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
-        totals = Totals()
+        totals, tokens = DecodeStats(), []
         text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
         for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
                              **sampling):
-            totals.add(step)
+            totals.add_step(step)
+            tokens += step.new_tokens
             if stream:
                 output.stdout.out(text.pop(), end="", highlight=False)
         if stream:
             output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0
-        tokens = totals.tokens
         return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, eos), "tokens": len(tokens),
-                "steps": totals.steps, "accepted_per_step": totals.accepted / max(totals.steps, 1),
+                "steps": totals.steps, "accepted_per_step": totals.accepted_per_step,
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 

@@ -33,6 +33,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from specx.core.decode import DecodeStats
+
 log = logging.getLogger("specx.serve")
 
 PERSIST_EVERY = 16  # requests between index saves while busy (a save costs ~0.1 s per 350k tokens)
@@ -64,35 +66,33 @@ class Choice:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
-    steps: int
-    accepted: int
-    drafted: int
-    draft_seconds: float  # in the drafter
-    verify_seconds: float  # forward passes + acceptance
+    stats: DecodeStats  # its steps, drafts and seconds
 
 
 @dataclass
 class Stats:
+    """One request: its prompt, its choices' decoding added up, and its time."""
+
     prompt_tokens: int
-    completion_tokens: int
-    steps: int
-    accepted: int  # draft tokens accepted, over all steps
-    drafted: int
+    decode: DecodeStats
     seconds: float  # decoding, all choices
     queue_seconds: float  # waiting before the worker took the request
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose KV entries came from the prefix cache
 
     @property
+    def completion_tokens(self) -> int:
+        return self.decode.tokens
+
+    @property
     def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+        return self.decode.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "accepted": self.accepted, "drafted": self.drafted,
-                "accepted_per_step": round(self.accepted / self.steps, 4) if self.steps else 0.0,
+        d = self.decode
+        return {"steps": d.steps, "accepted": d.accepted, "drafted": d.drafted,
+                "accepted_per_step": round(d.accepted_per_step, 4),
                 "seconds": round(self.seconds, 4), "queue_seconds": round(self.queue_seconds, 4),
-                "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
+                "draft_seconds": round(d.draft_seconds, 4), "verify_seconds": round(d.verify_seconds, 4),
                 "tokens_per_s": round(self.tokens_per_s, 2)}
 
 
@@ -168,17 +168,18 @@ class Metrics:
         self._accepted = self._steps = 0
 
     def observe(self, stats: Stats) -> None:
+        d = stats.decode
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
-        self.completion_tokens.inc(stats.completion_tokens)
-        self.steps.inc(stats.steps)
-        self.accepted.inc(stats.accepted)
-        self.drafted.inc(stats.drafted)
+        self.completion_tokens.inc(d.tokens)
+        self.steps.inc(d.steps)
+        self.accepted.inc(d.accepted)
+        self.drafted.inc(d.drafted)
         self.generation_seconds.inc(stats.seconds)
         self.request_seconds.observe(stats.seconds + stats.queue_seconds)
         self.tokens_per_second.set(stats.tokens_per_s)
-        self._accepted += stats.accepted
-        self._steps += stats.steps
+        self._accepted += d.accepted
+        self._steps += d.steps
         self.accepted_per_step.set(self._accepted / self._steps if self._steps else 0.0)
 
 
@@ -289,22 +290,21 @@ class Worker:
                       exc_info=bool(os.environ.get("SPECX_DEBUG")))
             job.emit("error", 500, f"generation failed: {type(exc).__name__}: {exc}")
             return
-        stats = Stats(len(req.prompt_ids), sum(len(c.token_ids) for c in choices), sum(c.steps for c in choices),
-                      sum(c.accepted for c in choices), sum(c.drafted for c in choices), time.perf_counter() - t0,
-                      queue_seconds, sum(c.draft_seconds for c in choices), sum(c.verify_seconds for c in choices),
-                      cached)
+        decoded = DecodeStats()
+        for c in choices:
+            decoded.add(c.stats)
+        stats = Stats(len(req.prompt_ids), decoded, time.perf_counter() - t0, queue_seconds, cached)
         self.metrics.observe(stats)
         log.info("%s %s prompt=%d (cached %d) tokens=%d steps=%d accepted=%d (%.2f/step) tokens/s=%.1f seconds=%.2f "
                  "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
-                 stats.completion_tokens, stats.steps,
-                 stats.accepted, stats.accepted / max(stats.steps, 1), stats.tokens_per_s, stats.seconds,
-                 stats.queue_seconds, ",".join(c.finish_reason for c in choices))
+                 decoded.tokens, decoded.steps, decoded.accepted, decoded.accepted_per_step, stats.tokens_per_s,
+                 stats.seconds, stats.queue_seconds, ",".join(c.finish_reason for c in choices))
         self._record(store, req, choices, started_at, stats)  # ~1 ms; the answer is durable when it arrives
         job.emit("done", stats)
 
     def _decode(self, job: Job, index: int) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
-        from specx.core.generate import Totals, generate
+        from specx.core.generate import generate
         from specx.core.text import TextStream
 
         req = job.request
@@ -313,12 +313,13 @@ class Worker:
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
                          acceptance=self.acceptance, prefix_cache=self.prefix_cache)
-        totals = Totals()
+        totals, tokens = DecodeStats(calls=1), []
         try:
             for step in steps:
                 if job.cancelled.is_set():
                     return None  # closing the loop below ends the request without learning
-                totals.add(step)
+                totals.add_step(step)
+                tokens += step.new_tokens
                 piece = text.pop()
                 if piece:
                     job.emit("delta", index, piece)
@@ -327,8 +328,7 @@ class Worker:
         piece = text.pop(final=True)
         if piece:
             job.emit("delta", index, piece)
-        return Choice(index, text.text, totals.tokens, text.finish_reason(req.max_tokens, self.eos), totals.steps,
-                      totals.accepted, totals.drafted, totals.draft_us / 1e6, totals.verify_us / 1e6)
+        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals)
 
     def _record(self, store: Any, req: GenerationRequest, choices: list[Choice], started_at: str,
                 stats: Stats) -> None:
@@ -345,7 +345,7 @@ class Worker:
         calls = [Call(session_id=req.id, position=c.index, output_text=c.text, prompt_messages=req.prompt_messages,
                       prompt_text=req.prompt_text, model=req.model, started_at=started_at, ended_at=ended_at,
                       meta={**settings, "finish_reason": c.finish_reason, "completion_tokens": len(c.token_ids),
-                            "steps": c.steps, "accepted": c.accepted, "drafted": c.drafted})
+                            "steps": c.stats.steps, "accepted": c.stats.accepted, "drafted": c.stats.drafted})
                  for c in choices]
         try:
             record_served(store, self.model_name, calls, [c.token_ids for c in choices], self.fingerprint,

@@ -13,16 +13,17 @@ the index at once, as when serving.
 from __future__ import annotations
 
 import time
-from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from .cost import AcceptanceModel, ForwardCost
-from .generate import Totals, generate
+from .decode import DecodeStats
+from .generate import generate
 from .kv_cache import cache_kwarg, new_cache
 from .prefix_cache import PrefixCache
 
@@ -33,16 +34,14 @@ PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value (and vLLM's 
 
 @dataclass
 class MethodRun:
-    """One method's outputs and totals over the timed prompts."""
+    """One method's outputs, and its totals over the timed prompts (`stats`: tokens for every
+    method, steps, accepted and drafted for specx's)."""
 
     outputs: list[list[int]] = field(default_factory=list)
-    tokens: int = 0
+    stats: DecodeStats = field(default_factory=DecodeStats)
     seconds: float = 0.0
     prefill_seconds: float = 0.0  # of `seconds`, in the prefix cache's prefill (with prefix_cache_tokens > 0)
     prefill_tokens: int = 0  # prompt tokens prefilled (not found in the prefix cache)
-    steps: int = 0  # forward passes (specx only)
-    accepted: int = 0  # draft tokens accepted (specx only)
-    drafted: int = 0
 
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None,
@@ -103,16 +102,17 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
         for i, prompt in enumerate(prompts):
             for method in methods:
                 run = runs[method]
-                totals = Totals()
+                totals = DecodeStats()
                 t0 = time.perf_counter()
                 prefilled = prefixes[method].seconds if prefixes[method] is not None else 0.0
                 missed = prefixes[method].miss_tokens if prefixes[method] is not None else 0
                 if method == "specx":
+                    out = []
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
                                          eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
                                          prefix_cache=prefixes[method]):
-                        totals.add(step)
-                    out = totals.tokens
+                        totals.add_step(step)
+                        out += step.new_tokens
                 elif method == STOCK:
                     out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True,
                                       prefix_cache=prefixes[method])
@@ -123,14 +123,12 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 elapsed = time.perf_counter() - t0
                 run.outputs.append(out)
                 if timed(i):
-                    run.tokens += len(out)
+                    totals.calls, totals.tokens = 1, len(out)
+                    run.stats.add(totals)
                     run.seconds += elapsed
                     if prefixes[method] is not None:
                         run.prefill_seconds += prefixes[method].seconds - prefilled
                         run.prefill_tokens += prefixes[method].miss_tokens - missed
-                    run.steps += totals.steps
-                    run.accepted += totals.accepted
-                    run.drafted += totals.drafted
                 on_call()
     return runs
 
@@ -152,15 +150,16 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
     for name, run in runs.items():
         idx = [i for i in range(len(run.outputs)) if timed(i)]
         row: dict[str, Any] = {
-            "tokens_per_s": run.tokens / run.seconds if run.seconds else 0.0,
-            "tokens": run.tokens, "seconds": run.seconds, "calls": len(idx),
+            "tokens_per_s": run.stats.tokens / run.seconds if run.seconds else 0.0,
+            "tokens": run.stats.tokens, "seconds": run.seconds, "calls": len(idx),
             "prefill_seconds": run.prefill_seconds, "prefill_tokens": run.prefill_tokens,
             "identical_calls": None if reference is None else sum(run.outputs[i] == reference[i] for i in idx),
         }
         if name == "specx":
-            row |= {"steps": run.steps, "tokens_per_step": run.tokens / run.steps if run.steps else 0.0,
-                    "accepted_per_step": run.accepted / run.steps if run.steps else 0.0,
-                    "drafted_per_step": run.drafted / run.steps if run.steps else 0.0}
+            st = run.stats
+            row |= {"steps": st.steps, "tokens_per_step": st.tokens / st.steps if st.steps else 0.0,
+                    "accepted_per_step": st.accepted_per_step,
+                    "drafted_per_step": st.drafted / st.steps if st.steps else 0.0}
         methods[name] = row
     for name, row in methods.items():
         for base in ("plain", "prompt_lookup"):

@@ -180,3 +180,14 @@ class Draft:
         n = len(self.token_ids)
         return (list(self.sources) if self.sources else [0] * n,
                 list(self.match_lens) if self.match_lens else [self.match_len] * n)
+
+
+def check_draft(draft: Draft, vocab_size: int) -> None:
+    """ValueError unless the draft is a well-formed tree over this vocabulary."""
+    if not (len(draft.token_ids) == len(draft.parents)):
+        raise ValueError(f"draft has {len(draft.token_ids)} tokens but {len(draft.parents)} parents")
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        if not -1 <= par < i:
+            raise ValueError(f"draft node {i} has parent {par}; parents must satisfy -1 <= parent < index")
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"draft node {i} carries token {tok}, outside the vocabulary (size {vocab_size})")

@@ -1,7 +1,4 @@
-"""The decode loop: draft -> verify -> accept -> update, one Step per forward pass.
-
-Plain decoding is the same loop with empty drafts (each step then emits exactly one token), so
-the speculative and the plain path share every line that decides which token comes next.
+"""Decoding with the model: core.decode's loop with the model as verifier.
 
     steps = generate(model, prompt_ids, SuffixDrafter(index), max_new_tokens=64, eos_token_ids=[2])
     output = [tok for step in steps for tok in step.new_tokens]
@@ -9,49 +6,40 @@ the speculative and the plain path share every line that decides which token com
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
-from .draft import MODEL, Draft
+from .cost import AcceptanceModel, ForwardCost
+from .decode import Step, Verdict, decode
+from .draft import Draft
 from .speculate import Drafter
-from .verify import Sampling, check_draft, verify
+from .verify import Sampling, verify
 
 
-@dataclass
-class Step:
-    """One verification pass: the tokens it emitted (accepted draft tokens + the bonus token, cut
-    at EOS or max_new_tokens), the draft's size and how many of its nodes were accepted."""
+class ModelVerifier:
+    """The model as the decode loop's verifier: the prompt prefilled (through `prefix_cache` when
+    one is given), then one forward pass per draft tree (core.verify.verify), the KV cache pruned
+    to the accepted path. The last prompt token stays pending: the first pass reads it together
+    with the first draft, so even the first output token can come with accepted draft tokens."""
 
-    new_tokens: list[int]
-    draft_size: int
-    accepted: int
-    draft_us: float  # time the drafter took to propose the draft
-    verify_us: float  # forward pass + accept walk + cache pruning
+    finished = False
 
+    def __init__(self, model: Any, sampling: Sampling, prefix_cache: Any = None) -> None:
+        self.model, self.sampling, self.prefix_cache = model, sampling, prefix_cache
+        self.vocab_size = model.config.vocab_size
+        self.cache: Any = None
+        self.pending: list[int] = []
 
-@dataclass
-class Totals:
-    """What the steps of one decode add up to (callers stream the steps and `add` each)."""
+    def start(self, prompt: list[int]) -> None:
+        self.cache = _prefill(self.model, prompt[:-1], self.prefix_cache)
+        self.pending = [prompt[-1]]
 
-    tokens: list[int] = field(default_factory=list)
-    steps: int = 0
-    accepted: int = 0  # draft tokens accepted
-    drafted: int = 0  # draft tokens verified
-    draft_us: float = 0.0
-    verify_us: float = 0.0
-
-    def add(self, step: Step) -> None:
-        self.tokens += step.new_tokens
-        self.steps += 1
-        self.accepted += step.accepted
-        self.drafted += step.draft_size
-        self.draft_us += step.draft_us
-        self.verify_us += step.verify_us
+    def verify(self, draft: Draft) -> Verdict:
+        verdict = verify(self.model, self.cache, self.pending, draft, self.sampling)
+        self.pending = [verdict.tokens[-1]]
+        return verdict
 
 
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = None, max_new_tokens: int = 256,
@@ -59,113 +47,30 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
              acceptance: AcceptanceModel | None = None, prefix_cache: Any = None) -> Iterator[Step]:
-    """Decode up to `max_new_tokens` after `prompt_ids`, yielding one Step per forward pass.
+    """Decode up to `max_new_tokens` after `prompt_ids` with the model, yielding one Step per
+    forward pass: core.decode.decode with a ModelVerifier (its docstring says what `drafter`,
+    `cost`, `stop` and `acceptance` do).
 
-    `drafter` (optional; a core.speculate.Drafter) is driven through a request: start_request(prompt),
-    speculate() before each pass, extend(tokens) after it, finish_request(learn). Greedy output
-    (temperature 0) equals plain greedy decoding token for token; with temperature > 0 every token
-    has exactly the plain sampler's distribution, and the same `seed` gives the same text with or
-    without a drafter (up to floating-point differences between the two passes). With `cost`
-    (a measured forward-pass cost curve), each draft is cut to the size that pays (see cost.py).
-    `stop` (optional, e.g. a text.TextStream) sees each step's tokens and returns None to go on or
-    how many of them to keep: decoding then ends there, as at EOS. `acceptance` carries what the
-    verdicts taught about the drafts' worth across requests (a server or a benchmark passes one for
-    all of them); by default each request starts afresh. `prefix_cache` (a core.prefix_cache.PrefixCache
-    shared by the requests) skips the prefill of the prompt's longest prefix it has seen before.
+    Greedy output (temperature 0) equals plain greedy decoding token for token; with temperature
+    > 0 every token has exactly the plain sampler's distribution, and the same `seed` gives the
+    same text with or without a drafter (up to floating-point differences between the two
+    passes). `prefix_cache` (a core.prefix_cache.PrefixCache shared by the requests) skips the
+    prefill of the prompt's longest prefix it has seen before.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ValueError("the prompt is empty: decoding needs at least one token")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0 or temperature < 0:
         raise ValueError("top_k and temperature must be >= 0")
-    eos = _eos_set(eos_token_ids)
     generator = torch.Generator(device="cpu")
     if seed is None:
         generator.seed()
     else:
         generator.manual_seed(seed)
-    sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
-
-    if drafter is not None:
-        drafter.start_request(prompt)
-    if acceptance is None:
-        acceptance = AcceptanceModel()  # adaptive draft size: each node's chance, learned from verdicts
-    learn = False
-    try:
-        cache = _prefill(model, prompt[:-1], prefix_cache)
-        # The last prompt token stays pending: the first step's pass reads it together with the
-        # first draft, so even the first output token can come with accepted draft tokens.
-        pending = [prompt[-1]]
-        num_out = 0
-        guesses: list[int] = []  # the model's own guesses from the last pass (speculative decoding only)
-        while num_out < max_new_tokens:
-            start = time.perf_counter()
-            draft = drafter.speculate() if drafter is not None else Draft()
-            check_draft(draft, model.config.vocab_size)
-            if guesses:
-                draft = add_guesses(draft, guesses)
-            # A step emits at most accepted + 1 tokens; deeper nodes would be computed for nothing.
-            draft = limit_depth(draft, max_new_tokens - num_out - 1)
-            if cost is not None:
-                draft = size_draft(draft, cost, len(pending), acceptance, context=len(prompt) + num_out)
-            drafted = time.perf_counter()
-            verdict = verify(model, cache, pending, draft, sampling)
-            verified = time.perf_counter()
-            tokens = verdict.tokens[: max_new_tokens - num_out]
-            done = False
-            for i, tok in enumerate(tokens):
-                if tok in eos:  # the model stopped: nothing after EOS is output, drafted or not
-                    tokens, done = tokens[: i + 1], True
-                    break
-            if stop is not None:
-                keep = stop(tokens)
-                if keep is not None:
-                    tokens, done = tokens[:keep], True
-            num_out += len(tokens)
-            if len(draft):
-                acceptance.update(draft, verdict.accepted_nodes)
-            if drafter is not None:
-                drafter.extend(tokens)
-            yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)),
-                       (drafted - start) * 1e6, (verified - drafted) * 1e6)
-            if done:
-                break
-            pending = [tokens[-1]]
-            guesses = verdict.guesses if drafter is not None else []
-        learn = True
-    finally:
-        if drafter is not None:
-            drafter.finish_request(learn)
-
-
-GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
-
-
-def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
-    """The draft with the model's guesses (core.verify.Verdict.guesses) as extra roots, tagged MODEL;
-    a root the drafter proposed too keeps its place and gains the MODEL bit.
-
-    >>> add_guesses(Draft([5, 6], [-1, 0], [0.9, 0.5], 1.4, 2).tagged(1), [5, 8]).sources
-    [5, 1, 4]
-    """
-    guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
-    return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
-
-
-def limit_depth(draft: Draft, max_depth: int) -> Draft:
-    """The draft's nodes of depth <= max_depth (parents re-indexed; order kept).
-
-    >>> limit_depth(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), 1).token_ids
-    [5, 7]
-    """
-    depths = draft.depths()
-    if all(d <= max_depth for d in depths):
-        return draft
-    return subtree(draft, [d <= max_depth for d in depths])
+    verifier = ModelVerifier(model, Sampling(float(temperature), int(top_k), float(top_p), generator), prefix_cache)
+    yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance)
 
 
 @torch.inference_mode()

@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .cost import ForwardCost
-from .replay import ReplayStats, replay_call
+from .decode import DecodeStats
+from .replay import replay_call
 from .sampling import RatioEstimate, Sample, combined_ratio, ratio_estimate
 
 CURVES_DIR = Path(__file__).resolve().parent / "cost_curves"
@@ -89,7 +91,7 @@ class CostCurve:
         return {str(k): s for k, s in zip(self.cost.sizes, self.cost.seconds)}
 
     @classmethod
-    def from_mapping(cls, name: str, mapping: Any, about: str = "", where: str | None = None) -> "CostCurve":
+    def from_mapping(cls, name: str, mapping: Any, about: str = "", where: str | None = None) -> CostCurve:
         """From {"1": 1.0, "2": 1.02, ...} (k -> cost of verifying k tokens, any unit: the curve is
         divided by its cost at 1); `where` names the source in errors (default: `name`)."""
         where = where or name
@@ -163,7 +165,7 @@ class SampledCall:
     index: int
     group: str
     history_tokens: int
-    stats: ReplayStats | None
+    stats: DecodeStats | None
     costs: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     prompt_lookup_steps: int | None = None
 
@@ -354,7 +356,7 @@ def learning_curve(sampled: Sequence[SampledCall], sample: Sample | Mapping[str,
     stored order, each call weighted as the estimate weighs it: how tokens per step grows with the
     output tokens the global index holds.
 
-    >>> calls = [SampledCall(i, "g", 100 * i, ReplayStats(calls=1, tokens=6, steps=s)) for i, s in enumerate((3, 2))]
+    >>> calls = [SampledCall(i, "g", 100 * i, DecodeStats(calls=1, tokens=6, steps=s)) for i, s in enumerate((3, 2))]
     >>> learning_curve(calls, Sample((0, 1), (1.0, 1.0), 2), window=2)  # 6/3, then 12/5
     [(0, 2.0), (100, 2.4)]
     """

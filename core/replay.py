@@ -23,13 +23,15 @@ exist yet (examples/cost_bound.py).
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .cost import AcceptanceModel, ForwardCost, size_draft
+from .cost import AcceptanceModel, ForwardCost
+from .decode import DecodeStats, Verdict, decode
+from .draft import Draft
 from .speculate import Drafter
 
 
@@ -37,123 +39,101 @@ class ReplayMismatch(RuntimeError):
     """The replay did not rebuild a recorded output: a bug in drafting or acceptance, never the data."""
 
 
-@dataclass
-class ReplayStats:
-    """Totals over replayed calls; `to_json` gives the reported figures."""
+class RecordedVerifier:
+    """The simulated verifier: the recorded output is what the model writes. A draft is accepted
+    along the longest path equal to the recording (the one accept walk, Draft.walk, as the model's
+    greedy verifier accepts), then the recording's next token is the bonus token."""
 
-    calls: int = 0
-    tokens: int = 0
-    steps: int = 0
-    accepted: int = 0  # draft tokens accepted (bonus tokens not included)
-    drafted: int = 0  # draft tokens proposed
-    draft_seconds: float = 0.0  # speculate calls
-    update_seconds: float = 0.0  # index updates: request start, appends, learning the output
-    pass_seconds: float = 0.0  # with a cost curve: the verification passes' simulated time
-    plain_seconds: float = 0.0  # with a cost curve: plain decoding's (one pass per output token)
-    accepted_hist: Counter = field(default_factory=Counter)  # accepted length -> steps
+    vocab_size = None  # drafts are not checked against a vocabulary (they are the drafters' own)
 
-    def add(self, other: "ReplayStats") -> None:
-        self.calls += other.calls
-        self.tokens += other.tokens
-        self.steps += other.steps
-        self.accepted += other.accepted
-        self.drafted += other.drafted
-        self.draft_seconds += other.draft_seconds
-        self.update_seconds += other.update_seconds
-        self.pass_seconds += other.pass_seconds
-        self.plain_seconds += other.plain_seconds
-        self.accepted_hist.update(other.accepted_hist)
+    def __init__(self, output: list[int]) -> None:
+        self.output = output
+        self.pos = 0
 
-    def to_json(self) -> dict[str, Any]:
-        steps = max(self.steps, 1)
-        simulated = {"simulated_seconds": self.pass_seconds, "simulated_plain_seconds": self.plain_seconds,
-                     "simulated_speedup": self.plain_seconds / self.pass_seconds} if self.pass_seconds else {}
-        return simulated | {
-            "calls": self.calls,
-            "output_tokens": self.tokens,
-            "steps": self.steps,
-            "tokens_per_step": self.tokens / steps,
-            "accepted_per_step": self.accepted / steps,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
-            "mean_draft_size": self.drafted / steps,
-            "draft_us_per_token": 1e6 * self.draft_seconds / max(self.tokens, 1),
-            "update_us_per_token": 1e6 * self.update_seconds / max(self.tokens, 1),
-        }
+    @property
+    def finished(self) -> bool:
+        return self.pos >= len(self.output)
+
+    def start(self, prompt: list[int]) -> None:
+        self.pos = 0
+
+    def verify(self, draft: Draft) -> Verdict:
+        out, pos = self.output, self.pos
+        nodes = draft.accepted_nodes(out[pos : pos + len(draft)])
+        path = [draft.token_ids[i] for i in nodes]
+        if path != out[pos : pos + len(path)]:
+            first = pos + next(i for i, (a, b) in enumerate(zip(path, out[pos:] + [None] * len(path))) if a != b)
+            raise ReplayMismatch(f"replay rebuilt a different output (first difference at token {first})")
+        tokens = path + out[pos + len(path) : pos + len(path) + 1]  # + the bonus token, if the output goes on
+        self.pos += len(tokens)
+        return Verdict(tokens, nodes)
+
+
+class _Timed:
+    """A drafter whose request start and finish are timed (speculate and extend go straight
+    through: the decode loop times them)."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter, self.seconds = drafter, 0.0
+        self.speculate, self.extend = drafter.speculate, drafter.extend
+
+    def start_request(self, prompt: Any) -> None:
+        t0 = time.perf_counter()
+        self.drafter.start_request(prompt)
+        self.seconds += time.perf_counter() - t0
+
+    def finish_request(self, learn: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.drafter.finish_request(learn)
+        self.seconds += time.perf_counter() - t0
 
 
 def replay_call(drafter: Drafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
                 trace: list[tuple[int, int]] | None = None, cost: ForwardCost | None = None, size: bool = True,
-                acceptance: AcceptanceModel | None = None) -> ReplayStats:
-    """Replay one recorded output through `drafter`; raises ReplayMismatch if it is not rebuilt.
+                acceptance: AcceptanceModel | None = None) -> DecodeStats:
+    """Replay one recorded output through `drafter` (core.decode.decode with a RecordedVerifier);
+    raises ReplayMismatch if it is not rebuilt.
 
     With `trace`, (draft size, accepted) of every step is appended to it. With `cost`, the steps
     are timed by that curve (pass_seconds, plain_seconds) and, if `size`, drafts are cut to the
     size that pays, learning `acceptance` (pass one to carry it across calls) as `generate` does.
     """
-    if acceptance is None:
-        acceptance = AcceptanceModel()
-    stats = ReplayStats(calls=1, tokens=len(output))
     out = output.tolist()
-    rebuilt: list[int] = []
-    clock = time.perf_counter
-    t0 = clock()
-    drafter.start_request(prompt)
-    updating = clock() - t0
-    drafting = 0.0
-    pos = 0
-    while pos < len(out):
-        t0 = clock()
-        draft = drafter.speculate()
-        drafting += clock() - t0
-        context = len(prompt) + pos
-        if cost is not None and size:
-            draft = size_draft(draft, cost, 1, acceptance, context=context)
-        nodes = draft.accepted_nodes(out[pos : pos + len(draft)])
-        path = [draft.token_ids[i] for i in nodes]
-        step = path + out[pos + len(path) : pos + len(path) + 1]  # + the bonus token, if the output goes on
+    timed = _Timed(drafter)
+    stats = DecodeStats(calls=1)
+    context = len(prompt)
+    verifier = RecordedVerifier(out)
+    for step in decode(verifier, prompt, timed, cost=cost if size else None, acceptance=acceptance, learn=learn):
+        stats.add_step(step)
         if cost is not None:
-            stats.pass_seconds += cost(1 + len(draft), context)
-            stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step)))
-            if len(draft):
-                acceptance.update(draft, nodes)
-        rebuilt.extend(step)
-        t0 = clock()
-        drafter.extend(step)
-        updating += clock() - t0
-        pos += len(step)
-        stats.steps += 1
-        stats.accepted += len(path)
-        stats.drafted += len(draft)
-        stats.accepted_hist[len(path)] += 1
+            stats.pass_seconds += cost(1 + step.draft_size, context)
+            stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step.new_tokens)))
+        context += len(step.new_tokens)
         if trace is not None:
-            trace.append((len(draft), len(path)))
-    t0 = clock()
-    drafter.finish_request(learn=learn)
-    stats.update_seconds = updating + clock() - t0
-    stats.draft_seconds = drafting
-    if rebuilt != out:
-        first = next((i for i, (a, b) in enumerate(zip(rebuilt, out)) if a != b), min(len(rebuilt), len(out)))
-        raise ReplayMismatch(f"replay rebuilt a different output (first difference at token {first})")
+            trace.append((step.draft_size, step.accepted))
+    stats.update_seconds += timed.seconds
+    if stats.tokens != len(out):
+        raise ReplayMismatch(f"replay rebuilt {stats.tokens} tokens of a {len(out)}-token recording")
     return stats
 
 
 @dataclass
 class ReplayResult:
-    overall: ReplayStats
-    groups: dict[str, ReplayStats]
+    overall: DecodeStats
+    groups: dict[str, DecodeStats]
     curve: list[tuple[int, int]]  # per call, in order: (tokens, steps)
 
 
 def replay(calls: Iterable[tuple[str, np.ndarray, np.ndarray]], drafter: Drafter,
            on_call: Callable[[], None] = lambda: None) -> ReplayResult:
     """Replay (group key, prompt tokens, output tokens) in order; each output is learned after its call."""
-    overall = ReplayStats()
-    groups: dict[str, ReplayStats] = {}
+    overall = DecodeStats()
+    groups: dict[str, DecodeStats] = {}
     curve = []
     for key, prompt, output in calls:
         stats = replay_call(drafter, prompt, output)
         overall.add(stats)
-        groups.setdefault(key, ReplayStats()).add(stats)
+        groups.setdefault(key, DecodeStats()).add(stats)
         curve.append((stats.tokens, stats.steps))
         on_call()
     return ReplayResult(overall, groups, curve)

@@ -18,14 +18,15 @@ exactly those of the linear sequence prefix + its own path: lossless by construc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from .draft import Draft
 from .attention import ATTENTION
+from .decode import Verdict
+from .draft import Draft, check_draft
 
 # Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.attention's); flash
 # kernels only know causal/padding masks and flex attention wants a BlockMask.
@@ -45,37 +46,6 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
-
-
-@dataclass
-class Verdict:
-    """Result of one verification: `tokens` = accepted draft tokens + one bonus token.
-
-    `guesses`: the model's next token after each rejected child of the last accepted node (the
-    argmax of that child's row). The child lost to the bonus token at the same position, and what
-    the model writes after a near miss is often what it writes after the bonus token:
-    `generate` adds the guesses to the next draft as roots (a Jacobi-style guess,
-    free: those rows were computed anyway).
-    """
-
-    tokens: list[int]
-    accepted_nodes: list[int]  # indices into the draft, root to leaf
-    guesses: list[int] = field(default_factory=list)
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted_nodes)
-
-
-def check_draft(draft: Draft, vocab_size: int) -> None:
-    """ValueError unless the draft is a well-formed tree over this vocabulary."""
-    if not (len(draft.token_ids) == len(draft.parents)):
-        raise ValueError(f"draft has {len(draft.token_ids)} tokens but {len(draft.parents)} parents")
-    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
-        if not -1 <= par < i:
-            raise ValueError(f"draft node {i} has parent {par}; parents must satisfy -1 <= parent < index")
-        if not 0 <= tok < vocab_size:
-            raise ValueError(f"draft node {i} carries token {tok}, outside the vocabulary (size {vocab_size})")
 
 
 def tree_inputs(pending: Sequence[int], draft: Draft, num_cached: int, dtype: torch.dtype,

@@ -40,10 +40,11 @@ import torch
 from specx.cli.options import specx_home
 from specx.core.cost import AcceptanceModel, ForwardCost, calibrate, subtree
 from specx.core.draft import Draft
-from specx.core.generate import Totals, generate
+from specx.core.decode import DecodeStats
+from specx.core.generate import generate
 from specx.core.model import load_model
 from specx.core.prefix_cache import PrefixCache
-from specx.core.replay import ReplayStats, replay_call
+from specx.core.replay import replay_call
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -125,7 +126,7 @@ class PerfectCut(SuffixDrafter):
 def simulate(prompts: list[list[int]], outputs: list[list[int]], prefill: list[float], make_drafter, size: bool,
              cost: ForwardCost, warmup: int) -> dict[str, float]:
     """Replay every request through a fresh drafter; totals over the requests after `warmup`."""
-    drafter, acceptance, total = make_drafter(), AcceptanceModel(), ReplayStats()
+    drafter, acceptance, total = make_drafter(), AcceptanceModel(), DecodeStats()
     seconds = plain = 0.0
     for i, (prompt, output) in enumerate(zip(prompts, outputs)):
         stats = replay_call(drafter, np.asarray(prompt, dtype=np.int32), np.asarray(output, dtype=np.int32),
@@ -162,11 +163,12 @@ def main() -> None:
     outputs, prefill, prefixes = [], [], PrefixCache()
     print(f"decoding {len(prompts)} requests plainly ...", file=sys.stderr)
     for prompt in prompts:
-        totals, t0 = Totals(), time.perf_counter()
+        totals, tokens, t0 = DecodeStats(), [], time.perf_counter()
         for step in generate(net, prompt, None, args.max_new_tokens, tok.eos_token_id, prefix_cache=prefixes):
-            totals.add(step)
-        outputs.append(totals.tokens)
-        prefill.append(time.perf_counter() - t0 - (totals.draft_us + totals.verify_us) / 1e6)
+            totals.add_step(step)
+            tokens += step.new_tokens
+        outputs.append(tokens)
+        prefill.append(time.perf_counter() - t0 - totals.draft_seconds - totals.verify_seconds)
 
     factors = [float(f) for f in args.factors.split(",")]
     rows = []

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specx.core.draft import Draft
-from specx.core.generate import Step, generate, greedy_decode, limit_depth
+from specx.core.decode import Step, limit_depth
+from specx.core.generate import generate, greedy_decode
 
 from test_verify import VOCAB, tiny_model
 

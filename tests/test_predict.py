@@ -207,9 +207,9 @@ def test_allocate_spends_the_sample_and_no_more():
 
 def _call(index, group, tokens, steps):
     from specx.core.predict import SampledCall
-    from specx.core.replay import ReplayStats
+    from specx.core.decode import DecodeStats
 
-    return SampledCall(index, group, 0, ReplayStats(calls=1, tokens=tokens, steps=steps))
+    return SampledCall(index, group, 0, DecodeStats(calls=1, tokens=tokens, steps=steps))
 
 
 # ------------------------------------------------------------------- exact per call, on a real store

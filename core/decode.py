@@ -1,0 +1,219 @@
+"""The decode loop every entrance uses: draft -> verify -> accept -> update, one Step per pass.
+
+The verifier decides which tokens come next. `generate` (core/generate.py) passes the model's
+(`ModelVerifier`: one forward pass over the draft tree, the accept walk, the KV cache pruned);
+model-free replay (core/replay.py) passes the recording's (`RecordedVerifier`: the recorded output
+is what the model writes). Both accept with the one walk, `Draft.walk`. Plain decoding is the
+same loop with empty drafts (each step then emits exactly one token), so the speculative and the
+plain path share every line that decides which token comes next. This module needs no torch:
+model-free replay and the predictor run without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
+from .draft import MODEL, Draft, check_draft
+from .speculate import Drafter
+
+
+@dataclass
+class Verdict:
+    """Result of one verification: `tokens` = accepted draft tokens + one bonus token.
+
+    `guesses`: the model's next token after each rejected child of the last accepted node (the
+    argmax of that child's row). The child lost to the bonus token at the same position, and what
+    the model writes after a near miss is often what it writes after the bonus token: `decode`
+    adds the guesses to the next draft as roots (a Jacobi-style guess, free: those rows were
+    computed anyway).
+    """
+
+    tokens: list[int]
+    accepted_nodes: list[int]  # indices into the draft, root to leaf
+    guesses: list[int] = field(default_factory=list)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+
+class Verifier(Protocol):
+    """What the loop asks of a verifier: `start` once per request with its prompt, then `verify`
+    each draft; `finished` says that nothing more can come (a recording's end); `vocab_size`
+    (None: not checked) is what the drafter's tokens are checked against."""
+
+    finished: bool
+    vocab_size: int | None
+
+    def start(self, prompt: list[int]) -> None: ...
+
+    def verify(self, draft: Draft) -> Verdict: ...
+
+
+@dataclass
+class Step:
+    """One verification pass: the tokens it emitted (accepted draft tokens + the bonus token, cut
+    at EOS or max_new_tokens), the draft's size and how many of its nodes were accepted."""
+
+    new_tokens: list[int]
+    draft_size: int
+    accepted: int
+    draft_us: float  # time the drafter took to propose the draft (and the draft's sizing)
+    verify_us: float  # the verifier: forward pass + accept walk + cache pruning
+    update_us: float = 0.0  # the drafter learning the step's tokens
+
+
+@dataclass
+class DecodeStats:
+    """What decoding adds up to, over steps (`add_step`) or over calls (`add`): the one statistics
+    type of generate, replay, the method comparison and the server."""
+
+    calls: int = 0
+    tokens: int = 0
+    steps: int = 0
+    accepted: int = 0  # draft tokens accepted (bonus tokens not included)
+    drafted: int = 0  # draft tokens verified
+    draft_seconds: float = 0.0  # proposing drafts
+    verify_seconds: float = 0.0  # verifying them
+    update_seconds: float = 0.0  # the drafter's index updates: request start, appends, learning the output
+    pass_seconds: float = 0.0  # with a cost curve: the verification passes' simulated time
+    plain_seconds: float = 0.0  # with a cost curve: plain decoding's (one pass per output token)
+    accepted_hist: Counter = field(default_factory=Counter)  # accepted length -> steps
+
+    def add_step(self, step: Step) -> None:
+        self.tokens += len(step.new_tokens)
+        self.steps += 1
+        self.accepted += step.accepted
+        self.drafted += step.draft_size
+        self.draft_seconds += step.draft_us / 1e6
+        self.verify_seconds += step.verify_us / 1e6
+        self.update_seconds += step.update_us / 1e6
+        self.accepted_hist[step.accepted] += 1
+
+    def add(self, other: DecodeStats) -> None:
+        for name in ("calls", "tokens", "steps", "accepted", "drafted", "draft_seconds", "verify_seconds",
+                     "update_seconds", "pass_seconds", "plain_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_hist.update(other.accepted_hist)
+
+    @property
+    def accepted_per_step(self) -> float:
+        return self.accepted / self.steps if self.steps else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        steps = max(self.steps, 1)
+        simulated = {"simulated_seconds": self.pass_seconds, "simulated_plain_seconds": self.plain_seconds,
+                     "simulated_speedup": self.plain_seconds / self.pass_seconds} if self.pass_seconds else {}
+        return simulated | {
+            "calls": self.calls,
+            "output_tokens": self.tokens,
+            "steps": self.steps,
+            "tokens_per_step": self.tokens / steps,
+            "accepted_per_step": self.accepted / steps,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_draft_size": self.drafted / steps,
+            "draft_us_per_token": 1e6 * self.draft_seconds / max(self.tokens, 1),
+            "update_us_per_token": 1e6 * self.update_seconds / max(self.tokens, 1),
+        }
+
+
+def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,
+           max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: ForwardCost | None = None,
+           stop: Callable[[list[int]], int | None] | None = None, acceptance: AcceptanceModel | None = None,
+           learn: bool = True) -> Iterator[Step]:
+    """Decode after `prompt` until EOS, `max_new_tokens` (None: until the verifier is finished) or
+    `stop`, yielding one Step per verification pass.
+
+    `drafter` (a core.speculate.Drafter) is driven through a request: start_request(prompt),
+    speculate() before each pass, extend(tokens) after it, finish_request(learn) at the end (learn
+    only when decoding ran to its end and `learn`). With `cost` (a forward-pass cost curve) each
+    draft is cut to the size that pays (core.cost.size_draft), and `acceptance` learns from the
+    verdicts what the drafts are worth (a server or a benchmark passes one for all requests; by
+    default each request starts afresh). `stop` (e.g. a text.TextStream) sees each step's tokens
+    and returns None to go on or how many of them to keep: decoding then ends there, as at EOS.
+    """
+    prompt = [int(t) for t in prompt]
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    eos = set(eos)
+    if acceptance is None and cost is not None:
+        acceptance = AcceptanceModel()  # adaptive draft size: each node's chance, learned from verdicts
+    clock = time.perf_counter
+    if drafter is not None:
+        drafter.start_request(prompt)
+    learned = False
+    try:
+        verifier.start(prompt)
+        num_out = 0
+        guesses: list[int] = []  # the model's own guesses from the last pass (speculative decoding only)
+        while (max_new_tokens is None or num_out < max_new_tokens) and not verifier.finished:
+            start = clock()
+            draft = drafter.speculate() if drafter is not None else Draft()
+            if verifier.vocab_size is not None:
+                check_draft(draft, verifier.vocab_size)
+            if guesses:
+                draft = add_guesses(draft, guesses)
+            if max_new_tokens is not None:  # a step emits at most accepted + 1 tokens
+                draft = limit_depth(draft, max_new_tokens - num_out - 1)
+            if cost is not None:
+                draft = size_draft(draft, cost, 1, acceptance, context=len(prompt) + num_out)
+            drafted = clock()
+            verdict = verifier.verify(draft)
+            verified = clock()
+            tokens = verdict.tokens if max_new_tokens is None else verdict.tokens[: max_new_tokens - num_out]
+            done = False
+            if eos:
+                for i, tok in enumerate(tokens):
+                    if tok in eos:  # the model stopped: nothing after EOS is output, drafted or not
+                        tokens, done = tokens[: i + 1], True
+                        break
+            if stop is not None:
+                keep = stop(tokens)
+                if keep is not None:
+                    tokens, done = tokens[:keep], True
+            num_out += len(tokens)
+            if cost is not None and len(draft):
+                acceptance.update(draft, verdict.accepted_nodes)
+            updated = clock()
+            if drafter is not None:
+                drafter.extend(tokens)
+                guesses = verdict.guesses
+            yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
+                       (verified - drafted) * 1e6, (clock() - updated) * 1e6)
+            if done:
+                break
+        learned = learn
+    finally:
+        if drafter is not None:
+            drafter.finish_request(learned)
+
+
+GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
+
+
+def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
+    """The draft with the model's guesses (Verdict.guesses) as extra roots, tagged MODEL; a root
+    the drafter proposed too keeps its place and gains the MODEL bit.
+
+    >>> add_guesses(Draft([5, 6], [-1, 0], [0.9, 0.5], 1.4, 2).tagged(1), [5, 8]).sources
+    [5, 1, 4]
+    """
+    guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
+    return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
+
+
+def limit_depth(draft: Draft, max_depth: int) -> Draft:
+    """The draft's nodes of depth <= max_depth (parents re-indexed; order kept).
+
+    >>> limit_depth(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), 1).token_ids
+    [5, 7]
+    """
+    depths = draft.depths()
+    if all(d <= max_depth for d in depths):
+        return draft
+    return subtree(draft, [d <= max_depth for d in depths])
