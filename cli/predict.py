@@ -7,9 +7,11 @@ settings, so the two can be compared figure for figure.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import typer
@@ -17,6 +19,7 @@ import typer
 from specx.core.predict import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict_groups, projected_speedup, replay_sample)
 from specx.core.sampling import draw_stratified
+from specx.store.selection import PromptMessages
 
 from . import output
 
@@ -82,7 +85,9 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
     samples = draw_stratified([len(o) for o in outputs], groups, n, seed, SAMPLINGS[sampling])
     positions = sorted({i for part in samples.values() for i in part.hits})
     on_sample(len(positions))
-    prompts = replay_lib.prompt_tokens(store, tokenizer, [calls[i] for i in positions], params["prompt_window"])
+    chosen = [calls[i] for i in positions]
+    prompts = Prefetched(replay_lib.iter_prompt_tokens(PromptMessages(store, chosen), tokenizer, chosen,
+                                                       params["prompt_window"]), len(chosen))
     replayed = replay_sample(outputs, groups, positions, prompts, lambda: replay_lib.make_drafter("specx", params),
                              lambda: replay_lib.make_drafter("prompt_lookup", params), curves, on_call=on_call)
     sizes: dict[str, int] = {}
@@ -100,6 +105,44 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
             "learning_curve": learning_curve(replayed, samples, window=max(5, len(positions) // 10)),
             "group_curves": {key: learning_curve([c for c in replayed if c.group == key], samples,
                                                  window=max(5, len(positions) // 10)) for key in sizes}}
+
+
+class Prefetched(Sequence):
+    """The items of an iterator, produced by a thread of their own while the caller goes on;
+    `[j]` waits for item j (and raises what the thread raised). The walk of the sample needs the
+    sampled calls' prompts one at a time, in order, and tokenizing them (Rust, GIL-free) then runs
+    beside the walk's index merges and replays (about a third of the prediction's time on 2 cores)."""
+
+    def __init__(self, items: Iterator[Any], length: int) -> None:
+        self._items: list[Any] = []
+        self._length, self._error = length, None
+        self._ready = threading.Condition()
+        threading.Thread(target=self._run, args=(items,), name="specx-prefetch", daemon=True).start()
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                with self._ready:
+                    self._items.append(item)
+                    self._ready.notify_all()
+        except BaseException as exc:  # handed to the reader, who raises it
+            self._error = exc
+        with self._ready:
+            self._length = len(self._items) if self._error is None else self._length
+            self._ready.notify_all()
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, j: int) -> Any:  # type: ignore[override]
+        with self._ready:
+            self._ready.wait_for(lambda: j < len(self._items) or self._error is not None or
+                                 j >= self._length)
+            if j < len(self._items):
+                return self._items[j]
+            if self._error is not None:
+                raise self._error
+            raise IndexError(j)
 
 
 def plot(prediction: dict[str, Any], by: str, path: Path) -> None:

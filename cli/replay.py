@@ -9,7 +9,8 @@ template and cut to their last `prompt_window` tokens.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from specx.core.replay import ReplayResult, replay
 from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.suffix_index import SuffixIndex
 from specx.store.db import Store
-from specx.store.selection import CallRef, prompt_texts
+from specx.store.selection import CallRef, PromptMessages, prompt_texts
 
 from . import reference
 
@@ -45,27 +46,39 @@ def make_drafter(method: str, params: dict[str, Any]) -> Any:
     raise ValueError(f"unknown replay method {method!r}")
 
 
-def prompt_tokens(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
-    """The last `window` tokens of each call's rendered prompt.
+def prompt_tokens(store: Store | PromptMessages, tokenizer: Any, calls: list[CallRef],
+                  window: int) -> list[np.ndarray]:
+    """The last `window` tokens of each call's rendered prompt (see iter_prompt_tokens)."""
+    return list(iter_prompt_tokens(store, tokenizer, calls, window))
+
+
+def iter_prompt_tokens(store: Store | PromptMessages, tokenizer: Any, calls: list[CallRef], window: int,
+                       chunk: int = 256) -> Iterator[np.ndarray]:
+    """The last `window` tokens of each call's rendered prompt, in order, `chunk` calls at a time.
 
     With a ChatML-style tokenizer each distinct message is tokenized once (agents resend their
-    whole history on every call), checked against rendering whole prompts on a sample of calls;
-    any difference, or another template, renders and tokenizes each prompt's tail instead.
+    whole history on every call), checked first against rendering whole prompts on a sample of the
+    calls; any difference, or another template, renders and tokenizes each prompt's tail instead.
     """
     prefix = chatml_blocks(tokenizer)
-    if prefix is not None and calls:
-        fast = _prompt_tokens_by_message(store, tokenizer, calls, window, prefix)
-        sample = list(range(0, len(calls), max(1, len(calls) // 16)))
-        slow = _prompt_tokens_rendered(store, tokenizer, [calls[i] for i in sample], window)
-        if all(np.array_equal(fast[i], s) for i, s in zip(sample, slow)):
-            return fast
-    return _prompt_tokens_rendered(store, tokenizer, calls, window)
-
-
-def _prompt_tokens_by_message(store: Store, tokenizer: Any, calls: list[CallRef], window: int,
-                              prefix: str) -> list[np.ndarray]:
-    backend = tokenizer.backend_tokenizer
     cache: dict[int, list[int]] = {}
+    fast = prefix is not None and bool(calls)
+    if fast:
+        sample = [calls[i] for i in range(0, len(calls), max(1, len(calls) // 16))]
+        slow = _prompt_tokens_rendered(store, tokenizer, sample, window)
+        fast = all(np.array_equal(f, s) for f, s in
+                   zip(_prompt_tokens_by_message(store, tokenizer, sample, window, prefix, cache), slow))
+    lo, size = 0, min(8, chunk)  # the first calls' prompts soon, then larger batches
+    while lo < len(calls):
+        part = calls[lo : lo + size]
+        yield from (_prompt_tokens_by_message(store, tokenizer, part, window, prefix, cache) if fast
+                    else _prompt_tokens_rendered(store, tokenizer, part, window))
+        lo, size = lo + size, min(2 * size, chunk)
+
+
+def _prompt_tokens_by_message(store: Store | PromptMessages, tokenizer: Any, calls: list[CallRef], window: int,
+                              prefix: str, cache: dict[int, list[int]]) -> list[np.ndarray]:
+    backend = tokenizer.backend_tokenizer
     prefix_ids = backend.encode(prefix, add_special_tokens=False).ids if prefix else []
     out = []
     for call in calls:
@@ -91,7 +104,7 @@ def _prompt_tokens_by_message(store: Store, tokenizer: Any, calls: list[CallRef]
     return out
 
 
-def _encode_messages(store: Store, backend: Any, cache: dict[int, list[int]], ids: list[int]) -> None:
+def _encode_messages(store: Store | PromptMessages, backend: Any, cache: dict[int, list[int]], ids: list[int]) -> None:
     """Tokenize the messages of `ids` not in `cache` yet (one batch): a ChatML block each, or a plain text prompt."""
     missing = [mid for mid in dict.fromkeys(ids) if mid not in cache]
     if not missing:
@@ -102,7 +115,7 @@ def _encode_messages(store: Store, backend: Any, cache: dict[int, list[int]], id
         cache[mid] = enc.ids
 
 
-def _prompt_tokens_rendered(store: Store, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
+def _prompt_tokens_rendered(store: Store | PromptMessages, tokenizer: Any, calls: list[CallRef], window: int) -> list[np.ndarray]:
     """Render each prompt's last messages (CHARS_PER_TOKEN characters per wanted token) and
     tokenize; one that comes out shorter than the window with messages left out is redone in full."""
     render = lambda messages: render_prompt(tokenizer, messages)  # noqa: E731

@@ -3,11 +3,11 @@
 **Sampled replay with exact history.** A model-free replay (core.replay.replay) carries one thing
 from a call to the next: the drafter's global index, which learns each finished output. So what
 call i measures in a full replay (tokens, steps, drafted, accepted) depends only on its prompt,
-its output and the outputs of the calls before it. `replay_sample` walks the calls in stored
-order, adds every output to the global index as the full replay's finish_request would (cheap: no
-prompt, no drafting) and replays only the sampled calls, with learning held back until their
-output is added the same way: each sampled call's figures are exactly those of the full replay.
-Prompt lookup keeps nothing across calls, so it is exact call by call too.
+its output and the outputs of the calls before it. `replay_sample` indexes every output once, in
+stored order, and replays only the sampled calls, each drafting from the head of that index that
+holds the outputs before it (SuffixIndex.head: no sort), with learning held back: each sampled
+call's figures are exactly those of the full replay. Prompt lookup keeps nothing across calls,
+so it is exact call by call too.
 
 **From the sample to the whole selection** (core/sampling.py). The draws are systematic (`systematic_sample`: points
 evenly spaced, from a seeded random start, along the calls in stored order, so the learning curve
@@ -202,34 +202,36 @@ def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: 
     flat = {c.name: c.flat(longest) for c in curves}
     any_flat = any(flat.values())
     index = specx.global_index
-    # What the full replay's finish_request adds one output at a time, added in blocks between the
-    # sampled calls: the same index (SuffixIndex.add_many), one sort per block. With a byte budget
-    # eviction depends on when outputs arrive: one at a time, as the full replay.
-    block = 1 if index.budget_bytes is not None else len(outputs) + len(warm)
     keep_history = unsized or (any_flat and specx_steps is None) or not all(flat.values())
-    pending: list[np.ndarray] = []
+    # What the full replay's finish_request adds: each non-empty output, oldest first. Without a
+    # byte budget, all of them go into one index at once (one sort) and each sampled call drafts
+    # from its head, the outputs before it (SuffixIndex.head: the suffix arrays filtered, no
+    # sort). With a budget, eviction depends on when outputs arrive: one at a time, as the replay.
+    at_once = index.budget_bytes is None
+    if keep_history and at_once:
+        index.add_many([tokens for tokens in (*warm, *outputs) if len(tokens)])
+    learned = 0  # outputs the full replay's global index holds by now
 
     def learn(tokens: np.ndarray) -> None:
-        if keep_history and len(tokens):  # finish_request learns a non-empty output
-            pending.append(tokens)
-            if len(pending) >= block:
-                flush()
-
-    def flush() -> None:
-        index.add_many(pending)
-        pending.clear()
+        nonlocal learned
+        if keep_history and len(tokens):
+            if not at_once:
+                index.add(tokens)
+            learned += 1
 
     history = 0
     for tokens in warm:  # as run_replay's warm-up
         learn(tokens)
         history += len(tokens)
-    wanted = dict(zip(sample, prompts))
+    wanted = {position: j for j, position in enumerate(sample)}  # prompts[j] is read when call j comes up
     prefilled = dict(zip(sample, prefill)) if prefill is not None else {}
     out: list[SampledCall] = []
     for i, tokens in enumerate(outputs):
-        prompt = wanted.get(i)
-        if prompt is not None:
-            flush()
+        j = wanted.get(i)
+        if j is not None:
+            prompt = prompts[j]
+            if keep_history and at_once:
+                specx.global_index = index.head(learned)
             call = SampledCall(i, groups[i], history, None)
             steps = specx_steps[i] if specx_steps is not None else None
             if unsized or (any_flat and steps is None):

@@ -124,10 +124,43 @@ class SuffixIndex:
         self._doc_ids += ids
         self._doc_starts += (offsets + self._text_len).tolist()
         self._append_segment(text, len(parts))
-        while len(self._segments) >= 2 and 2 * self._seg_size(-1) >= self._seg_size(-2):
+        while len(self._segments) >= 2 and self._seg_size(-1) >= self._seg_size(-2):
             self._merge_last_two()
         self._enforce_budget()
         return ids
+
+    def head(self, num_sequences: int) -> "SuffixIndex":
+        """A new index of the oldest `num_sequences` sealed sequences, made without sorting: each
+        segment keeps its suffixes that start in them, in the order they have here (a subsequence
+        of a sorted block stays sorted, as when the oldest are evicted, and no pattern crosses the
+        SEP that ends a sequence). Every count and draft equals that of an index they were added to
+        one by one. The text is shared (appends to either index reallocate, never overwrite).
+
+        >>> SuffixIndex.build([[1, 2, 3], [1, 2, 4]]).head(1).children([1, 2])
+        {3: 1}
+        """
+        num_docs = len(self._doc_ids)
+        if not 0 <= num_sequences <= num_docs:
+            raise SuffixIndexError(f"head({num_sequences}): the index holds {num_docs} sealed sequences")
+        cut = self._doc_starts[num_sequences] if num_sequences < num_docs else self._text_len
+        out = SuffixIndex(self.max_depth, self.vocab_size, self.budget_bytes)
+        out._text, out._text_len = self._text[:cut], cut
+        blocks, at = [], 0
+        for seg in self._segments:
+            if seg.doc_lo >= num_sequences:
+                break
+            block = self._sa[seg.sa_lo : seg.sa_hi]
+            if seg.doc_hi > num_sequences:
+                block = block[block < cut]
+            out._segments.append(_Segment(seg.text_lo, min(seg.text_hi, cut), at, at + len(block), seg.doc_lo,
+                                          min(seg.doc_hi, num_sequences)))
+            blocks.append(block)
+            at += len(block)
+        out._sa = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int32)
+        out._sa_len = at
+        out._doc_ids, out._doc_starts = self._doc_ids[:num_sequences], self._doc_starts[:num_sequences]
+        out._next_id = self._next_id
+        return out
 
     def start(self, tokens: Sequence[int] = ()) -> int:
         """Start a live sequence (e.g. a request's prompt); returns its id."""
@@ -196,7 +229,7 @@ class SuffixIndex:
         self._live.remove(seq_id)
         self._kernel_args = None
         self._append_segment(text, 1)
-        while len(self._segments) >= 2 and 2 * self._seg_size(-1) >= self._seg_size(-2):
+        while len(self._segments) >= 2 and self._seg_size(-1) >= self._seg_size(-2):
             self._merge_last_two()
         self._enforce_budget()
         return seq_id

@@ -65,7 +65,28 @@ def outside_sessions(store: Store, tokenizer_id: int, selected: list[CallRef]) -
     return [c for c in select_calls(store, tokenizer_id) if c.session_id not in chosen]
 
 
-def prompt_texts(store: Store, calls: list[CallRef], render: Any, max_chars: int | None) -> list[tuple[str, bool]]:
+class PromptMessages:
+    """The prompt messages of some calls, read from the store once: what prompt rendering and
+    tokenization read (`call_prompt_ids`, `message`, `call_prompt`, as Store has them), from
+    memory, so that they can run in another thread (a SQLite connection belongs to its thread)."""
+
+    def __init__(self, store: Store, calls: list[CallRef]) -> None:
+        self._ids = {c.id: store.call_prompt_ids(c.id) for c in calls}
+        wanted = dict.fromkeys(mid for ids in self._ids.values() if ids for mid in ids)
+        self._messages = {mid: store.message(mid) for mid in wanted}
+
+    def call_prompt_ids(self, call_id: int) -> list[int] | None:
+        return self._ids[call_id]
+
+    def message(self, message_id: int) -> dict[str, Any]:
+        return self._messages[message_id]
+
+    def call_prompt(self, call_id: int) -> list[dict[str, Any]] | None:
+        ids = self._ids[call_id]
+        return None if ids is None else [self._messages[mid] for mid in ids]
+
+
+def prompt_texts(store: Store | PromptMessages, calls: list[CallRef], render: Any, max_chars: int | None) -> list[tuple[str, bool]]:
     """Each call's prompt rendered as text, from only its last messages worth about `max_chars`
     characters (None: all), and whether messages were left out. A replay keeps the last N tokens
     anyway; rendering and tokenizing a 60-turn history for every call would dominate its time."""

@@ -268,6 +268,36 @@ def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokeniz
         assert call.costs["flat"][1] == call.stats.steps  # flat: a pass costs one, nothing is cut
 
 
+def test_prompts_tokenized_in_a_thread_from_a_snapshot_equal_prompt_tokens(tmp_path, tokenizer):  # noqa: F811
+    """What the prediction's walk reads (PromptMessages read once, iter_prompt_tokens in small
+    chunks, in a thread) is prompt_tokens' result, item for item, and the thread's error reaches
+    the reader."""
+    from specx.cli.predict import Prefetched
+    from specx.cli.replay import iter_prompt_tokens, prompt_tokens
+    from specx.store.db import Store
+    from specx.store.ingest import ingest
+    from specx.store.selection import PromptMessages, select_calls
+
+    with Store(tmp_path / "s.db") as store:
+        ingest(store, [good_logs(tmp_path)], tokenizer)
+        calls = select_calls(store, store.tokenizer_id(tokenizer.fingerprint))
+        want = prompt_tokens(store, tokenizer.get(), calls, 64)
+        snapshot = PromptMessages(store, calls)
+    assert len(calls) > 5
+    got = Prefetched(iter_prompt_tokens(snapshot, tokenizer.get(), calls, 64, chunk=3), len(calls))
+    assert len(got) == len(calls)
+    assert all(np.array_equal(got[j], w) for j, w in enumerate(want))
+
+    def failing():
+        yield 1
+        raise ValueError("bad message")
+
+    broken = Prefetched(failing(), 3)
+    assert broken[0] == 1
+    with pytest.raises(ValueError, match="bad message"):
+        broken[1]
+
+
 # ------------------------------------------------------------------------------------- the commands
 
 

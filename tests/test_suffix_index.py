@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import brute
 from specx.core.suffix_array import SEP, build_suffix_array
 from specx.core.suffix_index import SuffixIndex
+from specx.core.tokens import SuffixIndexError
 
 tokens = st.lists(st.integers(0, 3), max_size=14)
 corpora = st.lists(tokens, max_size=6)
@@ -85,6 +86,30 @@ def test_adding_in_blocks_drafts_as_adding_one_by_one(docs, blocks, pats):
     check_against_brute(many, pats)
     for pat in filter(None, pats):
         assert many.speculate(pat, 8, 2.0, 0.0) == one.speculate(pat, 8, 2.0, 0.0), pat
+
+
+@given(st.lists(tokens, max_size=12), st.integers(0, 12), st.booleans(), st.lists(patterns, min_size=1, max_size=6))
+@settings(max_examples=150, deadline=None)
+def test_head_drafts_as_an_index_of_the_first_sequences(docs, num, one_by_one, pats):
+    """head(n) filters the suffix arrays (no sort): counts, children and drafts are those of an
+    index the first n sequences were added to, and adding to the head leaves the whole intact."""
+    num = min(num, len(docs))
+    whole = SuffixIndex(max_depth=8)
+    if one_by_one:
+        for d in docs:
+            whole.add(d)  # several segments, the cut inside one
+    else:
+        whole.add_many(docs)
+    head, first = whole.head(num), SuffixIndex.build(docs[:num], max_depth=8)
+    assert all_docs(head) == docs[:num]
+    check_against_brute(head, pats)
+    for pat in filter(None, pats):
+        assert head.speculate(pat, 8, 2.0, 0.0) == first.speculate(pat, 8, 2.0, 0.0), pat
+    before = all_docs(whole)
+    head.add([7, 7, 7])
+    assert all_docs(whole) == before and all_docs(head) == docs[:num] + [[7, 7, 7]]
+    with pytest.raises(SuffixIndexError):
+        whole.head(len(docs) + 1)
 
 
 @given(corpora, st.lists(patterns, min_size=1, max_size=4))
