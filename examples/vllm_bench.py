@@ -141,7 +141,8 @@ def bench(args: argparse.Namespace) -> dict:
     history, timed = prompts[: args.requests], prompts[args.requests :]
     if any(m.startswith("suffix") for m in args.methods) and importlib.util.find_spec("arctic_inference") is None:
         print("vllm_bench: building the reference (ArcticInference's suffix tree) for `suffix`", file=sys.stderr)
-        subprocess.run(["bash", str(HERE / "build_reference.sh"), sys.executable], check=True)
+        subprocess.run(["bash", str(HERE / "build_reference.sh"), sys.executable], check=True,
+                       stdout=sys.stderr)  # its build log: stdout is the report (--json)
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     prompt_file = work / "prompts.json"
     prompt_file.write_text(json.dumps({"history": history, "timed": timed}))
