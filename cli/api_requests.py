@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from .worker import GenerationRequest, LockedTokenizer
+from specx.core.serving import GenerationRequest, LockedTokenizer
 
 MAX_N = 8
 MAX_STOP = 16

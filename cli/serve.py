@@ -1,5 +1,5 @@
 """`specx serve`: an OpenAI-compatible server that drafts from, and learns into, the suffix index
-(registered in app.py; the HTTP side is server.py, the model thread worker.py)."""
+(registered in app.py; the HTTP side is server.py, the serving engine core/serving.py, the store side store/served.ServedRecorder)."""
 
 from __future__ import annotations
 
@@ -81,8 +81,10 @@ def serve_cmd(
     from specx.store.db import Store
     from specx.store.index import index_for
 
+    from specx.core.serving import LockedTokenizer, Metrics, Worker
+    from specx.store.served import ServedRecorder
+
     from .server import Api
-    from .worker import LockedTokenizer, Metrics, Worker
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))
@@ -103,8 +105,9 @@ def serve_cmd(
                  ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
     drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
         if speculation else None
-    worker = Worker(net, LockedTokenizer(tok), model, path, global_index, drafter, cost, max_queue, Metrics(),
-                    PrefixCache(prefix_cache_tokens))
+    recorder = ServedRecorder(path, model, tokenizer_fingerprint(tok), len(tok), speculation)
+    worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, Metrics(),
+                    PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")))
     names = served_model_name or [model]
     api = Api(worker, names, int(net.config.max_position_embeddings), api_key)
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):

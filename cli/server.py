@@ -3,7 +3,7 @@
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health   GET /metrics
 
 Requests are validated and tokenized (api_requests.py), then handed to the one model worker
-(worker.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
+(core/serving.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": "..."}}
 """
@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api_requests import ApiError, Tokenizers, parse_request
-from .worker import Choice, GenerationRequest, Job, Stats, Worker
+from specx.core.serving import Choice, GenerationRequest, Job, Stats, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 

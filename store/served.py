@@ -28,8 +28,61 @@ from .formats import Call
 from .index import update_index
 
 log = logging.getLogger("specx.served")
+serve_log = logging.getLogger("specx.serve")  # `specx serve`'s log: ServedRecorder writes there
 
 SERVED_FORMAT = "served"
+
+
+class ServedRecorder:
+    """`specx serve`'s "request finished" hook (core.serving.Recorder): each answered request
+    stored as a served session (record_served, one transaction), the global index persisted when
+    the worker asks (update_index: the persisted index plus every token row added since, whoever
+    added it), so the next start loads it instead of rebuilding. Opens its own connection on the
+    worker's thread; a store failure is logged, never raised: the server keeps answering."""
+
+    def __init__(self, path: Path, model_name: str, tokenizer_fingerprint: str, vocab_size: int,
+                 speculation: bool) -> None:
+        self.path, self.model_name, self.speculation = path, model_name, speculation
+        self.fingerprint, self.vocab_size = tokenizer_fingerprint, vocab_size
+        self.store: Store | None = None
+
+    def open(self) -> None:
+        self.store = Store(self.path)
+
+    def record(self, req: Any, choices: list[Any], stats: Any, started_at: str, ended_at: str) -> bool:
+        settings = {"endpoint": req.endpoint, "request_id": req.id, "prompt_tokens": stats.prompt_tokens,
+                    "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
+                    "top_k": req.top_k, "seed": req.seed, "stop": req.stop, "speculation": self.speculation,
+                    "seconds": round(stats.seconds, 4), "queue_seconds": round(stats.queue_seconds, 4)}
+        calls = [Call(session_id=req.id, position=c.index, output_text=c.text, prompt_messages=req.prompt_messages,
+                      prompt_text=req.prompt_text, model=req.model, started_at=started_at, ended_at=ended_at,
+                      meta={**settings, "finish_reason": c.finish_reason, "completion_tokens": len(c.token_ids),
+                            "steps": c.stats.steps, "accepted": c.stats.accepted, "drafted": c.stats.drafted})
+                 for c in choices]
+        try:
+            record_served(self.store, self.model_name, calls, [c.token_ids for c in choices], self.fingerprint,
+                          self.model_name, self.vocab_size)
+        except (sqlite3.Error, StoreError, OSError) as exc:
+            serve_log.error("%s: could not store the request: %s", req.id, exc)
+            return False
+        return True
+
+    def persist(self) -> bool:
+        try:
+            tokenizer_id = self.store.tokenizer_id(self.fingerprint)
+            if tokenizer_id is not None:
+                result = update_index(self.store, tokenizer_id)
+                serve_log.info("index persisted: %s, %d outputs, %d tokens (%.2f s)", result["action"], result["calls"],
+                         result["tokens"], result["seconds"])
+            return True
+        except (sqlite3.Error, StoreError, OSError) as exc:
+            serve_log.error("could not persist the index: %s", exc)
+            return False
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
 
 def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequence[Sequence[int]],

@@ -12,28 +12,30 @@ loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue:
 
 A client that goes away sets `job.cancelled`; the worker checks it between verification steps
 and closes the decode loop, which ends the request without learning from it. A finished request
-has already entered the global index (the drafter's finish_request); the worker then stores it
-(store/served.py, one transaction) and now and then persists the index, so a restarted server
-drafts from everything it served.
+has already entered the global index (the drafter's finish_request); the worker then hands it to
+its Recorder (the "request finished" hook: `specx serve` passes store.served.ServedRecorder,
+which stores it in one transaction) and now and then asks it to persist the index, so a
+restarted server drafts from everything it served. This module reads no store and no
+environment: what it needs is passed in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from specx.core.decode import DecodeStats
+from .cost import AcceptanceModel
+from .decode import DecodeStats
+from .generate import generate
+from .text import TextStream
 
 log = logging.getLogger("specx.serve")
 
@@ -183,28 +185,39 @@ class Metrics:
         self.accepted_per_step.set(self._accepted / self._steps if self._steps else 0.0)
 
 
+class Recorder(Protocol):
+    """Where finished requests go, called on the worker's thread only: `open` when the thread
+    starts, `record` after each answered request (True when it was stored), `persist` to save the
+    global index (every PERSIST_EVERY records and when idle; False: it failed, try again later),
+    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving."""
+
+    def open(self) -> None: ...
+
+    def record(self, request: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
+               ended_at: str) -> bool: ...
+
+    def persist(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class Worker:
-    """Owns the model (and its own connection to the store); answers jobs one at a time."""
+    """Owns the model; answers jobs one at a time and hands each finished one to `recorder`
+    (None: nothing is kept but the global index in memory). `debug`: log tracebacks."""
 
-    def __init__(self, net: Any, tokenizer: LockedTokenizer, model_name: str, store_path: Path, global_index: Any,
-                 drafter: Any = None, cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None,
-                 prefix_cache: Any = None) -> None:
-        from specx.core.model import tokenizer_fingerprint
-
+    def __init__(self, net: Any, tokenizer: LockedTokenizer, global_index: Any, drafter: Any = None,
+                 cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None, prefix_cache: Any = None,
+                 recorder: Recorder | None = None, debug: bool = False) -> None:
         self.net = net
         self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.store_path = store_path
         self.global_index = global_index
         self.drafter = drafter
         self.cost = cost if drafter is not None else None
         self.prefix_cache = prefix_cache  # core.prefix_cache.PrefixCache shared by the requests (None: off)
-        from specx.core.cost import AcceptanceModel
-
+        self.recorder = recorder
+        self.debug = debug
         self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
         self.eos = tokenizer.tokenizer.eos_token_id
-        self.fingerprint = tokenizer_fingerprint(tokenizer.tokenizer)
-        self.vocab_size = len(tokenizer.tokenizer)
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.jobs.qsize)
@@ -237,9 +250,8 @@ class Worker:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        from specx.store.db import Store
-
-        store = Store(self.store_path)  # sqlite connections belong to the thread that opens them
+        if self.recorder is not None:
+            self.recorder.open()  # on this thread: a store's connection belongs to the thread that opens it
         try:
             while True:
                 try:
@@ -248,20 +260,21 @@ class Worker:
                     if self._stopping.is_set():
                         break
                     if self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S:
-                        self._persist(store)
+                        self._persist()
                     continue
                 if self._stopping.is_set():
                     job.emit("error", 503, "the server is shutting down")
                     continue
-                self._answer(job, store)
+                self._answer(job)
                 if self._unsaved >= PERSIST_EVERY:
-                    self._persist(store)
+                    self._persist()
         finally:
             if self._unsaved:
-                self._persist(store)
-            store.close()
+                self._persist()
+            if self.recorder is not None:
+                self.recorder.close()
 
-    def _answer(self, job: Job, store: Any) -> None:
+    def _answer(self, job: Job) -> None:
         req = job.request
         if job.cancelled.is_set():  # the client left while the request was queued
             self.metrics.cancelled.inc()
@@ -287,7 +300,7 @@ class Worker:
                 job.emit("choice", choice)
         except Exception as exc:  # a bug or a model failure: answer 500 and keep serving
             log.error("%s %s failed: %s: %s", req.id, req.endpoint, type(exc).__name__, exc,
-                      exc_info=bool(os.environ.get("SPECX_DEBUG")))
+                      exc_info=self.debug)
             job.emit("error", 500, f"generation failed: {type(exc).__name__}: {exc}")
             return
         decoded = DecodeStats()
@@ -299,14 +312,13 @@ class Worker:
                  "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
                  decoded.tokens, decoded.steps, decoded.accepted, decoded.accepted_per_step, stats.tokens_per_s,
                  stats.seconds, stats.queue_seconds, ",".join(c.finish_reason for c in choices))
-        self._record(store, req, choices, started_at, stats)  # ~1 ms; the answer is durable when it arrives
+        if self.recorder is not None and self.recorder.record(req, choices, stats, started_at, _now()):  # ~1 ms
+            self.metrics.stored.inc()  # the answer is durable when it arrives
+            self._unsaved += 1
         job.emit("done", stats)
 
     def _decode(self, job: Job, index: int) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
-        from specx.core.generate import generate
-        from specx.core.text import TextStream
-
         req = job.request
         text = TextStream(self.tokenizer, stop=req.stop)
         steps = generate(self.net, req.prompt_ids, self.drafter, max_new_tokens=req.max_tokens,
@@ -330,48 +342,10 @@ class Worker:
             job.emit("delta", index, piece)
         return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals)
 
-    def _record(self, store: Any, req: GenerationRequest, choices: list[Choice], started_at: str,
-                stats: Stats) -> None:
-        """Store the request (a session; one call per choice). A store failure is logged, not fatal."""
-        from specx.store.db import StoreError
-        from specx.store.formats import Call
-        from specx.store.served import record_served
-
-        ended_at = _now()
-        settings = {"endpoint": req.endpoint, "request_id": req.id, "prompt_tokens": stats.prompt_tokens,
-                    "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                    "top_k": req.top_k, "seed": req.seed, "stop": req.stop, "speculation": self.drafter is not None,
-                    "seconds": round(stats.seconds, 4), "queue_seconds": round(stats.queue_seconds, 4)}
-        calls = [Call(session_id=req.id, position=c.index, output_text=c.text, prompt_messages=req.prompt_messages,
-                      prompt_text=req.prompt_text, model=req.model, started_at=started_at, ended_at=ended_at,
-                      meta={**settings, "finish_reason": c.finish_reason, "completion_tokens": len(c.token_ids),
-                            "steps": c.stats.steps, "accepted": c.stats.accepted, "drafted": c.stats.drafted})
-                 for c in choices]
-        try:
-            record_served(store, self.model_name, calls, [c.token_ids for c in choices], self.fingerprint,
-                          self.model_name, self.vocab_size)
-        except (sqlite3.Error, StoreError, OSError) as exc:
-            log.error("%s: could not store the request: %s", req.id, exc)
-            return
-        self.metrics.stored.inc()
-        self._unsaved += 1
-
-    def _persist(self, store: Any) -> None:
-        """Save the global index to the store (update_index: the persisted index plus every token row
-        added since, whoever added it), so the next start loads it instead of rebuilding."""
-        from specx.store.db import StoreError
-        from specx.store.index import update_index
-
+    def _persist(self) -> None:
         self._saved_at = time.monotonic()
-        try:
-            tokenizer_id = store.tokenizer_id(self.fingerprint)
-            if tokenizer_id is not None:
-                result = update_index(store, tokenizer_id)
-                log.info("index persisted: %s, %d outputs, %d tokens (%.2f s)", result["action"], result["calls"],
-                         result["tokens"], result["seconds"])
+        if self.recorder.persist():
             self._unsaved = 0
-        except (sqlite3.Error, StoreError, OSError) as exc:
-            log.error("could not persist the index: %s", exc)
 
 
 def _now() -> str:
