@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .sealed import Sealed, Segment
 from .suffix_array import psi_decode, psi_encode
 from .tokens import SuffixIndexError
 
@@ -31,38 +32,39 @@ def dump(index: "SuffixIndex", include_text: bool = True) -> bytes:
     compress several times better. A caller that keeps the sequences elsewhere passes them
     back to from_bytes, which recovers the suffix array by one walk along the text.
     """
-    live_ids = list(index._live.regions)
+    sealed, live = index.sealed, index.live
+    live_ids = list(live.regions)
     psi_starts: list[int] = []
     if include_text:
-        sa_array = index._sa[: index._sa_len]
+        sa_array = sealed.sa[: sealed.sa_len]
     else:
-        deltas = np.empty(index._sa_len, dtype="<i4")
-        for seg in index._segments:
-            psi_starts.append(int(psi_encode(index._text, index._sa[seg.sa_lo : seg.sa_hi], seg.text_lo,
+        deltas = np.empty(sealed.sa_len, dtype="<i4")
+        for seg in sealed.segments:
+            psi_starts.append(int(psi_encode(sealed.text, sealed.sa[seg.sa_lo : seg.sa_hi], seg.text_lo,
                                              seg.text_hi, deltas[seg.sa_lo : seg.sa_hi])))
         sa_array = deltas.view(np.uint8).reshape(-1, 4).T.copy().reshape(-1)  # byte planes
     arrays = {
-        "text": index._text[: index._text_len] if include_text else index._text[:0],
+        "text": sealed.text[: sealed.text_len] if include_text else sealed.text[:0],
         "sa": sa_array,
-        "doc_ids": np.asarray(index._doc_ids, dtype=np.int64),
-        "doc_starts": np.asarray(index._doc_starts, dtype=np.int64),
+        "doc_ids": np.asarray(sealed.doc_ids, dtype=np.int64),
+        "doc_starts": np.asarray(sealed.doc_starts, dtype=np.int64),
         "segments": np.asarray([[s.text_lo, s.text_hi, s.sa_lo, s.sa_hi, s.doc_lo, s.doc_hi]
-                                for s in index._segments], dtype=np.int64).reshape(-1, 6),
+                                for s in sealed.segments], dtype=np.int64).reshape(-1, 6),
     }
     for k, seq_id in enumerate(live_ids):
-        base, _, n = index._live.regions[seq_id]
-        arrays[f"live{k}.tokens"] = index._live.tok[base : base + n]
-        arrays[f"live{k}.pa"] = index._live.pa[base : base + n]
+        base, _, n = live.regions[seq_id]
+        arrays[f"live{k}.tokens"] = live.tok[base : base + n]
+        arrays[f"live{k}.pa"] = live.pa[base : base + n]
     layout = {}
     offset = 0
     for name, arr in arrays.items():
         layout[name] = [str(arr.dtype), list(arr.shape), offset]
         offset += (arr.nbytes + 7) // 8 * 8
     header = json.dumps({
-        "text_len": index._text_len,
+        "text_len": sealed.text_len,
         "psi_starts": None if include_text else psi_starts,
         "max_depth": index.max_depth, "vocab_size": index.vocab_size, "budget_bytes": index.budget_bytes,
-        "next_id": index._next_id, "live_ids": live_ids, "arrays": layout,
+        "next_id": index.next_id, "live_ids": live_ids, "arrays": layout,
     }).encode()
     header += b" " * (-(len(header) + 20) % 8)
     out = bytearray(MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(header)) + header)
@@ -77,8 +79,6 @@ def load(cls: type, data: bytes | memoryview, text: np.ndarray | None = None) ->
 
     `text` supplies the sealed sequences (as `text()` returned them) when they were left out.
     """
-    from .suffix_index import _Segment  # here: suffix_index imports this module
-
     buf = memoryview(data)
     if bytes(buf[:8]) != MAGIC:
         raise SuffixIndexError("not a specx index (bad magic bytes)")
@@ -105,29 +105,20 @@ def load(cls: type, data: bytes | memoryview, text: np.ndarray | None = None) ->
         arrays["text"] = np.ascontiguousarray(text, dtype=np.int32)
     elif len(arrays["text"]) != header["text_len"]:
         raise SuffixIndexError("this index was saved without its text: pass text= to from_bytes")
-    index._text = arrays["text"]
-    index._text_len = len(index._text)
-    index._segments = [_Segment(*map(int, row)) for row in arrays["segments"]]
+    text = arrays["text"]
+    segments = [Segment(*map(int, row)) for row in arrays["segments"]]
     if header.get("psi_starts") is None:
-        index._sa = arrays["sa"]
+        sa = arrays["sa"]
     else:
         planes = arrays["sa"]
         if len(planes) % 4:
             raise SuffixIndexError("corrupt index: compact suffix array is not whole int32 values")
         deltas = planes.reshape(4, -1).T.copy().reshape(-1).view("<i4")
-        index._sa = np.empty(len(deltas), dtype=np.int32)
-        for seg, start in zip(index._segments, header["psi_starts"]):
-            psi_decode(index._text, deltas[seg.sa_lo : seg.sa_hi], seg.text_lo, seg.text_hi, start,
-                       index._sa[seg.sa_lo : seg.sa_hi])
-    index._sa_len = len(index._sa)
-    index._doc_ids = arrays["doc_ids"].tolist()
-    index._doc_starts = arrays["doc_starts"].tolist()
-    index._next_id = header["next_id"]
+        sa = np.empty(len(deltas), dtype=np.int32)
+        for seg, start in zip(segments, header["psi_starts"]):
+            psi_decode(text, deltas[seg.sa_lo : seg.sa_hi], seg.text_lo, seg.text_hi, start, sa[seg.sa_lo : seg.sa_hi])
+    index.sealed = Sealed(text, sa, segments, arrays["doc_ids"].tolist(), arrays["doc_starts"].tolist())
+    index.next_id = header["next_id"]
     for k, seq_id in enumerate(header["live_ids"]):
-        tokens = arrays[f"live{k}.tokens"]
-        cap = max(64, 2 * len(tokens))
-        base = index._live._allocate(cap)
-        index._live.tok[base : base + len(tokens)] = tokens
-        index._live.pa[base : base + len(tokens)] = arrays[f"live{k}.pa"]
-        index._live.regions[seq_id] = [base, cap, len(tokens)]
+        index.live.restore(seq_id, arrays[f"live{k}.tokens"], arrays[f"live{k}.pa"])
     return index

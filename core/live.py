@@ -36,6 +36,14 @@ class LiveArena:
         self.pa[base : base + n] = prefix_array_build(tokens)  # one sort, not n insertions
         self.regions[seq_id] = [base, cap, n]
 
+    def restore(self, seq_id: int, tokens: np.ndarray, pa: np.ndarray) -> None:
+        """A saved sequence back, its prefix array as saved (no sort)."""
+        cap = max(64, 2 * len(tokens))
+        base = self._allocate(cap)
+        self.tok[base : base + len(tokens)] = tokens
+        self.pa[base : base + len(tokens)] = pa
+        self.regions[seq_id] = [base, cap, len(tokens)]
+
     def extend(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
         region = self.reserve(seq_id, len(tokens))
         base, cap, n = region

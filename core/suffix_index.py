@@ -1,12 +1,10 @@
 """The suffix index: many token sequences, exact pattern counts, drafts in microseconds.
 
-An enhanced suffix array instead of a pointer tree (DESIGN.md section 3): all sealed sequences
-live in one int32 text (each followed by SEP) and one int32 suffix array made of segments, each
-segment a sorted block over a contiguous run of sequences. Adding a finished sequence appends a
-small segment; the youngest segments merge when they grow comparable (like a binary counter, so
-a token is re-sorted O(log n) times and queries visit O(log n) segments). Live sequences (the
-request index: prompt plus output so far) keep a prefix array that takes one token in O(log n).
-Everything is flat arrays: `to_bytes` writes them, `from_bytes` maps them back without a rebuild.
+An enhanced suffix array instead of a pointer tree (DESIGN.md section 3): sealed (finished)
+sequences in one text and one suffix array of sorted segments that merge like a binary counter
+(core/sealed.py); live sequences (the request index: prompt plus output so far) in a prefix array
+that takes one token in O(log n) (core/live.py). Everything is flat arrays: `to_bytes` writes
+them, `from_bytes` maps them back without a rebuild.
 
 >>> index = SuffixIndex.build([[1, 2, 3, 1, 2, 4]])
 >>> index.count([1, 2]), index.children([1, 2])
@@ -16,8 +14,7 @@ Everything is flat arrays: `to_bytes` writes them, `from_bytes` maps them back w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -26,43 +23,11 @@ from .children import node_children
 from . import index_format
 from .expand import _forward_ranges, speculate_index
 from .live import LiveArena
-from .suffix_array import SEP, SORT_DEPTH, build_suffix_array, prefix_narrow
+from .sealed import Sealed
+from .suffix_array import SORT_DEPTH, prefix_narrow
 from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
-
-
-BUCKET_MIN_TOKENS = 4096  # smaller segments stay in cache: binary search is as fast there
-
-
-@dataclass
-class _Segment:
-    text_lo: int
-    text_hi: int
-    sa_lo: int
-    sa_hi: int
-    doc_lo: int  # index into the sealed-document table
-    doc_hi: int
-    bucket: np.ndarray | None = field(default=None, compare=False, repr=False)  # first-token table, lazily
-
-    def first_token_table(self, text: np.ndarray, sa: np.ndarray) -> np.ndarray | None:
-        """bucket[t] = where suffixes starting with token t begin in sa (absolute); None when the
-        segment is small, or when the table would cost more than a byte per suffix (4 bytes an entry)."""
-        size = self.sa_hi - self.sa_lo
-        if size < BUCKET_MIN_TOKENS:
-            return None
-        if self.bucket is None:
-            vocab = int(text[sa[self.sa_hi - 1]]) + 1  # the largest first token: the suffixes are sorted
-            if 4 * (vocab + 1) > size:
-                return None  # decided without reading the segment: this runs at every kernel-view rebuild
-            first = text[sa[self.sa_lo : self.sa_hi]]
-            counts = np.bincount(first, minlength=vocab)
-            table = np.empty(vocab + 1, dtype=np.int32)
-            table[0] = self.sa_lo
-            np.cumsum(counts, out=table[1:])
-            table[1:] += self.sa_lo
-            self.bucket = table
-        return self.bucket
 
 
 class SuffixIndex:
@@ -78,15 +43,9 @@ class SuffixIndex:
         self.max_depth = max_depth
         self.vocab_size = vocab_size
         self.budget_bytes = budget_bytes
-        self._text = np.zeros(0, dtype=np.int32)
-        self._text_len = 0
-        self._sa = np.zeros(0, dtype=np.int32)
-        self._sa_len = 0
-        self._segments: list[_Segment] = []
-        self._doc_ids: list[int] = []
-        self._doc_starts: list[int] = []  # text position of each sealed document
-        self._live = LiveArena()
-        self._next_id = 0
+        self.sealed = Sealed()  # finished sequences
+        self.live = LiveArena()  # sequences still growing
+        self.next_id = 0  # the id the next sequence gets
         self._kernel_args: tuple | None = None
         self._slots: dict[int, int] = {}  # live sequence id -> its position in the kernel args' live arrays
         self._out_tok = np.empty(32, dtype=np.int32)  # draft output buffers, reused across calls
@@ -114,18 +73,10 @@ class SuffixIndex:
         parts = [check_tokens(seq, self.vocab_size, f"sequence {i}") for i, seq in enumerate(sequences)]
         if not parts:
             return []
-        ids = list(range(self._next_id, self._next_id + len(parts)))
-        self._next_id += len(parts)
-        lengths = np.array([len(p) + 1 for p in parts], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        text = np.full(int(lengths.sum()), SEP, dtype=np.int32)
-        for offset, part in zip(offsets, parts):
-            text[offset : offset + len(part)] = part
-        self._doc_ids += ids
-        self._doc_starts += (offsets + self._text_len).tolist()
-        self._append_segment(text, len(parts))
-        while len(self._segments) >= 2 and self._seg_size(-1) >= self._seg_size(-2):
-            self._merge_last_two()
+        ids = list(range(self.next_id, self.next_id + len(parts)))
+        self.next_id += len(parts)
+        self.sealed.add(parts, ids)
+        self._kernel_args = None
         self._enforce_budget()
         return ids
 
@@ -139,35 +90,19 @@ class SuffixIndex:
         >>> SuffixIndex.build([[1, 2, 3], [1, 2, 4]]).head(1).children([1, 2])
         {3: 1}
         """
-        num_docs = len(self._doc_ids)
+        num_docs = len(self.sealed.doc_ids)
         if not 0 <= num_sequences <= num_docs:
             raise SuffixIndexError(f"head({num_sequences}): the index holds {num_docs} sealed sequences")
-        cut = self._doc_starts[num_sequences] if num_sequences < num_docs else self._text_len
         out = SuffixIndex(self.max_depth, self.vocab_size, self.budget_bytes)
-        out._text, out._text_len = self._text[:cut], cut
-        blocks, at = [], 0
-        for seg in self._segments:
-            if seg.doc_lo >= num_sequences:
-                break
-            block = self._sa[seg.sa_lo : seg.sa_hi]
-            if seg.doc_hi > num_sequences:
-                block = block[block < cut]
-            out._segments.append(_Segment(seg.text_lo, min(seg.text_hi, cut), at, at + len(block), seg.doc_lo,
-                                          min(seg.doc_hi, num_sequences)))
-            blocks.append(block)
-            at += len(block)
-        out._sa = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int32)
-        out._sa_len = at
-        out._doc_ids, out._doc_starts = self._doc_ids[:num_sequences], self._doc_starts[:num_sequences]
-        out._next_id = self._next_id
+        out.sealed, out.next_id = self.sealed.head(num_sequences), self.next_id
         return out
 
     def start(self, tokens: Sequence[int] = ()) -> int:
         """Start a live sequence (e.g. a request's prompt); returns its id."""
         arr = check_tokens(tokens, self.vocab_size)
-        seq_id = self._next_id
-        self._next_id += 1
-        self._live.start(seq_id, arr, self.max_depth)
+        seq_id = self.next_id
+        self.next_id += 1
+        self.live.start(seq_id, arr, self.max_depth)
         self._kernel_args = None
         return seq_id
 
@@ -182,9 +117,9 @@ class SuffixIndex:
 
     def _append(self, seq_id: int, arr: np.ndarray) -> None:
         # Tokens already checked (the drafter's hot path).
-        arena = self._live.tok
-        self._live.extend(seq_id, arr, self.max_depth)
-        if self._live.tok is not arena or self._kernel_args is None:
+        arena = self.live.tok
+        self.live.extend(seq_id, arr, self.max_depth)
+        if self.live.tok is not arena or self._kernel_args is None:
             self._kernel_args = None
         else:
             self._sync_live_args()
@@ -195,9 +130,9 @@ class SuffixIndex:
         in the view's live arrays, and the tokens its region holds before it must move. Tell the index
         with `appended` what the kernel appended."""
         self._get_live(seq_id)
-        arena, cap = self._live.tok, self._live.regions[seq_id][1]
-        region = self._live.reserve(seq_id, room)
-        if self._live.tok is not arena:
+        arena, cap = self.live.tok, self.live.regions[seq_id][1]
+        region = self.live.reserve(seq_id, room)
+        if self.live.tok is not arena:
             self._kernel_args = None
         elif self._kernel_args is not None and region[1] != cap:
             self._sync_live_args()  # the region moved (and a compaction moves others)
@@ -210,92 +145,71 @@ class SuffixIndex:
     def appended(self, seq_id: int, num: int) -> None:
         """A kernel appended `num` tokens to live sequence `seq_id` through hot_args' view (its
         lengths array is up to date already)."""
-        self._live.regions[seq_id][2] += num
+        self.live.regions[seq_id][2] += num
 
     def live_tokens(self, seq_id: int) -> np.ndarray:
         """A live sequence's tokens so far (a view: valid until the next append)."""
         self._get_live(seq_id)
-        return self._live.tokens(seq_id)
+        return self.live.tokens(seq_id)
 
     def finish(self, seq_id: int) -> int:
         """Seal a live sequence as a finished one (it keeps its id); returns the id."""
         self._get_live(seq_id)
-        tokens = self._live.tokens(seq_id)
-        self._doc_ids.append(seq_id)
-        self._doc_starts.append(self._text_len)
-        text = np.empty(len(tokens) + 1, dtype=np.int32)
-        text[:-1] = tokens
-        text[-1] = SEP
-        self._live.remove(seq_id)
+        self.sealed.add([self.live.tokens(seq_id)], [seq_id])
+        self.live.remove(seq_id)
         self._kernel_args = None
-        self._append_segment(text, 1)
-        while len(self._segments) >= 2 and self._seg_size(-1) >= self._seg_size(-2):
-            self._merge_last_two()
         self._enforce_budget()
         return seq_id
 
     def discard(self, seq_id: int) -> None:
         """Drop a live sequence without keeping it."""
         self._get_live(seq_id)
-        self._live.remove(seq_id)
+        self.live.remove(seq_id)
         self._kernel_args = None
 
     def compact(self) -> None:
         """Merge all sealed segments into one (fastest queries; one full sort)."""
-        while len(self._segments) >= 2:
-            self._merge_last_two()
+        while len(self.sealed.segments) >= 2:
+            self.sealed.merge_last_two()
+        self._kernel_args = None
 
     def evict(self, budget_bytes: int) -> int:
         """Drop the oldest sealed sequences until nbytes <= budget_bytes; returns how many were dropped."""
         if budget_bytes < 0:
             raise SuffixIndexError(f"budget_bytes must be >= 0, got {budget_bytes}")
-        num_docs = len(self._doc_ids)
-        drop = 0
-        # Bytes the remaining sequences will need once compacted: 4 (text) + 4 (sa) per token,
-        # 4 for each separator, 16 per document-table entry, plus live sequences, plus today's
+        doc_bytes = self.sealed.doc_bytes()
+        # Bytes the remaining sequences will need once compacted, plus live sequences, plus today's
         # first-token tables (dropping sequences never makes a table larger).
-        fixed = self._live_bytes() + self._table_bytes()
-        doc_bytes = [0] * num_docs
-        for i in range(num_docs):
-            end = self._doc_starts[i + 1] if i + 1 < num_docs else self._text_len
-            length = end - self._doc_starts[i] - 1
-            doc_bytes[i] = 8 * length + 4 + 16
-        remaining = sum(doc_bytes)
-        while drop < num_docs and fixed + remaining > budget_bytes:
+        fixed = self.live.nbytes() + self.sealed.table_bytes()
+        remaining, drop = sum(doc_bytes), 0
+        while drop < len(doc_bytes) and fixed + remaining > budget_bytes:
             remaining -= doc_bytes[drop]
             drop += 1
         if drop or self.nbytes > budget_bytes:
-            self._drop_oldest(drop)  # also trims spare capacity
+            self.sealed.drop_oldest(drop)  # also trims spare capacity
+            self._kernel_args = None
         return drop
 
     # ----------------------------------------------------------------- queries
 
     @property
     def num_sequences(self) -> int:
-        return len(self._doc_ids) + len(self._live.regions)
+        return len(self.sealed.doc_ids) + len(self.live.regions)
 
     @property
     def num_tokens(self) -> int:
-        return self._sa_len + sum(r[2] for r in self._live.regions.values())
+        return self.sealed.sa_len + sum(r[2] for r in self.live.regions.values())
 
     @property
     def nbytes(self) -> int:
         """Resident bytes of the index arrays (capacity, not just the used part)."""
-        return self._text.nbytes + self._sa.nbytes + self._table_bytes() + 16 * len(self._doc_ids) + self._live_bytes()
-
-    def _table_bytes(self) -> int:
-        tables = (s.first_token_table(self._text, self._sa) for s in self._segments)
-        return sum(t.nbytes for t in tables if t is not None)
-
+        return self.sealed.nbytes + self.live.nbytes()
 
     def sequences(self) -> Iterator[tuple[int, np.ndarray]]:
         """(id, tokens) of every sequence, sealed ones oldest first, then live ones."""
-        for i, seq_id in enumerate(self._doc_ids):
-            lo = self._doc_starts[i]
-            hi = self._doc_starts[i + 1] - 1 if i + 1 < len(self._doc_ids) else self._text_len - 1
-            yield seq_id, self._text[lo:hi]
-        for seq_id in self._live.regions:
-            yield seq_id, self._live.tokens(seq_id)
+        yield from self.sealed.sequences()
+        for seq_id in self.live.regions:
+            yield seq_id, self.live.tokens(seq_id)
 
     def count(self, pattern: Sequence[int]) -> int:
         """Occurrences of `pattern` over all sequences (the empty pattern counts every token)."""
@@ -344,7 +258,7 @@ class SuffixIndex:
 
     def text(self) -> np.ndarray:
         """The sealed sequences as stored: each followed by SEP, oldest first (see to_bytes)."""
-        return self._text[: self._text_len]
+        return self.sealed.text[: self.sealed.text_len]
 
     def to_bytes(self, include_text: bool = True) -> bytes:
         """Flat serialisation (see index_format.dump); without the text, the compact form."""
@@ -358,90 +272,20 @@ class SuffixIndex:
     # ----------------------------------------------------------------- internals
 
     def _get_live(self, seq_id: int) -> None:
-        if seq_id not in self._live.regions:
+        if seq_id not in self.live.regions:
             raise SuffixIndexError(f"no live sequence with id {seq_id}")
-
-    def _live_bytes(self) -> int:
-        return self._live.nbytes()
-
-    def _seg_size(self, k: int) -> int:
-        s = self._segments[k]
-        return s.sa_hi - s.sa_lo
-
-    def _writable(self) -> None:
-        # Loaded arrays are read-only views of the serialised bytes; copy before the first write.
-        if not self._text.flags.writeable:
-            self._text = self._text.copy()
-        if not self._sa.flags.writeable:
-            self._sa = self._sa.copy()
-
-    def _append_segment(self, text: np.ndarray, num_docs: int) -> None:
-        self._writable()
-        t0 = self._text_len
-        sa = build_suffix_array(text)
-        self._text = _reserve(self._text, t0 + len(text))
-        self._text[t0 : t0 + len(text)] = text
-        self._text_len += len(text)
-        s0 = self._sa_len
-        self._sa = _reserve(self._sa, s0 + len(sa))
-        self._sa[s0 : s0 + len(sa)] = sa + t0
-        self._sa_len += len(sa)
-        doc_hi = len(self._doc_ids)
-        self._segments.append(_Segment(t0, self._text_len, s0, self._sa_len, doc_hi - num_docs, doc_hi))
-        self._kernel_args = None
-
-    def _merge_last_two(self) -> None:
-        a, b = self._segments[-2], self._segments[-1]
-        self._rebuild(_Segment(a.text_lo, b.text_hi, a.sa_lo, b.sa_hi, a.doc_lo, b.doc_hi))
-        self._segments[-2:] = [_Segment(a.text_lo, b.text_hi, a.sa_lo, b.sa_hi, a.doc_lo, b.doc_hi)]
-
-    def _rebuild(self, seg: _Segment) -> None:
-        self._writable()
-        sa = build_suffix_array(self._text[seg.text_lo : seg.text_hi])
-        self._sa[seg.sa_lo : seg.sa_hi] = sa + seg.text_lo
-        self._kernel_args = None
 
     def _enforce_budget(self) -> None:
         if self.budget_bytes is not None and self.nbytes > self.budget_bytes:
             self.evict(self.budget_bytes)
 
-    def _drop_oldest(self, drop: int) -> None:
-        """Remove the `drop` oldest sealed documents and compact the arrays."""
-        num_docs = len(self._doc_ids)
-        cut = self._doc_starts[drop] if drop < num_docs else self._text_len
-        text = self._text[cut : self._text_len].copy()
-        keep = self._sa[: self._sa_len] >= cut
-        sa = self._sa[: self._sa_len][keep] - cut  # segment blocks stay contiguous and in order
-        segments = []
-        for s in self._segments:
-            if s.doc_hi <= drop:
-                continue
-            segments.append(s)
-        self._doc_ids = self._doc_ids[drop:]
-        self._doc_starts = [p - cut for p in self._doc_starts[drop:]]
-        self._text, self._text_len = text, len(text)
-        self._sa, self._sa_len = sa.astype(np.int32), len(sa)
-        # Recompute block bounds; a partly dropped segment is still sorted (a subsequence of a
-        # sorted block stays sorted), so nothing needs re-sorting.
-        new_segments = []
-        sa_pos = 0
-        for s in segments:
-            d_lo = max(s.doc_lo - drop, 0)
-            d_hi = s.doc_hi - drop
-            t_lo = self._doc_starts[d_lo]
-            t_hi = self._doc_starts[d_hi] if d_hi < len(self._doc_ids) else self._text_len
-            size = (t_hi - t_lo) - (d_hi - d_lo)
-            new_segments.append(_Segment(t_lo, t_hi, sa_pos, sa_pos + size, d_lo, d_hi))
-            sa_pos += size
-        self._segments = new_segments
-        self._kernel_args = None
-
     def _args(self) -> tuple:
         """The kernels' view of the index: text, sa, segment bounds, live arenas, bases, lengths."""
         if self._kernel_args is None:
-            self._slots = {seq_id: k for k, seq_id in enumerate(self._live.regions)}
-            regions = list(self._live.regions.values())
-            tables = [s.first_token_table(self._text, self._sa) for s in self._segments]
+            self._slots = {seq_id: k for k, seq_id in enumerate(self.live.regions)}
+            regions = list(self.live.regions.values())
+            sealed = self.sealed
+            tables = sealed.tables()
             offsets, vocabs, parts, at = [], [], [], 0
             for table in tables:
                 offsets.append(at if table is not None else -1)
@@ -450,12 +294,12 @@ class SuffixIndex:
                     parts.append(table)
                     at += len(table)
             self._kernel_args = (
-                self._text, self._sa,
-                np.array([s.sa_lo for s in self._segments], dtype=np.int64),
-                np.array([s.sa_hi for s in self._segments], dtype=np.int64),
+                sealed.text, sealed.sa,
+                np.array([s.sa_lo for s in sealed.segments], dtype=np.int64),
+                np.array([s.sa_hi for s in sealed.segments], dtype=np.int64),
                 np.array(offsets, dtype=np.int64), np.array(vocabs, dtype=np.int64),
                 np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32),
-                self._live.tok, self._live.pa,
+                self.live.tok, self.live.pa,
                 np.array([r[0] for r in regions], dtype=np.int64),
                 np.array([r[2] for r in regions], dtype=np.int64),
             )
@@ -464,7 +308,7 @@ class SuffixIndex:
     def _sync_live_args(self) -> None:
         # Appends change live lengths (and, after a move, bases) in place; arenas stay the same objects.
         bases, lens = self._kernel_args[-2:]
-        for k, (base, _, n) in enumerate(self._live.regions.values()):
+        for k, (base, _, n) in enumerate(self.live.regions.values()):
             bases[k] = base
             lens[k] = n
 
@@ -510,12 +354,3 @@ def check_speculate_args(context: np.ndarray | None, max_spec_tokens: int, max_s
         raise SuffixIndexError(f"max_spec_factor must be a finite number >= 0, got {max_spec_factor}")
     if not 0.0 <= min_token_prob <= 1.0:
         raise SuffixIndexError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
-
-
-def _reserve(arr: np.ndarray, n: int) -> np.ndarray:
-    """`arr` with room for n items (doubling), contents kept."""
-    if n <= len(arr):
-        return arr
-    out = np.empty(max(n, 2 * len(arr), 1024 if len(arr) else 0), dtype=arr.dtype)
-    out[: len(arr)] = arr
-    return out

@@ -204,11 +204,11 @@ def _check_index(store: Store, tokenizer_id: int, name: str) -> Check:
                       f"{state.num_calls:,} and {state.num_tokens:,}")
     # The segments are the index's own layout (online adds make more than a fresh build would):
     # each must hold the suffix array that sorting its text gives.
-    for k, seg in enumerate(index._segments):
+    for k, seg in enumerate(index.sealed.segments):
         expected = build_suffix_array(index.text()[seg.text_lo : seg.text_hi]) + seg.text_lo
-        if not np.array_equal(index._sa[seg.sa_lo : seg.sa_hi], expected):
+        if not np.array_equal(index.sealed.sa[seg.sa_lo : seg.sa_hi], expected):
             check.problem(f"segment {k} (tokens {seg.text_lo:,}-{seg.text_hi:,}): suffix array is not the sorted one")
     stale = store.token_rows(tokenizer_id)[0] - count
-    check.detail = (f"{state.num_calls:,} outputs, {state.num_tokens:,} tokens, {len(index._segments)} segments"
+    check.detail = (f"{state.num_calls:,} outputs, {state.num_tokens:,} tokens, {len(index.sealed.segments)} segments"
                     + (f"; {stale:,} newer token rows not in it yet" if stale else ""))
     return check

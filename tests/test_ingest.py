@@ -146,7 +146,7 @@ def test_persisted_index_loads_without_rebuild_and_counts_are_exact(tmp_path, to
             raise AssertionError("the index was rebuilt")
 
         monkeypatch.setattr(SuffixIndex, "build", no_build)
-        monkeypatch.setattr("specx.core.suffix_index.build_suffix_array", no_build)
+        monkeypatch.setattr("specx.core.sealed.build_suffix_array", no_build)
         index = load_index(store, tok_id)
         monkeypatch.undo()
         assert [s.tolist() for _, s in index.sequences()] == docs

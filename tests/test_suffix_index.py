@@ -131,7 +131,7 @@ def test_merges_keep_segment_count_logarithmic():
     rng = np.random.default_rng(0)
     for _ in range(200):
         index.add(rng.integers(0, 50, size=20))
-    assert len(index._segments) <= 9  # binary-counter merging: O(log(200)) segments
+    assert len(index.sealed.segments) <= 9  # binary-counter merging: O(log(200)) segments
     assert index.count([]) == 200 * 20
 
 
@@ -173,7 +173,7 @@ def test_serialise_round_trip(docs, live, pats, with_text):
         loaded = SuffixIndex.from_bytes(index.to_bytes())
     else:  # compact form: suffix array as Psi deltas, text supplied by the caller
         loaded = SuffixIndex.from_bytes(index.to_bytes(include_text=False), text=index.text().copy())
-        assert loaded._sa[: loaded._sa_len].tolist() == index._sa[: index._sa_len].tolist()
+        assert loaded.sealed.sa[: loaded.sealed.sa_len].tolist() == index.sealed.sa[: index.sealed.sa_len].tolist()
     assert all_docs(loaded) == all_docs(index)
     assert (loaded.max_depth, loaded.vocab_size) == (8, 4)
     check_against_brute(loaded, pats)
@@ -187,14 +187,14 @@ def test_serialise_round_trip(docs, live, pats, with_text):
 def test_load_maps_arrays_without_resorting():
     index = SuffixIndex.build([[5, 6, 7, 5, 6]])
     data = index.to_bytes()
-    sa_bytes = index._sa[: index._sa_len].tobytes()
+    sa_bytes = index.sealed.sa[: index.sealed.sa_len].tobytes()
     at = data.index(sa_bytes)
     # Swap the first two suffix-array entries in the serialised bytes: a loader that re-sorted
     # would repair them; one that maps the arrays returns them as stored.
     swapped = sa_bytes[4:8] + sa_bytes[0:4] + sa_bytes[8:]
     loaded = SuffixIndex.from_bytes(data[:at] + swapped + data[at + len(sa_bytes):])
-    assert loaded._sa.tolist() == np.frombuffer(swapped, dtype=np.int32).tolist()
-    assert not loaded._sa.flags.writeable  # a view of the bytes, copied only on first write
+    assert loaded.sealed.sa.tolist() == np.frombuffer(swapped, dtype=np.int32).tolist()
+    assert not loaded.sealed.sa.flags.writeable  # a view of the bytes, copied only on first write
     good = SuffixIndex.from_bytes(data)
     good.add([5, 6])
     assert good.count([5, 6]) == 3
@@ -275,7 +275,7 @@ def test_large_segments_use_first_token_tables():
     docs = [rng.integers(0, 6, size=int(rng.integers(50, 400))).tolist() for _ in range(30)]
     index = SuffixIndex.build(docs, max_depth=8)
     assert index.nbytes <= 9 * index.num_tokens + 16 * 30 + 64  # the table costs under a byte a token
-    assert index._segments[0].first_token_table(index._text, index._sa) is not None
+    assert index.sealed.segments[0].first_token_table(index.sealed.text, index.sealed.sa) is not None
     index.add([7, 7, 8])  # tokens beyond the big table's vocabulary, in a small segment
     all_ = docs + [[7, 7, 8]]
     pats = [[t] for t in range(10)] + [rng.integers(0, 6, size=int(rng.integers(2, 5))).tolist() for _ in range(20)]
@@ -290,3 +290,15 @@ def test_large_segments_use_first_token_tables():
     dropped = index.evict(budget)
     assert index.nbytes <= budget and dropped > 0
     check_against_brute(index, pats)
+
+
+def test_doctests_of_the_worked_examples():
+    import doctest
+
+    import specx.core.decode
+    import specx.core.sealed
+    import specx.core.suffix_index
+
+    for module in (specx.core.sealed, specx.core.suffix_index, specx.core.decode):
+        result = doctest.testmod(module)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__
