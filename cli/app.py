@@ -21,7 +21,7 @@ from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
 from .serve import serve_cmd
-from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, store_path
+from .options import DbOpt, JsonOpt, ListOpt, existing_store, model_cost, specx_home, store_path
 
 app = typer.Typer(
     name="specx",
@@ -273,7 +273,6 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
                        json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0) -> None:
     from . import replay as replay_lib
-    from specx.core.cost import calibrate
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import outside_sessions, select_calls
@@ -293,8 +292,8 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
             if warm else []
     methods = ["plain", "prompt_lookup", "specx"] if baselines else ["plain", "specx"]
     output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
-                f"prompt tokens, at most {max_tokens} new tokens each); measuring the forward-pass cost")
-    cost = calibrate(net, max_size=params["max_spec_tokens"] + 1)
+                f"prompt tokens, at most {max_tokens} new tokens each)")
+    cost = model_cost(net, model, output.note, max_size=params["max_spec_tokens"] + 1)
     with output.progress() as bar:
         task = bar.add_task("replay", total=len(calls) * len(methods))
         result = replay_lib.run_model_replay(net, tok, prompts, warm_tokens, params | {"warm_outputs": len(warm_tokens)},

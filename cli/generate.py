@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, specx_home, store_path
+from .options import DbOpt, JsonOpt, model_cost, specx_home, store_path
 
 
 def generate_cmd(
@@ -48,7 +48,6 @@ def generate_cmd(
     """
     import time
 
-    from specx.core.cost import calibrate
     from specx.core.decode import DecodeStats
     from specx.core.generate import generate
     from specx.core.model import load_model, tokenizer_fingerprint
@@ -78,8 +77,7 @@ def generate_cmd(
                     top_k=top_k, seed=seed)
     cost = None
     if cost_aware:
-        output.note("measuring what a forward pass costs per number of tokens verified (compiles kernels on first use) ...")
-        cost = calibrate(net, max_size=max_spec_tokens + 1)
+        cost = model_cost(net, model, output.note, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
             output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
             long = cost.long_seconds or [float("nan")] * len(cost.sizes)

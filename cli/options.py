@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -50,3 +51,29 @@ def existing_store(db: Path | None) -> Path:
 
 
 ListOpt = Optional[list[str]]
+
+
+def model_cost(net: Any, model: str, say: Callable[[str], None], refresh: bool = False, **options: Any) -> Any:
+    """The model's forward-pass cost curve (core.cost.cached_cost), kept in $SPECX_HOME/cost per
+    model, dtype, kernels and machine: measured at the first start only, checked for sanity,
+    re-measured or replaced by the shipped cpu curve's shape when it cannot be right."""
+    import platform
+
+    import torch
+
+    from specx.core.cost import cached_cost
+    from specx.core.predict import builtin_curves
+
+    cpu = platform.processor()
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    device = str(net.device)
+    key = {"model": model, "model_type": getattr(net.config, "model_type", None),
+           "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
+           "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
+           "kernels": list(getattr(net, "specx_kernels", [])), "cpu": cpu, "cpus": os.cpu_count(),
+           "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform()}
+    return cached_cost(net, specx_home() / "cost", key, builtin_curves()["cpu"].cost, say, refresh=refresh, **options)

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .options import DbOpt, specx_home, store_path
+from .options import DbOpt, model_cost, specx_home, store_path
 
 
 def serve_cmd(
@@ -74,7 +74,6 @@ def serve_cmd(
                           max_spec_factor, vllm_arg or [])
     import uvicorn
 
-    from specx.core.cost import calibrate
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
@@ -100,7 +99,7 @@ def serve_cmd(
         global_index = index_for(store, tokenizer_fingerprint(tok))
     cost = None
     if speculation and cost_aware:
-        cost = calibrate(net, max_size=max_spec_tokens + 1)
+        cost = model_cost(net, model, log.info, max_size=max_spec_tokens + 1)
         log.info("forward pass cost by tokens verified: %s",
                  ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
     drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \

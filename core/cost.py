@@ -14,9 +14,13 @@ parent's, so taking nodes by P keeps the kept set a tree.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -226,3 +230,102 @@ def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -
                 cache.crop(-n)
             seconds.append(float(np.median(runs)))
     return tuple(seconds)
+
+
+# ------------------------------------------------------------------------------- a curve to trust
+
+CURVE_TOLERANCE = 0.25  # timing noise a measured curve may show above k one-token passes
+CHEAPER_LIMIT = 0.5  # a longer pass may cost this share of a shorter one, no less (kernels differ by size)
+
+
+def check_curve(cost: ForwardCost, tolerance: float = CURVE_TOLERANCE, cheaper: float = CHEAPER_LIMIT) -> str | None:
+    """Why a measured curve cannot be right, or None. A pass over k tokens shares the weights'
+    reads among them: it cannot cost much more than k one-token passes (`tolerance`). It does the
+    work of a shorter pass and more: it cannot cost much less than one (`cheaper`; some less is
+    real: a matrix-vector kernel can be slower than the small-matrix one). A busy machine breaks
+    them (seen: 1 token 736 ms, 3 tokens 6.6 s).
+
+    >>> check_curve(ForwardCost((1, 2, 4), (0.030, 0.032, 0.035))) is None
+    True
+    >>> check_curve(ForwardCost((1, 3), (0.736, 6.6)))
+    '3 tokens cost 9.0x one token (at most 3.8x is possible)'
+    >>> check_curve(ForwardCost((1, 2, 4), (0.030, 0.070, 0.031)))
+    '4 tokens cost 0.44x what 2 tokens cost (a longer pass cannot be that much cheaper)'
+    """
+    for curve in (c for c in (cost.seconds, cost.long_seconds) if c):
+        base = curve[0] if cost.sizes[0] == 1 else None
+        most, most_at = 0.0, 0
+        for n, seconds in zip(cost.sizes, curve):
+            if not (seconds > 0 and np.isfinite(seconds)):
+                return f"{n} tokens cost {seconds} s"
+            if seconds < cheaper * most:
+                return (f"{n} tokens cost {seconds / most:.2f}x what {most_at} tokens cost "
+                        f"(a longer pass cannot be that much cheaper)")
+            if base is not None and seconds > (1 + tolerance) * n * base:
+                return f"{n} tokens cost {seconds / base:.1f}x one token (at most {(1 + tolerance) * n:.1f}x is possible)"
+            if seconds > most:
+                most, most_at = seconds, n
+    return None
+
+
+def scaled(reference: ForwardCost, one_token_seconds: float) -> ForwardCost:
+    """`reference`'s shape, scaled so that one token costs `one_token_seconds`."""
+    k = one_token_seconds / reference(1)
+    long = tuple(k * s for s in reference.long_seconds) if reference.long_seconds else None
+    return ForwardCost(reference.sizes, tuple(k * s for s in reference.seconds), reference.context, long,
+                       reference.long_context)
+
+
+def cached_cost(model: Any, cache_dir: Path | None, key: dict[str, Any], fallback: ForwardCost,
+                say: Callable[[str], None] = lambda message: None, measure: Callable[..., ForwardCost] | None = None,
+                refresh: bool = False, **options: Any) -> ForwardCost:
+    """The model's cost curve, measured once per `key` (model, dtype, machine: the caller's) and kept
+    in `cache_dir` (None: not kept; `refresh`: measured again and kept anew). A measured curve that
+    check_curve rejects is measured again; rejected twice, `fallback`'s shape scaled to the measured
+    one-token pass is used (and not kept). `say` hears which of these happened; `options` go to
+    `measure` (default: calibrate)."""
+    measure = measure or calibrate
+    key = {**key, **{k: v for k, v in options.items()}}
+    path = None
+    if cache_dir is not None:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        path = Path(cache_dir) / f"cost-{digest}.json"
+        try:
+            if refresh:
+                raise FileNotFoundError(path)
+            data = json.loads(path.read_text())
+            cost = ForwardCost(tuple(data["sizes"]), tuple(data["seconds"]), data["context"],
+                               tuple(data["long_seconds"]) if data["long_seconds"] else None, data["long_context"])
+            problem = check_curve(cost)
+            if problem is None:
+                say(f"forward-pass cost curve: cached ({path})")
+                return cost
+            say(f"forward-pass cost curve: the cached one in {path} is not believable ({problem}): measuring")
+        except FileNotFoundError:
+            say("forward-pass cost curve: measuring it once for this model, dtype and machine ...")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            say(f"forward-pass cost curve: cannot read {path} ({exc}): measuring")
+    for attempt in (1, 2):
+        cost = measure(model, **options)
+        problem = check_curve(cost)
+        if problem is None:
+            break
+        say(f"forward-pass cost curve: measured {problem}; the machine is busy or the timing noisy"
+            + (": measuring again" if attempt == 1 else ""))
+    else:
+        cost = scaled(fallback, cost.seconds[0])
+        say(f"forward-pass cost curve: using the default curve's shape, scaled to one token = "
+            f"{1e3 * cost(1):.1f} ms (not kept: the next start measures again)")
+        return cost
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "sizes": cost.sizes, "seconds": cost.seconds,
+                                       "context": cost.context, "long_seconds": cost.long_seconds,
+                                       "long_context": cost.long_context}, default=str))
+            tmp.replace(path)
+            say(f"forward-pass cost curve: measured and kept in {path}")
+        except OSError as exc:
+            say(f"forward-pass cost curve: measured; cannot keep it in {path} ({exc})")
+    return cost

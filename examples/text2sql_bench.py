@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 from specx.core.compare import STOCK, compare, summary
-from specx.core.cost import AcceptanceModel, calibrate
+from specx.core.cost import AcceptanceModel
 from specx.core.generate import generate
 from specx.core.model import load_model
 from specx.core.prefix_cache import PrefixCache
 from specx.core.speculate import SuffixDrafter
-from specx.cli.options import specx_home
+from specx.cli.options import model_cost, specx_home
 from specx.cli.output import progress
 
 HERE = Path(__file__).resolve().parent
@@ -160,6 +160,9 @@ def main() -> None:
     parser.add_argument("--predict", action="store_true",
                         help="also project specx's speedup from the plain outputs alone, model-free (core/predict.py), "
                              "beside the measured one")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure the forward-pass cost curve again (default: the one kept for this model, dtype "
+                             "and machine in $SPECX_HOME/cost, measured at the first run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not (args.spider / "spider_dev.json").is_file():
@@ -168,8 +171,7 @@ def main() -> None:
     net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
     texts = spider_prompts(args.spider, args.history + args.warmup + args.requests, args.shots)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
-    print("measuring what a forward pass costs per number of tokens verified ...", file=sys.stderr)
-    cost = calibrate(net)
+    cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr), refresh=args.recalibrate)
     drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
     history = []
     if args.history:
