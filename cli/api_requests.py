@@ -41,10 +41,12 @@ class Tokenizers:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
 
-    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+             add_generation_prompt: bool = True) -> list[int]:
         kwargs = {"tools": tools} if tools else {}
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                     tokenize=True, **kwargs)
         except Exception as exc:  # jinja errors, a template that rejects a role, ...
             raise ApiError(400, f"the model's chat template cannot render these messages: {exc}", "messages") from None
         return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]

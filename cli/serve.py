@@ -41,6 +41,11 @@ def serve_cmd(
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="KV entries of recent prompts kept for prompts "
                                                                  "that start the same way: only the rest is "
                                                                  "prefilled (0: off).")] = 8192,
+    max_model_len: Annotated[Optional[int], typer.Option(min=1, help="Longest prompt + completion in tokens "
+                                                         "(default: the model's context length; at most that).",
+                                                         show_default=False)] = None,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option(help="Browser origins allowed to call the API "
+                                                                 "(CORS; repeatable; * for any).")] = None,
     engine: Annotated[str, typer.Option(help="specx (its own server, tree verification, one request at a time) or "
                                              "vllm (runs `vllm serve` with specx as its suffix drafter: batching, "
                                              "linear drafts).")] = "specx",
@@ -56,7 +61,8 @@ def serve_cmd(
     """Serve the model over the OpenAI API, drafting from the suffix index and learning from every request.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
-    GET /health, GET /metrics (Prometheus). Point any OpenAI client at http://HOST:PORT/v1. Each
+    GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize (as vLLM has them). Point
+    any OpenAI client at http://HOST:PORT/v1. Each
     finished request is stored in the store (as `specx ingest` stores logs) and its output joins the
     global index at once; the index is persisted, so a restarted server starts warm. One line per
     request goes to stderr.
@@ -108,7 +114,11 @@ def serve_cmd(
     worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, Metrics(),
                     PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")))
     names = served_model_name or [model]
-    api = Api(worker, names, int(net.config.max_position_embeddings), api_key)
+    context_length = int(net.config.max_position_embeddings)
+    if max_model_len is not None and max_model_len > context_length:
+        raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} tokens)",
+                                 param_hint="--max-model-len")
+    api = Api(worker, names, min(max_model_len or context_length, context_length), api_key, allowed_origins)
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
     log.info("serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)", ", ".join(names),

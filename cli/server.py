@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API of `specx serve` (Starlette): routes, SSE streaming, errors.
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health   GET /metrics
+    POST /tokenize   POST /detokenize   (vLLM's: a prompt or chat messages to token ids, and back)
 
 Requests are validated and tokenized (api_requests.py), then handed to the one model worker
 (core/serving.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import queue
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +24,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -30,6 +34,7 @@ from .api_requests import ApiError, Tokenizers, parse_request
 from specx.core.serving import Choice, GenerationRequest, Job, Stats, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+log = logging.getLogger("specx.serve")
 
 
 # --------------------------------------------------------------------------- responses
@@ -84,8 +89,10 @@ def _choice_delta(req: GenerationRequest, index: int, text: str | None, finish_r
 class Api:
     """The routes of one server: a worker, the names it answers to, an optional API key."""
 
-    def __init__(self, worker: Worker, model_names: list[str], context_length: int, api_key: str | None = None) -> None:
+    def __init__(self, worker: Worker, model_names: list[str], context_length: int, api_key: str | None = None,
+                 allowed_origins: list[str] | None = None) -> None:
         self.worker = worker
+        self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
         self.metrics = worker.metrics
         self.model_names = model_names
         self.context_length = context_length
@@ -98,10 +105,14 @@ class Api:
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.prometheus, methods=["GET"])]
-        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error},
-                         lifespan=self.lifespan)
+        middleware = [Middleware(CORSMiddleware, allow_origins=self.allowed_origins, allow_methods=["*"],
+                                 allow_headers=["*"])] if self.allowed_origins else []
+        return Starlette(routes=routes, middleware=middleware, lifespan=self.lifespan,
+                         exception_handlers={HTTPException: _http_error, Exception: _server_error})
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -136,15 +147,64 @@ class Api:
             return JSONResponse(self._model_json(name))
         return await self._answer("models", request, one)
 
+    async def tokenize(self, request: Request) -> Response:
+        """{"model", "prompt"} or {"model", "messages", "add_generation_prompt"?} -> {"count", "tokens",
+        "max_model_len"}: what the completions endpoints would feed the model."""
+        async def make() -> Response:
+            body = await _object_body(request)
+            self._check_model(body)
+            if "messages" in body:
+                messages = body["messages"]
+                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                    raise ApiError(400, "'messages' must be a list of message objects", "messages", "invalid_type")
+                tools = body.get("tools")
+                ids = await asyncio.to_thread(self.tokenizers.chat, messages, tools if isinstance(tools, list) else None,
+                                              _bool_field(body, "add_generation_prompt", True))
+            elif isinstance(body.get("prompt"), str):
+                ids = await asyncio.to_thread(self.tokenizers.text, body["prompt"])
+            else:
+                raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")
+            return JSONResponse({"count": len(ids), "tokens": ids, "max_model_len": self.context_length})
+        return await self._answer_async("tokenize", request, make)
+
+    async def detokenize(self, request: Request) -> Response:
+        """{"model", "tokens": [ids]} -> {"prompt": text}."""
+        async def make() -> Response:
+            body = await _object_body(request)
+            self._check_model(body)
+            tokens = body.get("tokens")
+            vocab = self.tokenizers.vocab_size
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                raise ApiError(400, "'tokens' must be a list of token ids (integers)", "tokens", "invalid_type")
+            bad = next((t for t in tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"token id {bad} is outside the vocabulary (0-{vocab - 1})", "tokens",
+                               "invalid_value")
+            text = await asyncio.to_thread(self.worker.tokenizer.decode, tokens)
+            return JSONResponse({"prompt": text})
+        return await self._answer_async("detokenize", request, make)
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model not in self.model_names:
+            raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it.", "model",
+                           "model_not_found")
+
     def _model_json(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "specx",
                 "max_model_len": self.context_length}
 
     async def _answer(self, endpoint: str, request: Request, make: Callable[[], Response]) -> Response:
+        async def run() -> Response:
+            return make()
+        return await self._answer_async(endpoint, request, run)
+
+    async def _answer_async(self, endpoint: str, request: Request, make: Callable[[], Any]) -> Response:
         try:
             self._authorize(request)
-            response = make()
+            response = await make()
         except ApiError as exc:
+            _log_refused(endpoint, exc)
             response = exc.response()
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
@@ -173,6 +233,7 @@ class Api:
             except RuntimeError as exc:
                 raise ApiError(503, str(exc), None, "unavailable", "server_error") from None
         except ApiError as exc:
+            _log_refused(endpoint, exc)
             self.metrics.requests.labels(endpoint, str(exc.status)).inc()
             return exc.response()
         self.metrics.requests.labels(endpoint, "200").inc()
@@ -261,6 +322,26 @@ async def _json_body(request: Request) -> Any:
                             "payload (Content-Type: application/json).", None, "invalid_json") from None
 
 
+async def _object_body(request: Request) -> dict[str, Any]:
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a boolean", name, "invalid_type")
+    return value
+
+
+def _log_refused(endpoint: str, exc: ApiError) -> None:
+    """A refused request is one log line: status, code, parameter, message (the operator's view of a 4xx)."""
+    log.info("refused %s: %d %s%s: %s", endpoint, exc.status, exc.code or exc.kind,
+             f" (param {exc.param})" if exc.param else "", exc.message)
+
+
 async def _watch_disconnect(request: Request, job: Job) -> None:
     """Cancel the job when the client disconnects (the body has been read: only a disconnect comes)."""
     while True:
@@ -279,9 +360,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    import logging
-
-    logging.getLogger("specx.serve").error("%s %s failed: %s: %s", request.method, request.url.path,
+    log.error("%s %s failed: %s: %s", request.method, request.url.path,
                                            type(exc).__name__, exc)
     return ApiError(500, "The server had an error while processing your request.", None, None,
                     "server_error").response()

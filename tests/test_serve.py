@@ -472,3 +472,46 @@ def test_restarted_server_drafts_from_what_it_served(tmp_path, tmp_path_factory)
 def store_output(db: Path, call_id: int) -> str:
     with Store(db) as store:
         return store.call_output(call_id)
+
+
+@pytest.mark.slow
+def test_tokenize_detokenize_cors_max_model_len_and_refusals_logged(tmp_path, tmp_path_factory):
+    srv = Server(_specx_home(tmp_path_factory), tmp_path / "t.db", "--no-speculation", "--max-model-len", "256",
+                 "--allowed-origins", "http://agent.example")
+    try:
+        status, body = post(srv.url + "/tokenize", json.dumps({"model": MODEL, "prompt": "SELECT name FROM singer"}).encode())
+        assert status == 200 and body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] == 256
+        status, back = post(srv.url + "/detokenize", json.dumps({"model": MODEL, "tokens": body["tokens"]}).encode())
+        assert status == 200 and back["prompt"] == "SELECT name FROM singer"
+        messages = [{"role": "user", "content": "hi"}]
+        _, chat = post(srv.url + "/tokenize", json.dumps({"model": MODEL, "messages": messages}).encode())
+        answer = srv.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+        assert chat["count"] == answer.usage.prompt_tokens  # what the completion endpoint feeds the model
+        _, bare = post(srv.url + "/tokenize", json.dumps({"messages": messages, "add_generation_prompt": False}).encode())
+        assert bare["count"] < chat["count"]
+        for path, payload, code in (("/detokenize", {"tokens": [10**9]}, "invalid_value"),
+                                    ("/detokenize", {"tokens": "abc"}, "invalid_type"),
+                                    ("/tokenize", {"model": "gpt-4o", "prompt": "x"}, "model_not_found"),
+                                    ("/tokenize", {}, "missing_required_parameter")):
+            status, body = post(srv.url + path, json.dumps(payload).encode())
+            assert status in (400, 404) and body["error"]["code"] == code, body
+        status, body = post(srv.url + "/v1/completions", json.dumps({"model": MODEL, "prompt": "word " * 300}).encode())
+        assert (status, body["error"]["code"]) == (400, "context_length_exceeded")  # 256, not the model's 8192
+        preflight = urllib.request.Request(srv.url + "/v1/chat/completions", method="OPTIONS", headers={
+            "Origin": "http://agent.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        with urllib.request.urlopen(preflight, timeout=10) as r:
+            assert r.status == 200 and r.headers["access-control-allow-origin"] == "http://agent.example"
+        other = urllib.request.Request(srv.url + "/v1/chat/completions", method="OPTIONS", headers={
+            "Origin": "http://elsewhere.example", "Access-Control-Request-Method": "POST"})
+        with pytest.raises(urllib.error.HTTPError):  # an origin not allowed: the preflight fails
+            urllib.request.urlopen(other, timeout=10)
+        log = srv.log()
+        assert "refused completions: 400 context_length_exceeded" in log
+        assert "refused detokenize: 400 invalid_value (param tokens)" in log and "Traceback" not in log
+    finally:
+        srv.stop()
+    too_long = subprocess.run([sys.executable, "-m", "specx", "serve", "--no-speculation", "--port", str(_free_port()),
+                               "--db", str(tmp_path / "u.db"), "--max-model-len", "100000"], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "SPECX_HOME": _specx_home(tmp_path_factory)})
+    assert too_long.returncode == 2 and "--max-model-len" in too_long.stderr and "Traceback" not in too_long.stderr
