@@ -5,6 +5,8 @@ Pure validation and tokenization, no HTTP: server.py calls parse_request for eac
 
 from __future__ import annotations
 
+import json
+
 import uuid
 from typing import Any
 
@@ -146,6 +148,11 @@ def _refuse_unsupported(body: dict[str, Any], endpoint: str) -> None:
             raise ApiError(400, "'best_of' is not supported by specx serve", "best_of", "unsupported_parameter")
 
 
+# The message fields chat templates read; others (client metadata, ids) are neither rendered nor stored.
+MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+MAX_FIELDS_CHARS = 256 * 1024  # a message's name, tool calls and tool call id together
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
@@ -179,7 +186,12 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif not isinstance(content, str):
             raise ApiError(400, f"Invalid type for '{param}.content': expected a string or an array of text parts",
                            f"{param}.content", "invalid_type")
-        out.append({**message, "content": content})
+        kept = {k: message[k] for k in MESSAGE_FIELDS if k in message}  # what a template can render: stored too
+        extra = len(json.dumps({k: v for k, v in kept.items() if k != "content"}, default=str))
+        if extra > MAX_FIELDS_CHARS:
+            raise ApiError(400, f"'{param}': its fields other than content take {extra:,} characters (at most "
+                                f"{MAX_FIELDS_CHARS:,})", param, "message_too_large")
+        out.append({**kept, "content": content})
     return out
 
 

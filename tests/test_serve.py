@@ -127,6 +127,21 @@ def test_parse_accepts_neutral_values_of_unsupported_parameters():
     assert req.max_tokens >= 1
 
 
+def test_only_what_a_template_can_render_is_kept_and_bounded():
+    junk = "x" * (8 * 1024 * 1024)  # a client's metadata field: neither rendered nor stored
+    body = chat_body(messages=[{"role": "user", "content": "hi", "metadata": junk, "name": "ann"},
+                               {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "f", "arguments": "{}"}}]},
+                               {"role": "tool", "content": "4", "tool_call_id": "c1", "extra": {"a": 1}}])
+    req = parse(body, context=10_000)[0]
+    assert req.prompt_messages == [{"role": "user", "content": "hi", "name": "ann"},
+                                   {"role": "assistant", "content": "", "tool_calls": body["messages"][1]["tool_calls"]},
+                                   {"role": "tool", "content": "4", "tool_call_id": "c1"}]
+    with pytest.raises(ApiError) as err:  # what is kept is bounded too
+        parse(chat_body(messages=[{"role": "user", "content": "hi", "name": junk}]), context=10_000)
+    assert (err.value.status, err.value.code, err.value.param) == (400, "message_too_large", "messages.[0]")
+
+
 def test_record_served_stores_a_session_and_its_tokens(tmp_path):
     path = tmp_path / "s.db"
     calls = [Call(session_id="chatcmpl-1", position=i, output_text=f"SELECT {i};",
