@@ -10,7 +10,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -123,9 +123,18 @@ def serve_cmd(
         log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
     log.info("serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)", ", ".join(names),
              host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}", path)
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # At the signal, not after uvicorn's graceful wait: the request being decoded ends at its
+            # next step with an error event and [DONE], instead of being cut when the wait runs out.
+            log.info("shutting down: no new requests; ending the one in flight, then persisting the index")
+            worker.shutdown_begins()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(api.app(), host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=10)
     try:  # the app's lifespan starts the worker and, at shutdown, stops it and persists the index
-        uvicorn.run(api.app(), host=host, port=port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=10)
+        Server(config).run()
     finally:
         worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
 

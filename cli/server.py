@@ -287,8 +287,9 @@ class Api:
                                               "global_index_tokens": int(self.worker.global_index.num_tokens)}})
                     yield b"data: [DONE]\n\n"
                     return
-                elif event[0] == "error":
+                elif event[0] == "error":  # the stream still ends as a stream does
                     yield _sse({"error": {"message": event[2], "type": "server_error", "param": None, "code": None}})
+                    yield b"data: [DONE]\n\n"
                     return
                 elif event[0] == "cancelled":
                     return

@@ -223,6 +223,7 @@ class Worker:
         self.metrics.queue_depth.set_function(self.jobs.qsize)
         self.metrics.index_tokens.set_function(lambda: self.global_index.num_tokens)
         self._stopping = threading.Event()
+        self._current: Job | None = None  # the job being decoded
         self._thread: threading.Thread | None = None
         self._unsaved = 0  # requests stored since the index was last persisted
         self._saved_at = time.monotonic()
@@ -242,6 +243,14 @@ class Worker:
             return
         self._thread = threading.Thread(target=self._run, name="specx-worker", daemon=True)
         self._thread.start()
+
+    def shutdown_begins(self) -> None:
+        """The server is going down (SIGTERM): take no more jobs and end the one being decoded at
+        its next step, with an error its client can see (a stream then ends properly)."""
+        self._stopping.set()
+        job = self._current
+        if job is not None:
+            job.cancelled.set()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the running request, turn away the queued ones, persist the index."""
@@ -265,7 +274,11 @@ class Worker:
                 if self._stopping.is_set():
                     job.emit("error", 503, "the server is shutting down")
                     continue
-                self._answer(job)
+                self._current = job
+                try:
+                    self._answer(job)
+                finally:
+                    self._current = None
                 if self._unsaved >= PERSIST_EVERY:
                     self._persist()
         finally:
@@ -291,6 +304,11 @@ class Worker:
                 choice = self._decode(job, i)
                 if i == 0 and self.prefix_cache is not None:  # the prompt as the first choice found it
                     cached = self.prefix_cache.hit_tokens - hits
+                if choice is None and self._stopping.is_set():
+                    log.info("%s %s stopped after %.2f s: the server is shutting down", req.id, req.endpoint,
+                             time.perf_counter() - t0)
+                    job.emit("error", 503, "the server is shutting down: this answer was cut short; retry")
+                    return
                 if choice is None:
                     self.metrics.cancelled.inc()
                     log.info("%s %s cancelled after %.2f s: the client went away", req.id, req.endpoint,

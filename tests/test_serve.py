@@ -530,3 +530,32 @@ def test_tokenize_detokenize_cors_max_model_len_and_refusals_logged(tmp_path, tm
                                "--db", str(tmp_path / "u.db"), "--max-model-len", "100000"], capture_output=True,
                               text=True, timeout=300, env={**os.environ, "SPECX_HOME": _specx_home(tmp_path_factory)})
     assert too_long.returncode == 2 and "--max-model-len" in too_long.stderr and "Traceback" not in too_long.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_stream_in_flight_properly_and_persists(tmp_path, tmp_path_factory):
+    import http.client
+
+    srv = Server(_specx_home(tmp_path_factory), tmp_path / "s.db", "--no-speculation")
+    try:
+        ask(srv.client(), "Name a fruit.", 4)  # one stored answer: the index has something to persist
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+        conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": COUNTING, "max_tokens": 2000,
+                                                            "stream": True}), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        events = []
+        while len(events) < 5:  # decoding has begun
+            line = response.readline().decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+        srv.proc.send_signal(signal.SIGTERM)
+        for line in response:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+        assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
+        assert srv.proc.wait(60) in (0, -signal.SIGTERM)
+        log = srv.log()
+        assert "shutting down" in log and "index persisted" in log and "Traceback" not in log
+    finally:
+        srv.stop()
