@@ -25,6 +25,9 @@ def generate_cmd(
     stop: Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable); the output ends "
                                                          "before it.")] = None,
     raw: Annotated[bool, typer.Option(help="Use PROMPT as raw text instead of a chat message.")] = False,
+    chat_template: Annotated[str | None, typer.Option(help="Chat template (Jinja) for the model, or a file "
+                                                         "holding one (default: the model's own).",
+                                                         show_default=False)] = None,
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
                                                "are identical.")] = False,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
@@ -50,13 +53,15 @@ def generate_cmd(
 
     from specx.core.decode import DecodeStats
     from specx.core.generate import generate
-    from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
     from specx.core.text import TextStream
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+    if not raw or chat_template is not None:
+        use_chat_template(tok, chat_template, model)
     global_index = SuffixIndex()
     path = store_path(db)
     if path.exists():  # drafting from an empty index needs no store: none is created

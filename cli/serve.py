@@ -44,6 +44,9 @@ def serve_cmd(
     max_model_len: Annotated[Optional[int], typer.Option(min=1, help="Longest prompt + completion in tokens "
                                                          "(default: the model's context length; at most that).",
                                                          show_default=False)] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help="Chat template (Jinja) for the model, or a file "
+                                                         "holding one (default: the model's own).",
+                                                         show_default=False)] = None,
     allowed_origins: Annotated[Optional[list[str]], typer.Option(help="Browser origins allowed to call the API "
                                                                  "(CORS; repeatable; * for any).")] = None,
     engine: Annotated[str, typer.Option(help="specx (its own server, tree verification, one request at a time) or "
@@ -80,7 +83,7 @@ def serve_cmd(
                           max_spec_factor, vllm_arg or [])
     import uvicorn
 
-    from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
     from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
     from specx.store.db import Store
@@ -100,6 +103,7 @@ def serve_cmd(
 
     _check_address(host, port)  # before the model loads: a taken port is a quick, clear error
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+    use_chat_template(tok, chat_template, model)
     path = store_path(db)
     with Store(path) as store:  # created when missing: the server writes what it serves
         global_index = index_for(store, tokenizer_fingerprint(tok))

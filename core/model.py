@@ -117,6 +117,31 @@ def _save_atomically(tokenizer: Any, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def use_chat_template(tokenizer: Any, template: str | None, model: str) -> None:
+    """Give `tokenizer` the chat template `template` (a file's path, or the Jinja template itself)
+    and check that it renders a user turn; without one, ModelError unless the tokenizer has its own
+    (a model without a template cannot take chat messages: say so at load, not at every request)."""
+    if template is None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelError(f"{model} has no chat template: pass --chat-template with a Jinja template or a file "
+                             f"holding one (as in a tokenizer_config.json), or use raw completions")
+        return
+    if "{{" in template or "{%" in template:
+        text = template
+    else:
+        path = Path(template).expanduser()
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelError(f"--chat-template {template!r}: not a template and not a readable file "
+                             f"({getattr(exc, 'strerror', None) or exc})") from None
+    tokenizer.chat_template = text
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - jinja raises anything
+        raise ModelError(f"--chat-template cannot render a user message: {type(exc).__name__}: {exc}") from None
+
+
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
     """A logged prompt as the text the model would read: the tokenizer's chat template when it has
     one, ChatML-style turns otherwise. A plain-text prompt (role "prompt_text") is its text.

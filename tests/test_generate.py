@@ -235,3 +235,39 @@ def test_generate_command_is_lossless(tmp_path):
     assert data["identical"] is True
     assert data["tokens"] == data["plain"]["tokens"] > 0
     assert data["steps"] <= data["tokens"]
+
+
+@pytest.mark.slow
+def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gives_one(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from specx.core.model import load_model
+
+    home = Path(os.environ["SPECX_HOME"])
+    load_model("smollm2-135m", home / "models", device="cpu", kernels=False)  # converted once
+    bare = tmp_path / "no-template"
+    shutil.copytree(home / "models" / "smollm2-135m", bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+    def generate_cmd(*args):
+        return subprocess.run([sys.executable, "-m", "specx", "generate", "Say hi.", "--model", str(bare),
+                               "--max-tokens", "4", "--fixed-size", "--json", "--db", str(tmp_path / "none.db"), *args],
+                              capture_output=True, text=True, timeout=600, env={**os.environ, "SPECX_HOME": str(home)})
+
+    refused = generate_cmd()
+    assert refused.returncode == 1 and "has no chat template" in refused.stderr and "--chat-template" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    for args in (["--chat-template", str(template)], ["--chat-template", template.read_text()], ["--raw"]):
+        ok = generate_cmd(*args)
+        assert ok.returncode == 0 and json.loads(ok.stdout)["tokens"] > 0, ok.stderr[-1500:]
+    broken = generate_cmd("--chat-template", str(tmp_path / "missing.jinja"))
+    assert broken.returncode == 1 and "not a template and not a readable file" in broken.stderr
