@@ -29,7 +29,7 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
     def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status == 429 else None
+        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
         return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
                                        "code": self.code}}, status_code=self.status, headers=headers)
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -101,46 +102,69 @@ def serve_cmd(
     log.setLevel(logging.INFO)
     log.propagate = False
 
-    _check_address(host, port)  # before the model loads: a taken port is a quick, clear error
-    net, tok = load_model(model, specx_home() / "models", dtype=dtype)
-    use_chat_template(tok, chat_template, model)
-    path = store_path(db)
-    with Store(path) as store:  # created when missing: the server writes what it serves
-        global_index = index_for(store, tokenizer_fingerprint(tok))
-    cost = None
-    if speculation and cost_aware:
-        cost = model_cost(net, model, log.info, max_size=max_spec_tokens + 1)
-        log.info("forward pass cost by tokens verified: %s",
-                 ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
-    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
-        if speculation else None
-    recorder = ServedRecorder(path, model, tokenizer_fingerprint(tok), len(tok), speculation)
-    worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, Metrics(),
-                    PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")))
+    _check_address(host, port)  # before anything loads: a taken port is a quick, clear error
     names = served_model_name or [model]
-    context_length = int(net.config.max_position_embeddings)
-    if max_model_len is not None and max_model_len > context_length:
-        raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} tokens)",
-                                 param_hint="--max-model-len")
-    api = Api(worker, names, min(max_model_len or context_length, context_length), api_key, allowed_origins)
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
-    log.info("serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)", ", ".join(names),
-             host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}", path)
+    metrics = Metrics()
+    api = Api(metrics, names, api_key, allowed_origins)
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        """The model, the index and the cost curve, on a thread while the port answers 503 loading."""
+        try:
+            api.stage = f"loading {model}"
+            log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
+            net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+            use_chat_template(tok, chat_template, model)
+            context_length = int(net.config.max_position_embeddings)
+            if max_model_len is not None and max_model_len > context_length:
+                raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
+                                         f"tokens)", param_hint="--max-model-len")
+            api.stage = "loading the global index"
+            path = store_path(db)
+            with Store(path) as store:  # created when missing: the server writes what it serves
+                global_index = index_for(store, tokenizer_fingerprint(tok))
+            cost = None
+            if speculation and cost_aware:
+                api.stage = "the forward-pass cost curve"
+                cost = model_cost(net, model, log.info, max_size=max_spec_tokens + 1)
+                log.info("forward pass cost by tokens verified: %s",
+                         ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
+            drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
+                if speculation else None
+            recorder = ServedRecorder(path, model, tokenizer_fingerprint(tok), len(tok), speculation)
+            worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, metrics,
+                            PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")))
+            api.ready(worker, min(max_model_len or context_length, context_length))
+            log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
+                     ", ".join(names), host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}",
+                     path)
+        except BaseException as exc:  # noqa: BLE001 - reported after the server stops, as main reports it
+            failed.append(exc)
+            log.error("could not start: %s", exc)
+            server.should_exit = True
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             # At the signal, not after uvicorn's graceful wait: the request being decoded ends at its
             # next step with an error event and [DONE], instead of being cut when the wait runs out.
             log.info("shutting down: no new requests; ending the one in flight, then persisting the index")
-            worker.shutdown_begins()
+            if api.worker is not None:
+                api.worker.shutdown_begins()
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(api.app(), host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=10)
-    try:  # the app's lifespan starts the worker and, at shutdown, stops it and persists the index
-        Server(config).run()
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
+    server = Server(uvicorn.Config(api.app(), host=host, port=port, log_level="warning", access_log=False,
+                                   timeout_graceful_shutdown=10))
+    log.info("listening on http://%s:%d (GET /health says 503 loading until the model is ready)", host, port)
+    threading.Thread(target=load, name="specx-load", daemon=True).start()
+    try:  # the app's lifespan stops the worker at shutdown and persists the index
+        server.run()
     finally:
-        worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
+        if api.worker is not None:
+            api.worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
+    if failed:
+        raise failed[0]
 
 
 def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_key: str | None,

@@ -89,16 +89,24 @@ def _choice_delta(req: GenerationRequest, index: int, text: str | None, finish_r
 class Api:
     """The routes of one server: a worker, the names it answers to, an optional API key."""
 
-    def __init__(self, worker: Worker, model_names: list[str], context_length: int, api_key: str | None = None,
+    def __init__(self, metrics: Any, model_names: list[str], api_key: str | None = None,
                  allowed_origins: list[str] | None = None) -> None:
-        self.worker = worker
-        self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
-        self.metrics = worker.metrics
+        self.metrics = metrics
         self.model_names = model_names
-        self.context_length = context_length
         self.api_key = api_key or None
-        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size))
+        self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
         self.created = int(time.time())
+        self.stage = "starting"  # what loading is doing (GET /health says it until ready)
+        self.worker: Worker | None = None  # set by ready(): until then every API call gets 503
+        self.context_length = 0
+        self.tokenizers: Tokenizers | None = None
+
+    def ready(self, worker: Worker, context_length: int) -> None:
+        """The model is loaded: start answering (the port was open, saying 503 loading, until now)."""
+        self.context_length = context_length
+        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size))
+        worker.start()
+        self.worker = worker
 
     def app(self) -> Starlette:
         routes = [Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -118,15 +126,18 @@ class Api:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         # Shut the worker down here, not after uvicorn returns: on SIGTERM uvicorn re-raises the
         # signal once it has shut down, which ends the process before any code after it runs.
-        self.worker.start()
         try:
             yield
         finally:
-            await asyncio.to_thread(self.worker.stop)
+            if self.worker is not None:
+                await asyncio.to_thread(self.worker.stop)
 
     # ---- small endpoints
 
     async def health(self, request: Request) -> Response:
+        if self.worker is None:
+            return JSONResponse({"status": "loading", "stage": self.stage, "models": self.model_names},
+                                status_code=503, headers={"Retry-After": "1"})
         return JSONResponse({"status": "ok", "models": self.model_names, "queue_depth": self.worker.jobs.qsize(),
                              "global_index_tokens": int(self.worker.global_index.num_tokens),
                              "speculation": self.worker.drafter is not None})
@@ -202,6 +213,7 @@ class Api:
     async def _answer_async(self, endpoint: str, request: Request, make: Callable[[], Any]) -> Response:
         try:
             self._authorize(request)
+            self._check_ready()
             response = await make()
         except ApiError as exc:
             _log_refused(endpoint, exc)
@@ -220,6 +232,7 @@ class Api:
     async def _complete(self, request: Request, endpoint: str) -> Response:
         try:
             self._authorize(request)
+            self._check_ready()
             body = await _json_body(request)
             # In a thread: rendering and tokenizing a long prompt must not hold up the event loop.
             req, stream, include_usage = await asyncio.to_thread(parse_request, body, endpoint, self.model_names,
@@ -296,6 +309,11 @@ class Api:
         finally:
             watcher.cancel()
             job.cancelled.set()  # the client closed the stream early: the worker stops at its next step
+
+    def _check_ready(self) -> None:
+        if self.worker is None:
+            raise ApiError(503, f"The model is loading ({self.stage}); retry shortly.", None, "model_loading",
+                           "server_error")
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:

@@ -559,3 +559,41 @@ def test_sigterm_ends_the_stream_in_flight_properly_and_persists(tmp_path, tmp_p
         assert "shutting down" in log and "index persisted" in log and "Traceback" not in log
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_the_port_opens_at_once_and_health_says_loading_until_ready(tmp_path, tmp_path_factory):
+    port = _free_port()
+    env = {**os.environ, "SPECX_HOME": _specx_home(tmp_path_factory)}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "specx", "serve", "--port", str(port), "--db",
+                                 str(tmp_path / "l.db")], stdout=log, stderr=subprocess.STDOUT, env=env)
+    seen = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and 200 not in seen:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    seen.append(r.status)
+            except urllib.error.HTTPError as err:
+                body = json.loads(err.read())
+                assert err.code == 503 and body["status"] == "loading" and body["stage"], body
+                seen.append(503)
+                status, answer = post(f"http://127.0.0.1:{port}/v1/completions",
+                                      json.dumps({"model": MODEL, "prompt": "hi"}).encode(), None)
+                assert status in (200, 503)  # loading: 503 model_loading, never a hang or a 500
+                if status == 503:
+                    assert answer["error"]["code"] == "model_loading"
+            except OSError:
+                time.sleep(0.05)  # not listening yet
+        assert seen and seen[0] == 503 and seen[-1] == 200, seen
+        text = log_path.read_text()
+        assert text.index("listening on") < text.index("ready: serving")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    bad = subprocess.run([sys.executable, "-m", "specx", "serve", "--port", str(_free_port()), "--db",
+                          str(tmp_path / "b.db"), "--model", str(tmp_path / "no-such-model")], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert bad.returncode == 1 and "no-such-model" in bad.stderr and "Traceback" not in bad.stderr
