@@ -113,12 +113,31 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                             f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the {prompt_param}, "
                             f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} or "
                             f"completion.", name, "context_length_exceeded")
+    prediction = _prediction(body, tokenizers)
     prefix = "chatcmpl" if endpoint == "chat.completions" else "cmpl"
     request = GenerationRequest(id=f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint=endpoint, model=model,
                                 prompt_ids=prompt_ids, max_tokens=max_tokens, prompt_messages=prompt_messages,
                                 prompt_text=prompt_text, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                                seed=seed, stop=stop, n=n)
+                                seed=seed, stop=stop, n=n, prediction_ids=prediction)
     return request, stream, include_usage
+
+
+def _prediction(body: dict[str, Any], tokenizers: Tokenizers) -> list[int] | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts} as token ids."""
+    prediction = body.get("prediction")
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise ApiError(400, "'prediction' must be {\"type\": \"content\", \"content\": ...}", "prediction",
+                       "invalid_value")
+    content = prediction.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and
+                                         isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(400, "'prediction.content' must be a string or an array of text parts", "prediction.content",
+                       "invalid_type")
+    return tokenizers.text(content) if content else None
 
 
 def _refuse_unsupported(body: dict[str, Any], endpoint: str) -> None:

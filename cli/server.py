@@ -40,9 +40,12 @@ log = logging.getLogger("specx.serve")
 # --------------------------------------------------------------------------- responses
 
 def usage_json(stats: Stats) -> dict[str, Any]:
+    accepted, rejected = stats.prediction_tokens
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
             "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": rejected}}
 
 
 def completion_json(req: GenerationRequest, created: int, choices: list[Choice], stats: Stats,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 # Draft.sources bits: the request's own index, the global index of past outputs, and the model's own
 # guess (core.generate adds the previous pass's guesses as roots: see core.verify.Verdict.guesses)
-REQUEST, GLOBAL, MODEL = 1, 2, 4
+REQUEST, GLOBAL, MODEL, PREDICTION = 1, 2, 4, 8  # node sources (a bit mask): which drafter proposed it
 
 
 @dataclass

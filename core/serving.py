@@ -22,6 +22,7 @@ environment: what it needs is passed in.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import queue
 import threading
@@ -35,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from .cost import AcceptanceModel
 from .decode import DecodeStats
 from .generate import generate
+from .speculate import PredictionDrafter
 from .text import TextStream
 
 log = logging.getLogger("specx.serve")
@@ -60,6 +62,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     n: int = 1
+    prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Choice:
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: DecodeStats  # its steps, drafts and seconds
+    prediction_tokens: tuple[int, int] = (0, 0)  # of the prediction: (appeared in the output, did not)
 
 
 @dataclass
@@ -80,6 +84,7 @@ class Stats:
     seconds: float  # decoding, all choices
     queue_seconds: float  # waiting before the worker took the request
     cached_tokens: int = 0  # prompt tokens whose KV entries came from the prefix cache
+    prediction_tokens: tuple[int, int] = (0, 0)  # the prediction's tokens in the outputs, and not (all choices)
 
     @property
     def completion_tokens(self) -> int:
@@ -324,7 +329,8 @@ class Worker:
         decoded = DecodeStats()
         for c in choices:
             decoded.add(c.stats)
-        stats = Stats(len(req.prompt_ids), decoded, time.perf_counter() - t0, queue_seconds, cached)
+        predicted = (sum(c.prediction_tokens[0] for c in choices), sum(c.prediction_tokens[1] for c in choices))
+        stats = Stats(len(req.prompt_ids), decoded, time.perf_counter() - t0, queue_seconds, cached, predicted)
         self.metrics.observe(stats)
         log.info("%s %s prompt=%d (cached %d) tokens=%d steps=%d accepted=%d (%.2f/step) tokens/s=%.1f seconds=%.2f "
                  "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
@@ -339,7 +345,10 @@ class Worker:
         """One choice, streamed as deltas; None when the client went away."""
         req = job.request
         text = TextStream(self.tokenizer, stop=req.stop)
-        steps = generate(self.net, req.prompt_ids, self.drafter, max_new_tokens=req.max_tokens,
+        drafter = self.drafter
+        if drafter is not None and req.prediction_ids:
+            drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
+        steps = generate(self.net, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
                          acceptance=self.acceptance, prefix_cache=self.prefix_cache)
@@ -358,12 +367,27 @@ class Worker:
         piece = text.pop(final=True)
         if piece:
             job.emit("delta", index, piece)
-        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals)
+        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals,
+                      prediction_tokens(req.prediction_ids, tokens))
 
     def _persist(self) -> None:
         self._saved_at = time.monotonic()
         if self.recorder.persist():
             self._unsaved = 0
+
+
+def prediction_tokens(prediction: list[int] | None, output: list[int]) -> tuple[int, int]:
+    """(tokens of the prediction that appear in the output, those that do not), as OpenAI counts
+    accepted and rejected prediction tokens: the matching blocks of the two token sequences.
+
+    >>> prediction_tokens([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6])
+    (4, 1)
+    """
+    if not prediction:
+        return 0, 0
+    blocks = difflib.SequenceMatcher(None, prediction, output, autojunk=False).get_matching_blocks()
+    accepted = sum(b.size for b in blocks)
+    return accepted, len(prediction) - accepted
 
 
 def _now() -> str:

@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 import numpy as np
 from numba import njit
 
-from .draft import GLOBAL, REQUEST, Draft
+from .draft import GLOBAL, PREDICTION, REQUEST, Draft
 from .suffix_index import SuffixIndex, check_speculate_args
 from .tokens import SuffixIndexError, check_tokens
 
@@ -161,3 +161,65 @@ class PromptLookupDrafter:
             return Draft()
         tokens = ctx[start + n : start + n + self.max_spec_tokens].tolist()
         return Draft(tokens, list(range(-1, len(tokens) - 1)), [1.0] * len(tokens), float(len(tokens)), n)
+
+
+class PredictionDrafter:
+    """A client's prediction of the output (OpenAI's Predicted Outputs: the file an edit rewrites)
+    as the first draft source, `inner`'s drafts (a Drafter, or None) filling the room left.
+
+    The prediction is indexed alone; each step the running context's suffix is matched in it as
+    the suffix drafter matches, with drafts up to `max_spec_tokens` after any match, so the draft
+    finds its place again after the model departs from the prediction and comes back to it. Before
+    any output it is the prediction's start. Its nodes are tagged PREDICTION and go first.
+
+    >>> drafter = PredictionDrafter([7, 8, 9, 7, 5], None, max_spec_tokens=3)
+    >>> drafter.start_request([1, 2])
+    >>> drafter.speculate().token_ids
+    [7, 8, 9]
+    >>> drafter.extend([7, 8, 9, 7])  # after "... 9, 7": the prediction's last 7 is the longer match
+    >>> drafter.speculate().token_ids
+    [5]
+    """
+
+    def __init__(self, prediction: Sequence[int], inner: Drafter | None = None, *, max_spec_tokens: int = 32,
+                 max_depth: int = 64) -> None:
+        tokens = check_tokens(prediction, None, "prediction")
+        self.prediction = tokens
+        self.index = SuffixIndex.build([tokens], max_depth) if len(tokens) else None
+        self.inner = inner
+        self.max_spec_tokens = max_spec_tokens
+        self.max_depth = max_depth
+        self.context: list[int] = []
+        self.num_out = 0
+
+    def start_request(self, prompt: Sequence[int]) -> None:
+        self.context = [int(t) for t in prompt[-self.max_depth :]]
+        self.num_out = 0
+        if self.inner is not None:
+            self.inner.start_request(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.context = (self.context + [int(t) for t in tokens])[-self.max_depth :]
+        self.num_out += len(tokens)
+        if self.inner is not None:
+            self.inner.extend(tokens)
+
+    def finish_request(self, learn: bool = True) -> None:
+        if self.inner is not None:
+            self.inner.finish_request(learn)
+
+    def speculate(self) -> Draft:
+        other = self.inner.speculate() if self.inner is not None else Draft()
+        own = Draft()
+        if self.index is not None and self.max_spec_tokens:
+            if self.num_out == 0:
+                head = self.prediction[: self.max_spec_tokens].tolist()
+                own = Draft(head, list(range(-1, len(head) - 1)), [1.0] * len(head), float(len(head)), 0)
+            elif self.context:
+                ctx = np.asarray(self.context, dtype=np.int32)
+                own = self.index.speculate(ctx, self.max_spec_tokens, float(self.max_spec_tokens), 0.0,
+                                           tree=False) or Draft()
+        if not len(own):
+            return other
+        own = own.tagged(PREDICTION)
+        return own.merge(other, len(own) + len(other)) if len(other) else own

@@ -271,3 +271,21 @@ def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gi
         assert ok.returncode == 0 and json.loads(ok.stdout)["tokens"] > 0, ok.stderr[-1500:]
     broken = generate_cmd("--chat-template", str(tmp_path / "missing.jinja"))
     assert broken.returncode == 1 and "not a template and not a readable file" in broken.stderr
+
+
+def test_a_prediction_drafts_first_and_output_stays_plain_greedy():
+    from specx.core.speculate import PredictionDrafter, SuffixDrafter
+
+    model = tiny_model()
+    prompt = [3, 17, 42, 5, 9]
+    want = greedy_decode(model, prompt, 40, None)
+    for prediction, inner in ((want, None), (want, SuffixDrafter()), (want[:10] + [1, 2, 3] + want[14:], None),
+                              (list(range(50, 90)), SuffixDrafter()), ([], None)):
+        out, steps = collect(generate(model, prompt, PredictionDrafter(prediction, inner, max_spec_tokens=16),
+                                      max_new_tokens=40))
+        assert out == want, prediction
+        if prediction == want:
+            assert len(steps) <= 40 // 16 + 2  # the whole prediction accepted, 16 tokens a step
+    edited, steps = collect(generate(model, prompt, PredictionDrafter(want[:10] + [1, 2, 3] + want[14:], None,
+                                                                      max_spec_tokens=16), max_new_tokens=40))
+    assert len(steps) <= 8  # finds its place again after the edit

@@ -597,3 +597,31 @@ def test_the_port_opens_at_once_and_health_says_loading_until_ready(tmp_path, tm
                           str(tmp_path / "b.db"), "--model", str(tmp_path / "no-such-model")], capture_output=True,
                          text=True, timeout=300, env=env)
     assert bad.returncode == 1 and "no-such-model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_parse_prediction():
+    req = parse(chat_body(prediction={"type": "content", "content": "SELECT 1"}))[0]
+    assert req.prediction_ids == FakeTokenizer().encode("SELECT 1")
+    parts = parse(chat_body(prediction={"type": "content", "content": [{"type": "text", "text": "SELECT"},
+                                                                       {"type": "text", "text": " 1"}]}))[0]
+    assert parts.prediction_ids == req.prediction_ids
+    for bad, code in (({"type": "text", "content": "x"}, "invalid_value"), ({"type": "content", "content": 5},
+                                                                            "invalid_type"), ("x", "invalid_value")):
+        with pytest.raises(ApiError) as err:
+            parse(chat_body(prediction=bad))
+        assert (err.value.status, err.value.code) == (400, code)
+
+
+@pytest.mark.slow
+def test_prediction_is_a_draft_and_usage_reports_it(server):
+    client = server.client()
+    prompt = "Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu."
+    plain = ask(client, prompt, 40)
+    right = ask(client, prompt, 40, prediction={"type": "content", "content": plain.choices[0].message.content})
+    wrong = ask(client, prompt, 40, prediction={"type": "content", "content": "def f(x):\n    return x * 2\n" * 3})
+    for answer in (right, wrong):  # lossless: the prediction is only a draft
+        assert answer.choices[0].message.content == plain.choices[0].message.content
+    details = right.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0.8 * right.usage.completion_tokens
+    assert wrong.usage.completion_tokens_details.rejected_prediction_tokens > 0
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
