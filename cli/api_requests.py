@@ -60,16 +60,8 @@ class Tokenizers:
 def parse_request(body: Any, endpoint: str, model_names: list[str], context_length: int,
                   tokenizers: Tokenizers) -> tuple[GenerationRequest, bool, bool]:
     """(request, stream, include_usage) from a decoded JSON body, or ApiError."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if model is None:
-        raise ApiError(400, "you must provide a model parameter", "model", "missing_required_parameter")
-    if not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", "model", "invalid_type")
-    if model not in model_names:
-        raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it. "
-                            f"This server serves: {', '.join(model_names)}.", "model", "model_not_found")
+    body = _object(body)
+    model = _model(body, model_names, required=True)
     _refuse_unsupported(body, endpoint)
     stream = _bool(body, "stream", False)
     stream_options = body.get("stream_options")
@@ -120,6 +112,64 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                                 prompt_text=prompt_text, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
                                 seed=seed, stop=stop, n=n, prediction_ids=prediction)
     return request, stream, include_usage
+
+
+def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers) -> list[int]:
+    """POST /tokenize (vLLM's): {"model"?, "prompt"} or {"model"?, "messages", "add_generation_prompt"?,
+    "tools"?} -> the token ids the completion endpoints would feed the model, or ApiError."""
+    body = _object(body)
+    _model(body, model_names, required=False)
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "'messages' must be a list of message objects", "messages", "invalid_type")
+        tools = body.get("tools")
+        return tokenizers.chat(messages, tools if isinstance(tools, list) else None,
+                               _bool(body, "add_generation_prompt", True))
+    if isinstance(body.get("prompt"), str):
+        return tokenizers.text(body["prompt"])
+    raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")
+
+
+def parse_detokenize(body: Any, model_names: list[str], vocab_size: int) -> list[int]:
+    """POST /detokenize (vLLM's): {"model"?, "tokens": [ids]} -> the ids, checked, or ApiError."""
+    body = _object(body)
+    _model(body, model_names, required=False)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not _is_ids(tokens):
+        raise ApiError(400, "'tokens' must be a list of token ids (integers)", "tokens", "invalid_type")
+    _check_ids(tokens, vocab_size, "tokens")
+    return tokens
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _model(body: dict[str, Any], model_names: list[str], required: bool) -> str | None:
+    model = body.get("model")
+    if model is None:
+        if required:
+            raise ApiError(400, "you must provide a model parameter", "model", "missing_required_parameter")
+        return None
+    if not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", "model", "invalid_type")
+    if model not in model_names:
+        raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it. "
+                            f"This server serves: {', '.join(model_names)}.", "model", "model_not_found")
+    return model
+
+
+def _is_ids(values: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in values)
+
+
+def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ApiError(400, f"token id {bad} is outside the vocabulary (0-{vocab_size - 1})", param, "invalid_value")
 
 
 def _prediction(body: dict[str, Any], tokenizers: Tokenizers) -> list[int] | None:
@@ -223,9 +273,8 @@ def _prompt(body: dict[str, Any], tokenizers: Tokenizers) -> tuple[str, list[int
         prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt, tokenizers.text(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(not 0 <= t < tokenizers.vocab_size for t in prompt):
-            raise ApiError(400, f"prompt token ids must be in [0, {tokenizers.vocab_size})", "prompt", "invalid_value")
+    if isinstance(prompt, list) and prompt and _is_ids(prompt):
+        _check_ids(prompt, tokenizers.vocab_size, "prompt")
         return tokenizers.tokenizer.decode(prompt), list(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise ApiError(400, "one prompt per request (send several requests, or use n)", "prompt",

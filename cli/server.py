@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api_requests import ApiError, Tokenizers, parse_request
+from .api_requests import ApiError, Tokenizers, parse_detokenize, parse_request, parse_tokenize
 from specx.core.serving import Choice, GenerationRequest, Job, Stats, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -162,47 +162,18 @@ class Api:
         return await self._answer("models", request, one)
 
     async def tokenize(self, request: Request) -> Response:
-        """{"model", "prompt"} or {"model", "messages", "add_generation_prompt"?} -> {"count", "tokens",
-        "max_model_len"}: what the completions endpoints would feed the model."""
+        """{"count", "tokens", "max_model_len"}: what the completions endpoints would feed the model."""
         async def make() -> Response:
-            body = await _object_body(request)
-            self._check_model(body)
-            if "messages" in body:
-                messages = body["messages"]
-                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                    raise ApiError(400, "'messages' must be a list of message objects", "messages", "invalid_type")
-                tools = body.get("tools")
-                ids = await asyncio.to_thread(self.tokenizers.chat, messages, tools if isinstance(tools, list) else None,
-                                              _bool_field(body, "add_generation_prompt", True))
-            elif isinstance(body.get("prompt"), str):
-                ids = await asyncio.to_thread(self.tokenizers.text, body["prompt"])
-            else:
-                raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")
+            ids = await asyncio.to_thread(parse_tokenize, await _json_body(request), self.model_names, self.tokenizers)
             return JSONResponse({"count": len(ids), "tokens": ids, "max_model_len": self.context_length})
         return await self._answer_async("tokenize", request, make)
 
     async def detokenize(self, request: Request) -> Response:
-        """{"model", "tokens": [ids]} -> {"prompt": text}."""
+        """{"prompt": text} of the token ids."""
         async def make() -> Response:
-            body = await _object_body(request)
-            self._check_model(body)
-            tokens = body.get("tokens")
-            vocab = self.tokenizers.vocab_size
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-                raise ApiError(400, "'tokens' must be a list of token ids (integers)", "tokens", "invalid_type")
-            bad = next((t for t in tokens if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ApiError(400, f"token id {bad} is outside the vocabulary (0-{vocab - 1})", "tokens",
-                               "invalid_value")
-            text = await asyncio.to_thread(self.worker.tokenizer.decode, tokens)
-            return JSONResponse({"prompt": text})
+            ids = parse_detokenize(await _json_body(request), self.model_names, self.tokenizers.vocab_size)
+            return JSONResponse({"prompt": await asyncio.to_thread(self.worker.tokenizer.decode, ids)})
         return await self._answer_async("detokenize", request, make)
-
-    def _check_model(self, body: dict[str, Any]) -> None:
-        model = body.get("model")
-        if model is not None and model not in self.model_names:
-            raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it.", "model",
-                           "model_not_found")
 
     def _model_json(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "specx",
@@ -342,20 +313,6 @@ async def _json_body(request: Request) -> Any:
     except (ValueError, RecursionError):
         raise ApiError(400, "We could not parse the JSON body of your request. The OpenAI API expects a JSON "
                             "payload (Content-Type: application/json).", None, "invalid_json") from None
-
-
-async def _object_body(request: Request) -> dict[str, Any]:
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
-
-
-def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be a boolean", name, "invalid_type")
-    return value
 
 
 def _log_refused(endpoint: str, exc: ApiError) -> None:
