@@ -111,7 +111,7 @@ class Prefetched(Sequence):
     """The items of an iterator, produced by a thread of their own while the caller goes on;
     `[j]` waits for item j (and raises what the thread raised). The walk of the sample needs the
     sampled calls' prompts one at a time, in order, and tokenizing them (Rust, GIL-free) then runs
-    beside the walk's index merges and replays (about a third of the prediction's time on 2 cores)."""
+    beside the walk's index build and replays (docs/predict.md, "Time")."""
 
     def __init__(self, items: Iterator[Any], length: int) -> None:
         self._items: list[Any] = []
@@ -128,7 +128,8 @@ class Prefetched(Sequence):
         except BaseException as exc:  # handed to the reader, who raises it
             self._error = exc
         with self._ready:
-            self._length = len(self._items) if self._error is None else self._length
+            if self._error is None:
+                self._length = len(self._items)  # the iterator's end is the sequence's
             self._ready.notify_all()
 
     def __len__(self) -> int:

@@ -120,9 +120,9 @@ def serve_cmd(
                 raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
                                          f"tokens)", param_hint="--max-model-len")
             api.stage = "loading the global index"
-            path = store_path(db)
+            path, fingerprint = store_path(db), tokenizer_fingerprint(tok)
             with Store(path) as store:  # created when missing: the server writes what it serves
-                global_index = index_for(store, tokenizer_fingerprint(tok))
+                global_index = index_for(store, fingerprint)
             cost = None
             if speculation and cost_aware:
                 api.stage = "the forward-pass cost curve"
@@ -131,7 +131,7 @@ def serve_cmd(
                          ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
             drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
                 if speculation else None
-            recorder = ServedRecorder(path, model, tokenizer_fingerprint(tok), len(tok), speculation)
+            recorder = ServedRecorder(path, model, fingerprint, len(tok), speculation)
             worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, metrics,
                             PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")))
             api.ready(worker, min(max_model_len or context_length, context_length))

@@ -18,7 +18,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -285,26 +285,17 @@ def cached_cost(model: Any, cache_dir: Path | None, key: dict[str, Any], fallbac
     one-token pass is used (and not kept). `say` hears which of these happened; `options` go to
     `measure` (default: calibrate)."""
     measure = measure or calibrate
-    key = {**key, **{k: v for k, v in options.items()}}
+    key = {**key, **options}
     path = None
     if cache_dir is not None:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
         path = Path(cache_dir) / f"cost-{digest}.json"
-        try:
-            if refresh:
-                raise FileNotFoundError(path)
-            data = json.loads(path.read_text())
-            cost = ForwardCost(tuple(data["sizes"]), tuple(data["seconds"]), data["context"],
-                               tuple(data["long_seconds"]) if data["long_seconds"] else None, data["long_context"])
-            problem = check_curve(cost)
-            if problem is None:
-                say(f"forward-pass cost curve: cached ({path})")
-                return cost
-            say(f"forward-pass cost curve: the cached one in {path} is not believable ({problem}): measuring")
-        except FileNotFoundError:
-            say("forward-pass cost curve: measuring it once for this model, dtype and machine ...")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            say(f"forward-pass cost curve: cannot read {path} ({exc}): measuring")
+        if refresh:
+            say("forward-pass cost curve: measuring it again, as asked")
+        else:
+            kept = _read_kept(path, say)
+            if kept is not None:
+                return kept
     for attempt in (1, 2):
         cost = measure(model, **options)
         problem = check_curve(cost)
@@ -321,11 +312,29 @@ def cached_cost(model: Any, cache_dir: Path | None, key: dict[str, Any], fallbac
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"key": key, "sizes": cost.sizes, "seconds": cost.seconds,
-                                       "context": cost.context, "long_seconds": cost.long_seconds,
-                                       "long_context": cost.long_context}, default=str))
+            tmp.write_text(json.dumps({"key": key, **asdict(cost)}, default=str))
             tmp.replace(path)
             say(f"forward-pass cost curve: measured and kept in {path}")
         except OSError as exc:
             say(f"forward-pass cost curve: measured; cannot keep it in {path} ({exc})")
+    return cost
+
+
+def _read_kept(path: Path, say: Callable[[str], None]) -> ForwardCost | None:
+    """The curve kept at `path` if it is there, readable and believable (`say` tells which not)."""
+    try:
+        data = json.loads(path.read_text())
+        cost = ForwardCost(tuple(data["sizes"]), tuple(data["seconds"]), data["context"],
+                           tuple(data["long_seconds"]) if data["long_seconds"] else None, data["long_context"])
+    except FileNotFoundError:
+        say("forward-pass cost curve: measuring it once for this model, dtype and machine ...")
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        say(f"forward-pass cost curve: cannot read {path} ({exc}): measuring")
+        return None
+    problem = check_curve(cost)
+    if problem is not None:
+        say(f"forward-pass cost curve: the kept one in {path} is not believable ({problem}): measuring")
+        return None
+    say(f"forward-pass cost curve: cached ({path})")
     return cost

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# Draft.sources bits: the request's own index, the global index of past outputs, and the model's own
-# guess (core.generate adds the previous pass's guesses as roots: see core.verify.Verdict.guesses)
-REQUEST, GLOBAL, MODEL, PREDICTION = 1, 2, 4, 8  # node sources (a bit mask): which drafter proposed it
+# Draft.sources bits: the request's own index, the global index of past outputs, the model's own
+# guess (core.decode adds the previous pass's guesses as roots: see core.decode.Verdict.guesses),
+# and a client's prediction of the output (core.speculate.PredictionDrafter)
+REQUEST, GLOBAL, MODEL, PREDICTION = 1, 2, 4, 8
 
 
 @dataclass

@@ -29,15 +29,10 @@ class LiveArena:
         return self.tok.nbytes + self.pa.nbytes
 
     def start(self, seq_id: int, tokens: np.ndarray, depth: int) -> None:
-        cap = max(64, 2 * len(tokens))
-        base = self._allocate(cap)
-        n = len(tokens)
-        self.tok[base : base + n] = tokens
-        self.pa[base : base + n] = prefix_array_build(tokens)  # one sort, not n insertions
-        self.regions[seq_id] = [base, cap, n]
+        self.restore(seq_id, tokens, prefix_array_build(tokens))  # one sort, not n insertions
 
     def restore(self, seq_id: int, tokens: np.ndarray, pa: np.ndarray) -> None:
-        """A saved sequence back, its prefix array as saved (no sort)."""
+        """A sequence with its prefix array already built (a saved one: no sort)."""
         cap = max(64, 2 * len(tokens))
         base = self._allocate(cap)
         self.tok[base : base + len(tokens)] = tokens
