@@ -1,0 +1,131 @@
+"""Request validation of `specx serve`'s API (cli/api_requests.py), without a model or a server:
+a fake tokenizer (characters as tokens) stands in for the model's, so these run in milliseconds.
+`tests/test_serve.py` sends the same kinds of requests to a real server."""
+
+import pytest
+
+from specx.cli.api_requests import ApiError, Tokenizers, parse_request
+
+MODEL = "smollm2-135m"
+
+class FakeTokenizer:
+    """Characters as tokens; a chat template that joins role and content."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 1000 for c in text]
+
+    def decode(self, ids, **kwargs):
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **kwargs):
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+
+def parse(body, endpoint="chat.completions", context=64):
+    return parse_request(body, endpoint, [MODEL], context, Tokenizers(FakeTokenizer(), 1000))
+
+
+def chat_body(**extra):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_parse_chat_defaults_follow_openai():
+    req, stream, include_usage = parse(chat_body())
+    assert req.prompt_ids == FakeTokenizer().encode("<user>hi<assistant>")
+    assert req.max_tokens == 64 - len(req.prompt_ids)  # chat: whatever fits
+    assert (req.temperature, req.top_p, req.n, req.stop, req.seed) == (1.0, 1.0, 1, [], None)
+    assert (stream, include_usage) == (False, False)
+    assert req.id.startswith("chatcmpl-") and req.prompt_messages == [{"role": "user", "content": "hi"}]
+
+
+def test_parse_completions_and_options():
+    req, stream, include_usage = parse({"model": MODEL, "prompt": ["abc"], "stream": True, "max_completion_tokens": 5,
+                                        "stream_options": {"include_usage": True}, "stop": "\n", "seed": 3,
+                                        "temperature": 0, "n": 2}, "completions")
+    assert (req.prompt_text, req.prompt_ids, req.max_tokens, req.stop) == ("abc", [97, 98, 99], 5, ["\n"])
+    assert (stream, include_usage, req.seed, req.temperature, req.n) == (True, True, 3, 0.0, 2)
+    assert parse({"model": MODEL, "prompt": "abc"}, "completions")[0].max_tokens == 16  # OpenAI's default
+    assert parse({"model": MODEL, "prompt": [5, 6]}, "completions")[0].prompt_ids == [5, 6]
+    text = parse(chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]},
+                                     {"role": "assistant", "content": None, "tool_calls": []}]))[0]
+    assert text.prompt_ids == FakeTokenizer().encode("<user>ab<assistant><assistant>")
+
+
+@pytest.mark.parametrize("body,endpoint,status,code", [
+    ([1], "chat.completions", 400, None),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "chat.completions", 400, "missing_required_parameter"),
+    ({"model": MODEL}, "chat.completions", 400, "missing_required_parameter"),
+    ({"model": MODEL, "messages": []}, "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "messages": ["hi"]}, "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "messages": [{"role": "boss", "content": "hi"}]}, "chat.completions", 400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat.completions", 400,
+     "unsupported_content"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, "chat.completions", 404, "model_not_found"),
+    (chat_body(max_tokens=-1), "chat.completions", 400, "integer_below_min_value"),
+    (chat_body(max_tokens=0), "chat.completions", 400, "integer_below_min_value"),
+    (chat_body(max_tokens=10**9), "chat.completions", 400, "context_length_exceeded"),
+    (chat_body(max_tokens="8"), "chat.completions", 400, "invalid_type"),
+    (chat_body(max_tokens=True), "chat.completions", 400, "invalid_type"),
+    (chat_body(messages=[{"role": "user", "content": "x" * 80}]), "chat.completions", 400, "context_length_exceeded"),
+    (chat_body(temperature=2.5), "chat.completions", 400, "invalid_value"),
+    (chat_body(temperature="hot"), "chat.completions", 400, "invalid_type"),
+    (chat_body(top_p=0), "chat.completions", 400, "invalid_value"),
+    (chat_body(top_p=1.5), "chat.completions", 400, "invalid_value"),
+    (chat_body(n=0), "chat.completions", 400, "integer_below_min_value"),
+    (chat_body(n=100), "chat.completions", 400, "integer_above_max_value"),
+    (chat_body(stop=[""]), "chat.completions", 400, "invalid_value"),
+    (chat_body(stop=[1]), "chat.completions", 400, "invalid_type"),
+    (chat_body(stream="yes"), "chat.completions", 400, "invalid_type"),
+    (chat_body(stream_options={"include_usage": True}), "chat.completions", 400, None),
+    (chat_body(logprobs=True), "chat.completions", 400, "unsupported_parameter"),
+    (chat_body(frequency_penalty=0.5), "chat.completions", 400, "unsupported_parameter"),
+    (chat_body(response_format={"type": "json_object"}), "chat.completions", 400, "unsupported_parameter"),
+    ({"model": MODEL}, "completions", 400, "missing_required_parameter"),
+    ({"model": MODEL, "prompt": ""}, "completions", 400, None),
+    ({"model": MODEL, "prompt": ["a", "b"]}, "completions", 400, "unsupported_parameter"),
+    ({"model": MODEL, "prompt": [1, 5000]}, "completions", 400, "invalid_value"),
+    ({"model": MODEL, "prompt": {"text": "a"}}, "completions", 400, "invalid_type"),
+    ({"model": MODEL, "prompt": "a", "echo": True}, "completions", 400, "unsupported_parameter"),
+])
+def test_parse_rejects_bad_input(body, endpoint, status, code):
+    with pytest.raises(ApiError) as err:
+        parse(body, endpoint)
+    assert (err.value.status, err.value.code) == (status, code)
+    assert err.value.message
+
+
+def test_parse_accepts_neutral_values_of_unsupported_parameters():
+    req = parse(chat_body(logprobs=False, frequency_penalty=0, presence_penalty=0.0, logit_bias={},
+                          response_format={"type": "text"}, tools=[{"type": "function", "function": {"name": "f"}}],
+                          tool_choice="auto", user="u1", max_tokens=None))[0]
+    assert req.max_tokens >= 1
+
+
+def test_only_what_a_template_can_render_is_kept_and_bounded():
+    junk = "x" * (8 * 1024 * 1024)  # a client's metadata field: neither rendered nor stored
+    body = chat_body(messages=[{"role": "user", "content": "hi", "metadata": junk, "name": "ann"},
+                               {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "f", "arguments": "{}"}}]},
+                               {"role": "tool", "content": "4", "tool_call_id": "c1", "extra": {"a": 1}}])
+    req = parse(body, context=10_000)[0]
+    assert req.prompt_messages == [{"role": "user", "content": "hi", "name": "ann"},
+                                   {"role": "assistant", "content": "", "tool_calls": body["messages"][1]["tool_calls"]},
+                                   {"role": "tool", "content": "4", "tool_call_id": "c1"}]
+    with pytest.raises(ApiError) as err:  # what is kept is bounded too
+        parse(chat_body(messages=[{"role": "user", "content": "hi", "name": junk}]), context=10_000)
+    assert (err.value.status, err.value.code, err.value.param) == (400, "message_too_large", "messages.[0]")
+
+
+def test_parse_prediction():
+    req = parse(chat_body(prediction={"type": "content", "content": "SELECT 1"}))[0]
+    assert req.prediction_ids == FakeTokenizer().encode("SELECT 1")
+    parts = parse(chat_body(prediction={"type": "content", "content": [{"type": "text", "text": "SELECT"},
+                                                                       {"type": "text", "text": " 1"}]}))[0]
+    assert parts.prediction_ids == req.prediction_ids
+    for bad, code in (({"type": "text", "content": "x"}, "invalid_value"), ({"type": "content", "content": 5},
+                                                                            "invalid_type"), ("x", "invalid_value")):
+        with pytest.raises(ApiError) as err:
+            parse(chat_body(prediction=bad))
+        assert (err.value.status, err.value.code) == (400, code)
