@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .draft import Draft
+from .draft import GRAMMAR, Draft
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class AcceptanceModel:
     def __init__(self, prior: float = 2.0, window: int = 1000) -> None:
         self.prior = float(prior)
         self.window = int(window)
-        self.tried = np.zeros((8, 6, 6, 4))  # sources bit mask, match length, depth, share
+        self.tried = np.zeros((9, 6, 6, 4))  # sources (_source_cell), match length, depth, share
         self.accepted = np.zeros_like(self.tried)
 
     def _cells(self, draft: Draft) -> tuple[list[tuple[int, int, int, int]], list[float]]:
@@ -102,7 +102,7 @@ class AcceptanceModel:
             above = probs[par] if par >= 0 else 1.0
             share = min(max(probs[i] / above, 0.0), 1.0) if above > 0 else 0.0
             share_bucket = 0 if share >= 0.99 else 1 if share >= 0.5 else 2 if share >= 0.25 else 3
-            cells.append((sources[i] & 7, _bucket(lens[i]), _bucket(depths[i]), share_bucket))
+            cells.append((_source_cell(sources[i]), _bucket(lens[i]), _bucket(depths[i]), share_bucket))
             shares.append(share)
         return cells, shares
 
@@ -127,6 +127,12 @@ class AcceptanceModel:
                 if self.tried[cell] >= self.window:
                     self.tried[cell] /= 2
                     self.accepted[cell] /= 2
+
+
+def _source_cell(sources: int) -> int:
+    """The acceptance model's row for a node's sources: the index bits and the model's guess
+    (REQUEST, GLOBAL, MODEL) as they are, else 8 for a grammar's forced token, else 0 (a prediction)."""
+    return sources & 7 or (8 if sources & GRAMMAR else 0)
 
 
 def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
-from .draft import MODEL, Draft, check_draft
+from .draft import GRAMMAR, MODEL, Draft, check_draft
 from .speculate import Drafter
 
 
@@ -125,7 +125,7 @@ class DecodeStats:
 def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,
            max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: ForwardCost | None = None,
            stop: Callable[[list[int]], int | None] | None = None, acceptance: AcceptanceModel | None = None,
-           learn: bool = True) -> Iterator[Step]:
+           learn: bool = True, constraint: Any = None) -> Iterator[Step]:
     """Decode after `prompt` until EOS, `max_new_tokens` (None: until the verifier is finished) or
     `stop`, yielding one Step per verification pass.
 
@@ -136,6 +136,8 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
     verdicts what the drafts are worth (a server or a benchmark passes one for all requests; by
     default each request starts afresh). `stop` (e.g. a text.TextStream) sees each step's tokens
     and returns None to go on or how many of them to keep: decoding then ends there, as at EOS.
+    `constraint` (a core.grammar.Constraint, which the verifier applies too): the tokens its grammar
+    forces lead each draft (speculative decoding only) and the nodes it refuses are pruned.
     """
     prompt = [int(t) for t in prompt]
     if max_new_tokens is not None and max_new_tokens < 0:
@@ -158,10 +160,16 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 check_draft(draft, verifier.vocab_size)
             if guesses:
                 draft = add_guesses(draft, guesses)
+            if constraint is not None and drafter is not None:
+                forced = constraint.forced()
+                if forced:
+                    draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
             if max_new_tokens is not None:  # a step emits at most accepted + 1 tokens
                 draft = limit_depth(draft, max_new_tokens - num_out - 1)
             if cost is not None:
                 draft = size_draft(draft, cost, 1, acceptance, context=len(prompt) + num_out)
+            if constraint is not None:
+                draft = constraint.prune(draft)
             drafted = clock()
             verdict = verifier.verify(draft)
             verified = clock()
@@ -205,6 +213,20 @@ def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
     """
     guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
     return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
+
+
+FORCED_PROB = 0.95  # a forced token's D before the acceptance model has seen forced tokens verified
+
+
+def forced_draft(tokens: Sequence[int]) -> Draft:
+    """A grammar's forced tokens as a chain tagged GRAMMAR.
+
+    >>> forced_draft([7, 8]).parents
+    [-1, 0]
+    """
+    n = len(tokens)
+    probs = [FORCED_PROB ** (k + 1) for k in range(n)]
+    return Draft(list(tokens), list(range(-1, n - 1)), probs, float(sum(probs)), 0, [GRAMMAR] * n, [0] * n)
 
 
 def limit_depth(draft: Draft, max_depth: int) -> Draft:

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 # Draft.sources bits: the request's own index, the global index of past outputs, the model's own
 # guess (core.decode adds the previous pass's guesses as roots: see core.decode.Verdict.guesses),
-# and a client's prediction of the output (core.speculate.PredictionDrafter)
-REQUEST, GLOBAL, MODEL, PREDICTION = 1, 2, 4, 8
+# a client's prediction of the output (core.speculate.PredictionDrafter) and the tokens a grammar
+# forces (core.grammar.Constraint.forced)
+REQUEST, GLOBAL, MODEL, PREDICTION, GRAMMAR = 1, 2, 4, 8, 16
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .cost import AcceptanceModel, ForwardCost
@@ -26,8 +27,9 @@ class ModelVerifier:
 
     finished = False
 
-    def __init__(self, model: Any, sampling: Sampling, prefix_cache: Any = None) -> None:
+    def __init__(self, model: Any, sampling: Sampling, prefix_cache: Any = None, constraint: Any = None) -> None:
         self.model, self.sampling, self.prefix_cache = model, sampling, prefix_cache
+        self.constraint = constraint  # core.grammar.Constraint: the draft comes pruned (core.decode)
         self.vocab_size = model.config.vocab_size
         self.cache: Any = None
         self.pending: list[int] = []
@@ -37,7 +39,10 @@ class ModelVerifier:
         self.pending = [prompt[-1]]
 
     def verify(self, draft: Draft) -> Verdict:
-        verdict = verify(self.model, self.cache, self.pending, draft, self.sampling)
+        allowed = self.constraint.allowed(draft) if self.constraint is not None else None
+        verdict = verify(self.model, self.cache, self.pending, draft, self.sampling, allowed)
+        if self.constraint is not None:
+            self.constraint.advance(verdict.tokens)
         self.pending = [verdict.tokens[-1]]
         return verdict
 
@@ -46,7 +51,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
-             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None) -> Iterator[Step]:
+             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None,
+             constraint: Any = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids` with the model, yielding one Step per
     forward pass: core.decode.decode with a ModelVerifier (its docstring says what `drafter`,
     `cost`, `stop` and `acceptance` do).
@@ -55,7 +61,9 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     > 0 every token has exactly the plain sampler's distribution, and the same `seed` gives the
     same text with or without a drafter (up to floating-point differences between the two
     passes). `prefix_cache` (a core.prefix_cache.PrefixCache shared by the requests) skips the
-    prefill of the prompt's longest prefix it has seen before.
+    prefill of the prompt's longest prefix it has seen before. `constraint` (a
+    core.grammar.Constraint, fresh for this decoding): every token follows its grammar, and the
+    output equals constrained plain decoding's.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -69,15 +77,18 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         generator.seed()
     else:
         generator.manual_seed(seed)
-    verifier = ModelVerifier(model, Sampling(float(temperature), int(top_k), float(top_p), generator), prefix_cache)
-    yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance)
+    verifier = ModelVerifier(model, Sampling(float(temperature), int(top_k), float(top_p), generator), prefix_cache,
+                             constraint)
+    yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance,
+                      constraint=constraint)
 
 
 @torch.inference_mode()
 def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
-                  eos_token_ids: Iterable[int] | int | None = None) -> list[int]:
+                  eos_token_ids: Iterable[int] | int | None = None, constraint: Any = None) -> list[int]:
     """Plain greedy decoding in the simplest form (forward with a KV cache, argmax): the reference
-    that speculative greedy decoding must equal token for token."""
+    that speculative greedy decoding must equal token for token. With `constraint` (a fresh
+    core.grammar.Constraint), the argmax of the tokens its grammar allows: constrained greedy."""
     from .kv_cache import cache_kwarg, new_cache
 
     eos = _eos_set(eos_token_ids)
@@ -86,10 +97,16 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
     out: list[int] = []
     while len(out) < max_new_tokens:
         logits = model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits  # [1, S, V]
-        tok = int(torch.argmax(logits[0, -1]))
+        last = logits[0, -1]
+        if constraint is not None:
+            allowed = np.unpackbits(constraint.mask().view(np.uint8), bitorder="little")[: last.shape[-1]]
+            last = last.masked_fill(torch.from_numpy(allowed == 0), float("-inf"))
+        tok = int(torch.argmax(last))
         out.append(tok)
         if tok in eos:
             break
+        if constraint is not None:
+            constraint.advance([tok])
         ids = torch.tensor([[tok]], dtype=torch.long, device=model.device)  # [1, 1]
     return out
 

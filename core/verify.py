@@ -164,6 +164,15 @@ def accept(logits: torch.Tensor, draft: Draft, root_row: int, sampling: Sampling
     return Verdict(*draft.walk(choose))
 
 
+def mask_logits(logits: torch.Tensor, allowed: Any) -> None:
+    """Set logits [R, V'] to -inf where `allowed` (bool [R, V], numpy or torch) is false, in place;
+    columns past V (a model's padded vocabulary) are refused too."""
+    allowed = torch.as_tensor(allowed, device=logits.device)
+    width = allowed.shape[-1]
+    logits[..., :width].masked_fill_(~allowed, float("-inf"))
+    logits[..., width:] = float("-inf")
+
+
 def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_nodes: int) -> None:
     """Prune `cache` to its first `num_kept` entries (cache + pending) followed by the accepted
     nodes' entries, in path order: the cache plain decoding would hold.
@@ -191,16 +200,21 @@ def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_
 
 
 @torch.inference_mode()
-def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, sampling: Sampling) -> Verdict:
+def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, sampling: Sampling,
+           allowed: Any = None) -> Verdict:
     """One speculative step: score pending + draft in one pass, accept, prune the cache.
 
     Afterwards the cache holds the pending tokens and the accepted draft tokens; the verdict's last
-    token (the bonus) is the next step's pending token.
+    token (the bonus) is the next step's pending token. `allowed` (a grammar's: bool [1 + N, V],
+    core.grammar.Constraint.allowed): the tokens each row may choose, the root's first; the others'
+    logits become -inf before the walk, as constrained plain decoding masks them.
     """
     check_draft(draft, model.config.vocab_size)
     num_kept = cache.get_seq_length() + len(pending)
     logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
     root_row = len(pending) - 1
+    if allowed is not None:
+        mask_logits(logits[root_row:], allowed)
     argmax = row_argmax(logits[root_row:]) if sampling.greedy else None  # the walk's and the guesses'
     verdict = accept(logits, draft, root_row, sampling, argmax)
     last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else -1

@@ -12,8 +12,12 @@ AGENT_DATA = REPO.parent / "shared" / "agent-data"
 warm_up_math()
 
 
+def specx_test_home(tmp_path_factory) -> Path:
+    """The tests' SPECX_HOME: one per session (tokenizer and model caches), or SPECX_TEST_HOME."""
+    return Path(os.environ.get("SPECX_TEST_HOME") or tmp_path_factory.getbasetemp() / "specx-home")
+
+
 @pytest.fixture(autouse=True)
 def _specx_home(tmp_path_factory, monkeypatch):
     # Never write caches into the user's home from tests; share one per session (tokenizer cache).
-    home = os.environ.get("SPECX_TEST_HOME") or str(tmp_path_factory.getbasetemp() / "specx-home")
-    monkeypatch.setenv("SPECX_HOME", home)
+    monkeypatch.setenv("SPECX_HOME", str(specx_test_home(tmp_path_factory)))
