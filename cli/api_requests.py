@@ -6,12 +6,13 @@ Pure validation and tokenization, no HTTP: server.py calls parse_request for eac
 from __future__ import annotations
 
 import json
-
+import re
 import uuid
 from typing import Any
 
 from starlette.responses import JSONResponse
 
+from specx.core.grammar import GrammarError, json_schema_grammar
 from specx.core.serving import GenerationRequest, LockedTokenizer
 
 MAX_N = 8
@@ -39,9 +40,21 @@ class ApiError(Exception):
 class Tokenizers:
     """How a validated request becomes prompt tokens (the same calls as `specx generate`)."""
 
-    def __init__(self, tokenizer: LockedTokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: LockedTokenizer, vocab_size: int, vocabulary: Any = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.vocabulary = vocabulary  # core.grammar.Vocabulary: grammars are checked against it
+
+    def grammar(self, grammar: str, param: str) -> str:
+        """The grammar, once llguidance has compiled it against the model's vocabulary."""
+        if self.vocabulary is None:
+            raise ApiError(400, "constrained decoding is not available on this server", param,
+                           "unsupported_parameter")
+        try:
+            self.vocabulary.check(grammar)
+        except GrammarError as exc:
+            raise ApiError(400, f"Invalid '{param}': {exc}", param, "invalid_value") from None
+        return grammar
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
              add_generation_prompt: bool = True) -> list[int]:
@@ -106,11 +119,14 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                             f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} or "
                             f"completion.", name, "context_length_exceeded")
     prediction = _prediction(body, tokenizers)
+    grammar = _response_format(body, tokenizers)
+    logprobs = _logprobs(body, endpoint)
     prefix = "chatcmpl" if endpoint == "chat.completions" else "cmpl"
     request = GenerationRequest(id=f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint=endpoint, model=model,
                                 prompt_ids=prompt_ids, max_tokens=max_tokens, prompt_messages=prompt_messages,
                                 prompt_text=prompt_text, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                                seed=seed, stop=stop, n=n, prediction_ids=prediction)
+                                seed=seed, stop=stop, n=n, prediction_ids=prediction,
+                                grammar=grammar, logprobs=logprobs)
     return request, stream, include_usage
 
 
@@ -190,22 +206,68 @@ def _prediction(body: dict[str, Any], tokenizers: Tokenizers) -> list[int] | Non
     return tokenizers.text(content) if content else None
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat (completions: 5; vLLM allows more, so does specx: 20)
+
+
+def _logprobs(body: dict[str, Any], endpoint: str) -> int:
+    """How many top alternatives to report with each token's log-probability (-1: no logprobs).
+    Chat: logprobs (boolean) and top_logprobs; completions: logprobs (an integer)."""
+    if endpoint == "completions":
+        return _int(body, "logprobs", -1, 0, MAX_TOP_LOGPROBS)
+    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if not _bool(body, "logprobs", False):
+        if top:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
+        return -1
+    return top or 0
+
+
+SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _response_format(body: dict[str, Any], tokenizers: Tokenizers) -> str | None:
+    """OpenAI's response_format as a grammar: None for text; any JSON object for json_object; JSON
+    that matches the schema for json_schema (decoding is constrained, so `strict` or not, the
+    output follows the schema)."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise ApiError(400, "'response_format' must be an object", "response_format", "invalid_type")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return tokenizers.grammar(json_schema_grammar(None), "response_format")
+    if kind != "json_schema":
+        raise ApiError(400, f"Invalid value for 'response_format.type': {kind!r}; expected text, json_object or "
+                            "json_schema", "response_format.type", "invalid_value")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ApiError(400, "Missing required parameter: 'response_format.json_schema'.", "response_format.json_schema",
+                       "missing_required_parameter")
+    name = spec.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise ApiError(400, "'response_format.json_schema.name' must be 1-64 letters, digits, '_' or '-'",
+                       "response_format.json_schema.name", "invalid_value")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object",
+                       "response_format.json_schema.schema", "invalid_type")
+    _bool(spec, "strict", False, "response_format.json_schema.strict")
+    return tokenizers.grammar(json_schema_grammar(schema or {}), "response_format.json_schema.schema")
+
+
 def _refuse_unsupported(body: dict[str, Any], endpoint: str) -> None:
     """Parameters whose meaning specx cannot honour get a 400 rather than being silently ignored."""
     def present(name: str) -> bool:  # set to something other than its neutral value
         return body.get(name) not in (None, False, 0)
 
-    if present("logprobs") or present("top_logprobs"):
-        raise ApiError(400, "logprobs are not supported by specx serve", "logprobs", "unsupported_parameter")
     for name in ("presence_penalty", "frequency_penalty"):
         if present(name):
             raise ApiError(400, f"'{name}' is not supported by specx serve (only 0)", name, "unsupported_parameter")
     if body.get("logit_bias"):
         raise ApiError(400, "'logit_bias' is not supported by specx serve", "logit_bias", "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise ApiError(400, "'response_format' other than text is not supported (no constrained decoding)",
-                       "response_format", "unsupported_parameter")
     if endpoint == "completions":
         if present("echo"):
             raise ApiError(400, "'echo' is not supported by specx serve", "echo", "unsupported_parameter")

@@ -84,6 +84,7 @@ def serve_cmd(
                           max_spec_factor, vllm_arg or [])
     import uvicorn
 
+    from specx.core.grammar import Vocabulary
     from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
     from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
@@ -131,9 +132,12 @@ def serve_cmd(
                          ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
             drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
                 if speculation else None
+            api.stage = "the grammar vocabulary"  # response_format and tool_choice decode under grammars
+            vocabulary = Vocabulary(tok, int(net.config.vocab_size), tok.eos_token_id)
             recorder = ServedRecorder(path, model, fingerprint, len(tok), speculation)
             worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, metrics,
-                            PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")))
+                            PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")),
+                            vocabulary=vocabulary)
             api.ready(worker, min(max_model_len or context_length, context_length))
             log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
                      ", ".join(names), host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}",

@@ -31,60 +31,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api_requests import ApiError, Tokenizers, parse_detokenize, parse_request, parse_tokenize
+from .api_responses import chunk, completion_json, delta, logprobs_json, sse, usage_json
 from specx.core.serving import Choice, GenerationRequest, Job, Stats, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 log = logging.getLogger("specx.serve")
-
-
-# --------------------------------------------------------------------------- responses
-
-def usage_json(stats: Stats) -> dict[str, Any]:
-    accepted, rejected = stats.prediction_tokens
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
-                                          "rejected_prediction_tokens": rejected}}
-
-
-def completion_json(req: GenerationRequest, created: int, choices: list[Choice], stats: Stats,
-                    index_tokens: int) -> dict[str, Any]:
-    """The non-streaming body; `specx` (not part of OpenAI's API) holds the speculation figures."""
-    if req.endpoint == "chat.completions":
-        items = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                  "logprobs": None, "finish_reason": c.finish_reason} for c in choices]
-        kind = "chat.completion"
-    else:
-        items = [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-                 for c in choices]
-        kind = "text_completion"
-    return {"id": req.id, "object": kind, "created": created, "model": req.model, "system_fingerprint": None,
-            "choices": items, "usage": usage_json(stats),
-            "specx": {**stats.to_json(), "global_index_tokens": index_tokens}}
-
-
-def _chunk(req: GenerationRequest, created: int, choices: list[dict[str, Any]], include_usage: bool) -> bytes:
-    kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
-    data: dict[str, Any] = {"id": req.id, "object": kind, "created": created, "model": req.model,
-                            "system_fingerprint": None, "choices": choices}
-    if include_usage:
-        data["usage"] = None  # OpenAI: null on every chunk but the last one
-    return _sse(data)
-
-
-def _sse(data: Any) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
-
-
-def _choice_delta(req: GenerationRequest, index: int, text: str | None, finish_reason: str | None,
-                  role: bool = False) -> dict[str, Any]:
-    if req.endpoint == "chat.completions":
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-        if text is not None:
-            delta["content"] = text
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
 
 
 # --------------------------------------------------------------------------- the app
@@ -107,7 +58,7 @@ class Api:
     def ready(self, worker: Worker, context_length: int) -> None:
         """The model is loaded: start answering (the port was open, saying 503 loading, until now)."""
         self.context_length = context_length
-        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size))
+        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size), worker.vocabulary)
         worker.start()
         self.worker = worker
 
@@ -240,8 +191,9 @@ class Api:
                 if event[0] == "choice":
                     choices.append(event[1])
                 elif event[0] == "done":
-                    return JSONResponse(completion_json(job.request, created, choices, event[1],
-                                                        int(self.worker.global_index.num_tokens)))
+                    index_tokens = int(self.worker.global_index.num_tokens)
+                    return JSONResponse(completion_json(job.request, created, choices, event[1], index_tokens,
+                                                        self._token_text))
                 elif event[0] == "error":
                     return ApiError(event[1], event[2], None, None, "server_error").response()
                 elif event[0] == "cancelled":
@@ -250,32 +202,39 @@ class Api:
             watcher.cancel()
             job.cancelled.set()  # no effect once the worker is done with it
 
+    def _token_text(self, token: int) -> str:
+        return self.tokenizers.tokenizer.decode([token])
+
     async def _stream(self, request: Request, job: Job, created: int, include_usage: bool) -> AsyncIterator[bytes]:
         req = job.request
+        offsets = [0] * req.n  # completions' logprobs: text_offset of each choice's next token
         watcher = asyncio.create_task(_watch_disconnect(request, job))
         try:
             if req.endpoint == "chat.completions":  # OpenAI's first chunk names the role
-                yield _chunk(req, created, [_choice_delta(req, i, None, None, role=True) for i in range(req.n)],
+                yield chunk(req, created, [delta(req, i, None, None, role=True) for i in range(req.n)],
                              include_usage)
             while True:
                 event = await job.events.get()
                 if event[0] == "delta":
-                    yield _chunk(req, created, [_choice_delta(req, event[1], event[2], None)], include_usage)
+                    _, index, text, tokens, logprobs = event
+                    logprobs = logprobs_json(req, tokens, logprobs, self._token_text, offsets[index])
+                    offsets[index] += len(text)
+                    yield chunk(req, created, [delta(req, index, text, None, logprobs=logprobs)], include_usage)
                 elif event[0] == "choice":
                     choice: Choice = event[1]
-                    yield _chunk(req, created, [_choice_delta(req, choice.index, None, choice.finish_reason)],
+                    yield chunk(req, created, [delta(req, choice.index, None, choice.finish_reason)],
                                  include_usage)
                 elif event[0] == "done":
                     if include_usage:
                         kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
-                        yield _sse({"id": req.id, "object": kind, "created": created, "model": req.model,
+                        yield sse({"id": req.id, "object": kind, "created": created, "model": req.model,
                                     "system_fingerprint": None, "choices": [], "usage": usage_json(event[1]),
                                     "specx": {**event[1].to_json(),
                                               "global_index_tokens": int(self.worker.global_index.num_tokens)}})
                     yield b"data: [DONE]\n\n"
                     return
                 elif event[0] == "error":  # the stream still ends as a stream does
-                    yield _sse({"error": {"message": event[2], "type": "server_error", "param": None, "code": None}})
+                    yield sse({"error": {"message": event[2], "type": "server_error", "param": None, "code": None}})
                     yield b"data: [DONE]\n\n"
                     return
                 elif event[0] == "cancelled":

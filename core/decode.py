@@ -36,10 +36,20 @@ class Verdict:
     tokens: list[int]
     accepted_nodes: list[int]  # indices into the draft, root to leaf
     guesses: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the verifier was asked for them
 
     @property
     def num_accepted(self) -> int:
         return len(self.accepted_nodes)
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model (its raw distribution, before a grammar's mask or
+    the sampler's temperature and cuts, as vLLM reports them) and the `top` most likely tokens'."""
+
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 class Verifier(Protocol):
@@ -66,6 +76,7 @@ class Step:
     draft_us: float  # time the drafter took to propose the draft (and the draft's sizing)
     verify_us: float  # the verifier: forward pass + accept walk + cache pruning
     update_us: float = 0.0  # the drafter learning the step's tokens
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when asked for
 
 
 @dataclass
@@ -192,7 +203,8 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 drafter.extend(tokens)
                 guesses = verdict.guesses
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
-                       (verified - drafted) * 1e6, (clock() - updated) * 1e6)
+                       (verified - drafted) * 1e6, (clock() - updated) * 1e6,
+                       None if verdict.logprobs is None else verdict.logprobs[: len(tokens)])
             if done:
                 break
         learned = learn

@@ -27,8 +27,10 @@ class ModelVerifier:
 
     finished = False
 
-    def __init__(self, model: Any, sampling: Sampling, prefix_cache: Any = None, constraint: Any = None) -> None:
+    def __init__(self, model: Any, sampling: Sampling, prefix_cache: Any = None, constraint: Any = None,
+                 logprobs: int = -1) -> None:
         self.model, self.sampling, self.prefix_cache = model, sampling, prefix_cache
+        self.logprobs = logprobs  # >= 0: each token's log-probability and that many alternatives
         self.constraint = constraint  # core.grammar.Constraint: the draft comes pruned (core.decode)
         self.vocab_size = model.config.vocab_size
         self.cache: Any = None
@@ -40,7 +42,7 @@ class ModelVerifier:
 
     def verify(self, draft: Draft) -> Verdict:
         allowed = self.constraint.allowed(draft) if self.constraint is not None else None
-        verdict = verify(self.model, self.cache, self.pending, draft, self.sampling, allowed)
+        verdict = verify(self.model, self.cache, self.pending, draft, self.sampling, allowed, self.logprobs)
         if self.constraint is not None:
             self.constraint.advance(verdict.tokens)
         self.pending = [verdict.tokens[-1]]
@@ -52,7 +54,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
              top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
              acceptance: AcceptanceModel | None = None, prefix_cache: Any = None,
-             constraint: Any = None) -> Iterator[Step]:
+             constraint: Any = None, logprobs: int = -1) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids` with the model, yielding one Step per
     forward pass: core.decode.decode with a ModelVerifier (its docstring says what `drafter`,
     `cost`, `stop` and `acceptance` do).
@@ -63,7 +65,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     passes). `prefix_cache` (a core.prefix_cache.PrefixCache shared by the requests) skips the
     prefill of the prompt's longest prefix it has seen before. `constraint` (a
     core.grammar.Constraint, fresh for this decoding): every token follows its grammar, and the
-    output equals constrained plain decoding's.
+    output equals constrained plain decoding's. `logprobs` >= 0: each Step carries its tokens'
+    log-probabilities and that many top alternatives (core.verify.token_logprobs).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -78,7 +81,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     else:
         generator.manual_seed(seed)
     verifier = ModelVerifier(model, Sampling(float(temperature), int(top_k), float(top_p), generator), prefix_cache,
-                             constraint)
+                             constraint, logprobs)
     yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance,
                       constraint=constraint)
 

@@ -5,7 +5,9 @@ raises queue.Full (HTTP 429). The worker decodes it with the same loop as `specx
 (core.generate with a SuffixDrafter over the global index) and sends events back to the event
 loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue:
 
-    ("delta", choice_index, text)   new text, safe to show (stop strings held back)
+    ("delta", choice_index, text, tokens, logprobs)
+                                    new text, safe to show (stop strings held back), the tokens
+                                    decoded since the last delta and their TokenLogprobs (or None)
     ("choice", Choice)              a choice finished
     ("done", Stats)                 the request finished (after all choices)
     ("error", status, message)      it failed
@@ -34,7 +36,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from .cost import AcceptanceModel
-from .decode import DecodeStats
+from .decode import DecodeStats, TokenLogprob
 from .generate import generate
 from .speculate import PredictionDrafter
 from .text import TextStream
@@ -63,6 +65,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     n: int = 1
     prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
+    grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
+    logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Choice:
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: DecodeStats  # its steps, drafts and seconds
     prediction_tokens: tuple[int, int] = (0, 0)  # of the prediction: (appeared in the output, did not)
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked
 
 
 @dataclass
@@ -212,8 +217,9 @@ class Worker:
 
     def __init__(self, net: Any, tokenizer: LockedTokenizer, global_index: Any, drafter: Any = None,
                  cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None, prefix_cache: Any = None,
-                 recorder: Recorder | None = None, debug: bool = False) -> None:
+                 recorder: Recorder | None = None, debug: bool = False, vocabulary: Any = None) -> None:
         self.net = net
+        self.vocabulary = vocabulary  # core.grammar.Vocabulary: requests with a grammar decode under it
         self.tokenizer = tokenizer
         self.global_index = global_index
         self.drafter = drafter
@@ -351,24 +357,31 @@ class Worker:
         steps = generate(self.net, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
-                         acceptance=self.acceptance, prefix_cache=self.prefix_cache)
+                         acceptance=self.acceptance, prefix_cache=self.prefix_cache,
+                         constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
+                         logprobs=req.logprobs)
         totals, tokens = DecodeStats(calls=1), []
+        logprobs: list[TokenLogprob] | None = [] if req.logprobs >= 0 else None
+        sent = 0  # tokens whose text went out in a delta
         try:
             for step in steps:
                 if job.cancelled.is_set():
                     return None  # closing the loop below ends the request without learning
                 totals.add_step(step)
                 tokens += step.new_tokens
+                if logprobs is not None:
+                    logprobs += step.logprobs
                 piece = text.pop()
                 if piece:
-                    job.emit("delta", index, piece)
+                    job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
+                    sent = len(tokens)
         finally:
             steps.close()
         piece = text.pop(final=True)
-        if piece:
-            job.emit("delta", index, piece)
+        if piece or (logprobs and sent < len(tokens)):
+            job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
         return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals,
-                      prediction_tokens(req.prediction_ids, tokens))
+                      prediction_tokens(req.prediction_ids, tokens), logprobs)
 
     def _persist(self) -> None:
         self._saved_at = time.monotonic()

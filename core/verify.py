@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from .attention import ATTENTION
-from .decode import Verdict
+from .decode import TokenLogprob, Verdict
 from .draft import Draft, check_draft
 
 # Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.attention's); flash
@@ -173,6 +173,16 @@ def mask_logits(logits: torch.Tensor, allowed: Any) -> None:
     logits[..., width:] = float("-inf")
 
 
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Row i of logits [T, V] chose tokens[i]: its log-probability and the `top` best alternatives."""
+    logp = torch.log_softmax(logits.double(), dim=-1)  # [T, V]
+    chosen = logp[torch.arange(len(tokens)), torch.tensor(list(tokens))].tolist()
+    if top <= 0:
+        return [TokenLogprob(lp, []) for lp in chosen]
+    values, ids = torch.topk(logp, top, dim=-1)  # [T, top]
+    return [TokenLogprob(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), values.tolist())]
+
+
 def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_nodes: int) -> None:
     """Prune `cache` to its first `num_kept` entries (cache + pending) followed by the accepted
     nodes' entries, in path order: the cache plain decoding would hold.
@@ -201,18 +211,20 @@ def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_
 
 @torch.inference_mode()
 def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, sampling: Sampling,
-           allowed: Any = None) -> Verdict:
+           allowed: Any = None, logprobs: int = -1) -> Verdict:
     """One speculative step: score pending + draft in one pass, accept, prune the cache.
 
     Afterwards the cache holds the pending tokens and the accepted draft tokens; the verdict's last
     token (the bonus) is the next step's pending token. `allowed` (a grammar's: bool [1 + N, V],
     core.grammar.Constraint.allowed): the tokens each row may choose, the root's first; the others'
-    logits become -inf before the walk, as constrained plain decoding masks them.
+    logits become -inf before the walk, as constrained plain decoding masks them. `logprobs` >= 0:
+    each chosen token's log-probability and that many top alternatives (Verdict.logprobs).
     """
     check_draft(draft, model.config.vocab_size)
     num_kept = cache.get_seq_length() + len(pending)
     logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
     root_row = len(pending) - 1
+    raw = logits[root_row:].clone() if logprobs >= 0 and allowed is not None else logits[root_row:]
     if allowed is not None:
         mask_logits(logits[root_row:], allowed)
     argmax = row_argmax(logits[root_row:]) if sampling.greedy else None  # the walk's and the guesses'
@@ -224,4 +236,6 @@ def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, samplin
                    else row_argmax(logits[[root_row + 1 + i for i in rejected]]))
         verdict.guesses = list(dict.fromkeys(guesses))
     keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
+    if logprobs >= 0:
+        verdict.logprobs = token_logprobs(raw[[0] + [1 + i for i in verdict.accepted_nodes]], verdict.tokens, logprobs)
     return verdict

@@ -79,9 +79,15 @@ def test_parse_completions_and_options():
     (chat_body(stop=[1]), "chat.completions", 400, "invalid_type"),
     (chat_body(stream="yes"), "chat.completions", 400, "invalid_type"),
     (chat_body(stream_options={"include_usage": True}), "chat.completions", 400, None),
-    (chat_body(logprobs=True), "chat.completions", 400, "unsupported_parameter"),
+    (chat_body(top_logprobs=3), "chat.completions", 400, "invalid_value"),
+    (chat_body(logprobs=True, top_logprobs=21), "chat.completions", 400, "integer_above_max_value"),
+    (chat_body(logprobs=1), "chat.completions", 400, "invalid_type"),
+    ({"model": MODEL, "prompt": "a", "logprobs": True}, "completions", 400, "invalid_type"),
     (chat_body(frequency_penalty=0.5), "chat.completions", 400, "unsupported_parameter"),
-    (chat_body(response_format={"type": "json_object"}), "chat.completions", 400, "unsupported_parameter"),
+    (chat_body(response_format={"type": "json_object"}), "chat.completions", 400, "unsupported_parameter"),  # no
+    # grammar vocabulary (test_parse_response_format has one)
+    (chat_body(response_format={"type": "xml"}), "chat.completions", 400, "invalid_value"),
+    (chat_body(response_format="json"), "chat.completions", 400, "invalid_type"),
     ({"model": MODEL}, "completions", 400, "missing_required_parameter"),
     ({"model": MODEL, "prompt": ""}, "completions", 400, None),
     ({"model": MODEL, "prompt": ["a", "b"]}, "completions", 400, "unsupported_parameter"),
@@ -101,6 +107,42 @@ def test_parse_accepts_neutral_values_of_unsupported_parameters():
                           response_format={"type": "text"}, tools=[{"type": "function", "function": {"name": "f"}}],
                           tool_choice="auto", user="u1", max_tokens=None))[0]
     assert req.max_tokens >= 1
+
+
+def test_parse_logprobs():
+    assert parse(chat_body())[0].logprobs == -1
+    assert parse(chat_body(logprobs=True))[0].logprobs == 0
+    assert parse(chat_body(logprobs=True, top_logprobs=5))[0].logprobs == 5
+    assert parse({"model": MODEL, "prompt": "a", "logprobs": 2}, "completions")[0].logprobs == 2
+    assert parse({"model": MODEL, "prompt": "a", "logprobs": 0}, "completions")[0].logprobs == 0
+
+
+def test_parse_response_format(tmp_path_factory):
+    from conftest import specx_test_home
+    from specx.core.grammar import Vocabulary
+    from specx.core.model import load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL, specx_test_home(tmp_path_factory) / "models")
+    tokenizers = Tokenizers(FakeTokenizer(), 1000, Vocabulary(tokenizer, len(tokenizer), tokenizer.eos_token_id))
+
+    def fmt(response_format):
+        return parse_request(chat_body(response_format=response_format), "chat.completions", [MODEL], 64,
+                             tokenizers)[0].grammar
+
+    assert fmt({"type": "text"}) is None
+    assert "json_schema" in fmt({"type": "json_object"})
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert '"integer"' in fmt({"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}})
+    for bad, param, code in (({"type": "json_schema"}, "response_format.json_schema", "missing_required_parameter"),
+                             ({"type": "json_schema", "json_schema": {"name": "a b", "schema": schema}},
+                              "response_format.json_schema.name", "invalid_value"),
+                             ({"type": "json_schema", "json_schema": {"name": "A", "schema": []}},
+                              "response_format.json_schema.schema", "invalid_type"),
+                             ({"type": "json_schema", "json_schema": {"name": "A", "schema": {"type": "nope"}}},
+                              "response_format.json_schema.schema", "invalid_value")):
+        with pytest.raises(ApiError) as err:
+            fmt(bad)
+        assert (err.value.status, err.value.param, err.value.code) == (400, param, code), bad
 
 
 def test_only_what_a_template_can_render_is_kept_and_bounded():

@@ -289,3 +289,20 @@ def test_a_prediction_drafts_first_and_output_stays_plain_greedy():
     edited, steps = collect(generate(model, prompt, PredictionDrafter(want[:10] + [1, 2, 3] + want[14:], None,
                                                                       max_spec_tokens=16), max_new_tokens=40))
     assert len(steps) <= 8  # finds its place again after the edit
+
+
+def test_logprobs_are_the_models_whatever_the_drafts(model64):
+    prompt = [3, 17, 42, 5, 9]
+    want = greedy_decode(model64, prompt, 24)
+    full = torch.log_softmax(model64(torch.tensor([prompt + want])).logits[0].double(), -1)  # [S, V]
+    rows = full[len(prompt) - 1 : len(prompt) - 1 + len(want)]  # row i chose want[i]
+    for make in (all_right, wide_tree, empty):
+        steps = list(generate(model64, prompt, FakeDrafter(make, want), max_new_tokens=24, logprobs=3))
+        out = [t for s in steps for t in s.new_tokens]
+        logprobs = [lp for s in steps for lp in s.logprobs]
+        assert out == want and len(logprobs) == len(want)
+        for i, lp in enumerate(logprobs):
+            assert abs(lp.logprob - float(rows[i, want[i]])) < 1e-9
+            assert [t for t, _ in lp.top] == torch.topk(rows[i], 3).indices.tolist()
+            assert lp.top[0][0] == want[i]  # greedy: the chosen token is the most likely
+    assert all(s.logprobs is None for s in generate(model64, prompt, None, max_new_tokens=4))

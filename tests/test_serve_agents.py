@@ -1,0 +1,129 @@
+"""`specx serve` for agents, with real clients on loopback: structured output (response_format),
+logprobs, tool calls. The server is test_serve.Server (`python -m specx serve`, the built-in model)."""
+
+import json
+
+import pytest
+
+from conftest import specx_test_home
+from test_serve import KEY, MODEL, Server
+
+pytestmark = pytest.mark.slow
+
+SQL_SYSTEM = ("Tables: singer(singer_id, name, country, age), concert(concert_id, year, stadium_id), "
+              "stadium(stadium_id, name, capacity). Answer with JSON: the SQL query and the tables it reads, "
+              'e.g. {"sql": "SELECT name FROM singer", "tables": ["singer"]}.')
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(str(specx_test_home(tmp_path_factory)), tmp_path_factory.mktemp("agents") / "served.db",
+                 "--api-key", KEY)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Constrained plain greedy decoding with the same model, in this process: what the server must write."""
+    from specx.core.generate import greedy_decode
+    from specx.core.grammar import Vocabulary
+    from specx.core.model import load_model
+
+    model, tokenizer = load_model(MODEL, specx_test_home(tmp_path_factory) / "models", device="cpu")
+    vocabulary = Vocabulary(tokenizer, model.config.vocab_size, tokenizer.eos_token_id)
+
+    def decode(prompt_ids, grammar, max_tokens):
+        out = greedy_decode(model, prompt_ids, max_tokens, tokenizer.eos_token_id, vocabulary.constraint(grammar))
+        return tokenizer.decode(out[:-1] if out and out[-1] == tokenizer.eos_token_id else out)
+
+    return decode
+
+
+def tokenize(server, messages):
+    from test_serve import post
+
+    status, body = post(server.url + "/tokenize", json.dumps({"messages": messages}).encode())
+    assert status == 200, body
+    return body["tokens"]
+
+
+def test_parse_with_a_pydantic_model_is_schema_valid_and_lossless(server, reference):
+    from pydantic import BaseModel
+
+    from specx.core.grammar import json_schema_grammar
+
+    class Query(BaseModel):
+        sql: str
+        tables: list[str]
+
+    client = server.client()
+    for question in ("List singers older than 30.", "How many concerts were held in 2014?",
+                     "Which stadium has the largest capacity?"):
+        messages = [{"role": "system", "content": SQL_SYSTEM}, {"role": "user", "content": question}]
+        answer = client.chat.completions.parse(model=MODEL, messages=messages, response_format=Query,
+                                               temperature=0, max_tokens=200)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Query), choice.message.content
+        # the schema the SDK sent (strict: additionalProperties false, every key required), decoded without the server
+        schema = Query.model_json_schema() | {"additionalProperties": False, "required": ["sql", "tables"]}
+        want = reference(tokenize(server, messages), json_schema_grammar(schema), 200)
+        assert choice.message.content == want
+
+
+def test_json_object_and_streaming_under_a_schema(server):
+    client = server.client()
+    messages = [{"role": "user", "content": "Describe a cat as JSON with its name and age."}]
+    answer = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=120,
+                                            response_format={"type": "json_object"})
+    assert isinstance(json.loads(answer.choices[0].message.content), dict)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema, "strict": True}}
+    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=120,
+                                           response_format=fmt)
+    parts = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=120,
+                                           response_format=fmt, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    assert text == whole.choices[0].message.content
+    cat = json.loads(text)
+    assert set(cat) == {"name", "age"} and isinstance(cat["age"], int)
+
+
+def test_a_bad_schema_is_a_400_that_names_it(server):
+    import openai
+
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}})
+    assert err.value.body["param"] == "response_format.json_schema.schema"
+    assert "no-such-type" in err.value.body["message"]
+
+
+def test_logprobs_chat_stream_and_completions(server):
+    import math
+
+    client = server.client()
+    messages = [{"role": "user", "content": "Count from 1 to 10."}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24,
+                                           logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    for t in content:  # greedy: each token is its position's most likely one
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+        assert t.logprob <= 0 and math.isclose(t.top_logprobs[0].logprob, t.logprob, abs_tol=1e-6)
+    streamed = [c for c in client.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                                          max_tokens=24, logprobs=True, top_logprobs=3, stream=True)
+                if c.choices and c.choices[0].logprobs]
+    tokens = [t for c in streamed for t in c.choices[0].logprobs.content]
+    assert [t.token for t in tokens] == [t.token for t in content]
+    # the same tokens, verified in other draft trees: float32 sums in another order
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=2e-3) for a, b in zip(tokens, content))
+    assert whole.choices[0].logprobs is not None
+    assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4).choices[0].logprobs is None
+    raw = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=8, temperature=0, logprobs=2)
+    lp = raw.choices[0].logprobs
+    assert "".join(lp.tokens) == raw.choices[0].text and len(lp.token_logprobs) == 8
+    assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
