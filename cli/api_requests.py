@@ -13,6 +13,8 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from specx.core.grammar import GrammarError, json_schema_grammar
+from specx.core.tools import (ToolChoice, ToolsError, call_grammar, check_tool_choice, check_tools,
+                              messages_for_plain_template, parser_for_template)
 from specx.core.serving import GenerationRequest, LockedTokenizer
 
 MAX_N = 8
@@ -40,10 +42,38 @@ class ApiError(Exception):
 class Tokenizers:
     """How a validated request becomes prompt tokens (the same calls as `specx generate`)."""
 
-    def __init__(self, tokenizer: LockedTokenizer, vocab_size: int, vocabulary: Any = None) -> None:
+    def __init__(self, tokenizer: LockedTokenizer, vocab_size: int, vocabulary: Any = None,
+                 tool_parser: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.vocabulary = vocabulary  # core.grammar.Vocabulary: grammars are checked against it
+        template = getattr(getattr(tokenizer, "tokenizer", tokenizer), "chat_template", None)
+        self.renders_tools = self._renders_tools()  # False: tools go into the system prompt (core.tools)
+        self.tool_parser = tool_parser or parser_for_template(template if isinstance(template, str) else None)
+
+    def _renders_tools(self) -> bool:
+        """Whether the chat template shows the model a tool it is given (many render only role and
+        content: the built-in model's drops tools silently)."""
+        probe = [{"type": "function", "function": {"name": "specx_probe_tool", "parameters": {"type": "object"}}}]
+        messages = [{"role": "user", "content": "hi"}]
+        try:
+            return self.chat(messages, probe) != self.chat(messages, None)
+        except ApiError:
+            return False
+
+    def chat_tools(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]], choice: ToolChoice,
+                   body_tools: Any, add_generation_prompt: bool = True) -> list[int]:
+        """A chat prompt with tools: through the template when it renders them, else with the tool
+        schemas in the system prompt and the tool-call history as text (core.tools)."""
+        if self.renders_tools:
+            return self.chat(messages, body_tools if functions and choice.mode != "none" else None,
+                             add_generation_prompt)
+        try:
+            plain = messages_for_plain_template(self.tool_parser, messages,
+                                                functions if choice.mode != "none" else None)
+        except ToolsError as exc:
+            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
+        return self.chat(plain, None, add_generation_prompt)
 
     def grammar(self, grammar: str, param: str) -> str:
         """The grammar, once llguidance has compiled it against the model's vocabulary."""
@@ -74,6 +104,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                   tokenizers: Tokenizers) -> tuple[GenerationRequest, bool, bool]:
     """(request, stream, include_usage) from a decoded JSON body, or ApiError."""
     body = _object(body)
+    tool_parser, tool_names, tools_grammar = None, None, None
     model = _model(body, model_names, required=True)
     _refuse_unsupported(body, endpoint)
     stream = _bool(body, "stream", False)
@@ -95,11 +126,17 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
     stop = _stop(body)
     if endpoint == "chat.completions":
         messages = _messages(body)
-        tools = body.get("tools")
-        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-            raise ApiError(400, "'tools' must be an array of objects", "tools", "invalid_type")
-        prompt_ids = tokenizers.chat(messages, tools)
+        try:
+            functions = check_tools(body.get("tools"))
+            choice = check_tool_choice(body.get("tool_choice"), functions)
+        except ToolsError as exc:
+            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
+        prompt_ids = tokenizers.chat_tools(messages, functions, choice, body.get("tools"))
         prompt_messages, prompt_text, prompt_param = messages, None, "messages"
+        if choice.mode in ("required", "named"):  # the output is calls: a grammar enforces them
+            tools_grammar = tokenizers.grammar(call_grammar(tokenizers.tool_parser, functions, choice), "tools")
+        if choice.mode != "none":
+            tool_parser, tool_names = tokenizers.tool_parser, [f["name"] for f in functions]
     else:
         prompt_text, prompt_ids = _prompt(body, tokenizers)
         prompt_messages, prompt_param = None, "prompt"
@@ -119,14 +156,14 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                             f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} or "
                             f"completion.", name, "context_length_exceeded")
     prediction = _prediction(body, tokenizers)
-    grammar = _response_format(body, tokenizers)
+    grammar = tools_grammar or _response_format(body, tokenizers)  # required/named tool calls come first
     logprobs = _logprobs(body, endpoint)
     prefix = "chatcmpl" if endpoint == "chat.completions" else "cmpl"
     request = GenerationRequest(id=f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint=endpoint, model=model,
                                 prompt_ids=prompt_ids, max_tokens=max_tokens, prompt_messages=prompt_messages,
                                 prompt_text=prompt_text, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
                                 seed=seed, stop=stop, n=n, prediction_ids=prediction,
-                                grammar=grammar, logprobs=logprobs)
+                                grammar=grammar, logprobs=logprobs, tool_parser=tool_parser, tool_names=tool_names)
     return request, stream, include_usage
 
 
@@ -139,9 +176,13 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers) ->
         messages = body["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "'messages' must be a list of message objects", "messages", "invalid_type")
-        tools = body.get("tools")
-        return tokenizers.chat(messages, tools if isinstance(tools, list) else None,
-                               _bool(body, "add_generation_prompt", True))
+        try:
+            functions = check_tools(body.get("tools"))
+            choice = check_tool_choice(body.get("tool_choice"), functions)
+        except ToolsError as exc:
+            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
+        return tokenizers.chat_tools(messages, functions, choice, body.get("tools"),
+                                     _bool(body, "add_generation_prompt", True))
     if isinstance(body.get("prompt"), str):
         return tokenizers.text(body["prompt"])
     raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")

@@ -12,6 +12,7 @@ from typing import Any
 
 from specx.core.decode import TokenLogprob
 from specx.core.serving import Choice, GenerationRequest, Stats
+from specx.core.tools import ToolCall, call_marker, parse_tool_calls
 
 Decode = Callable[[int], str]
 
@@ -32,8 +33,14 @@ def completion_json(req: GenerationRequest, created: int, choices: list[Choice],
         return logprobs_json(req, c.token_ids, c.logprobs, decode)
 
     if req.endpoint == "chat.completions":
-        items = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                  "logprobs": logprobs(c), "finish_reason": c.finish_reason} for c in choices]
+        items = []
+        for c in choices:
+            content, calls = tool_calls(req, c.text)
+            message = {"role": "assistant", "content": content, "refusal": None}
+            if calls:
+                message["tool_calls"] = [call.to_openai() for call in calls]
+            items.append({"index": c.index, "message": message, "logprobs": logprobs(c),
+                          "finish_reason": finish_reason(c.finish_reason, calls)})
         kind = "chat.completion"
     else:
         items = [{"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
@@ -58,14 +65,81 @@ def sse(data: Any) -> bytes:
 
 
 def delta(req: GenerationRequest, index: int, text: str | None, finish_reason: str | None, role: bool = False,
-          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One choice's part of a stream chunk (`logprobs`: logprobs_json of the tokens it carries)."""
+          logprobs: dict[str, Any] | None = None, calls: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One choice's part of a stream chunk (`logprobs`: logprobs_json of the tokens it carries;
+    `calls`: a HeldText tool_calls delta)."""
     if req.endpoint == "chat.completions":
         body: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             body["content"] = text
+        if calls is not None:
+            body.update(calls)
         return {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def tool_calls(req: GenerationRequest, text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a chat answer: the text as it is when the request has no tools."""
+    if req.tool_parser is None:
+        return text, []
+    return parse_tool_calls(req.tool_parser, text, req.tool_names)
+
+
+def finish_reason(reason: str, calls: list[ToolCall]) -> str:
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+class HeldText:
+    """A streamed chat answer that may turn into tool calls: text is sent until a call may start
+    (core.tools.call_marker, or a prefix of it at the end), then held; at the end the whole text
+    is parsed, and what was held goes out as tool-call deltas, or as content if it held no call."""
+
+    def __init__(self, req: GenerationRequest) -> None:
+        self.parser, self.names = req.tool_parser, req.tool_names
+        self.text = ""
+        self.sent = 0  # characters of text sent as content
+        self.holding = False
+        self.free = self.parser is None  # no call can come any more: send everything
+
+    def push(self, piece: str) -> str:
+        """Add a piece of text; returns what can be sent as content now."""
+        self.text += piece
+        if self.holding:
+            return ""
+        if self.free:
+            cut = len(self.text)
+        elif self.parser == "llama3_json":  # a call is the whole answer: it shows in the first characters
+            head, tag = self.text.lstrip(), "<|python_tag|>"
+            self.holding = head.startswith(("{", tag))
+            self.free = bool(head) and not self.holding and not tag.startswith(head)
+            cut = len(self.text) if self.free else 0
+        else:
+            marker = call_marker(self.parser)
+            at = self.text.find(marker, self.sent)
+            self.holding = at >= 0
+            cut = at if self.holding else len(self.text) - _partial(self.text, marker)
+        out, self.sent = self.text[self.sent : cut], max(self.sent, cut)
+        return out
+
+    def finish(self) -> tuple[str, list[dict[str, Any]], list[ToolCall]]:
+        """(content still to send, tool_calls deltas, calls) once the answer is complete."""
+        calls = [] if self.parser is None else parse_tool_calls(self.parser, self.text, self.names)[1]
+        if not calls:
+            return self.text[self.sent :], [], []
+        deltas = []
+        for k, call in enumerate(calls):  # as OpenAI streams them: id and name first, then the arguments
+            deltas.append({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]})
+        return "", deltas, calls
+
+
+def _partial(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that begins `marker` (it may become a call)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
 
 
 def logprobs_json(req: GenerationRequest, tokens: list[int], logprobs: list[TokenLogprob] | None,

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .options import DbOpt, model_cost, specx_home, store_path
+from specx.core.tools import PARSERS
 
 
 def serve_cmd(
@@ -50,6 +51,10 @@ def serve_cmd(
                                                          show_default=False)] = None,
     allowed_origins: Annotated[Optional[list[str]], typer.Option(help="Browser origins allowed to call the API "
                                                                  "(CORS; repeatable; * for any).")] = None,
+    tool_call_parser: Annotated[Optional[str], typer.Option(help="How the model writes tool calls: hermes "
+                                                            "(<tool_call>, Qwen), llama3_json or mistral "
+                                                            "(default: read from the chat template, else hermes).",
+                                                            show_default=False)] = None,
     engine: Annotated[str, typer.Option(help="specx (its own server, tree verification, one request at a time) or "
                                              "vllm (runs `vllm serve` with specx as its suffix drafter: batching, "
                                              "linear drafts).")] = "specx",
@@ -79,6 +84,8 @@ def serve_cmd(
     """
     if engine not in ("specx", "vllm"):
         raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
+    if tool_call_parser is not None and tool_call_parser not in PARSERS:
+        raise typer.BadParameter(f"must be one of {', '.join(PARSERS)}", param_hint="--tool-call-parser")
     if engine == "vllm":
         return _exec_vllm(vllm_bin, model, store_path(db), host, port, api_key, served_model_name, max_spec_tokens,
                           max_spec_factor, vllm_arg or [])
@@ -106,7 +113,7 @@ def serve_cmd(
     _check_address(host, port)  # before anything loads: a taken port is a quick, clear error
     names = served_model_name or [model]
     metrics = Metrics()
-    api = Api(metrics, names, api_key, allowed_origins)
+    api = Api(metrics, names, api_key, allowed_origins, tool_call_parser)
     failed: list[BaseException] = []
 
     def load() -> None:
@@ -139,6 +146,9 @@ def serve_cmd(
                             PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")),
                             vocabulary=vocabulary)
             api.ready(worker, min(max_model_len or context_length, context_length))
+            tokenizers = api.tokenizers
+            log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else
+                     " (the chat template ignores tools: their schemas go into the system prompt)")
             log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
                      ", ".join(names), host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}",
                      path)

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api_requests import ApiError, Tokenizers, parse_detokenize, parse_request, parse_tokenize
-from .api_responses import chunk, completion_json, delta, logprobs_json, sse, usage_json
+from .api_responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
 from specx.core.serving import Choice, GenerationRequest, Job, Stats, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -44,11 +44,12 @@ class Api:
     """The routes of one server: a worker, the names it answers to, an optional API key."""
 
     def __init__(self, metrics: Any, model_names: list[str], api_key: str | None = None,
-                 allowed_origins: list[str] | None = None) -> None:
+                 allowed_origins: list[str] | None = None, tool_parser: str | None = None) -> None:
         self.metrics = metrics
         self.model_names = model_names
         self.api_key = api_key or None
         self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
+        self.tool_parser = tool_parser  # core.tools' format of tool calls (None: from the chat template)
         self.created = int(time.time())
         self.stage = "starting"  # what loading is doing (GET /health says it until ready)
         self.worker: Worker | None = None  # set by ready(): until then every API call gets 503
@@ -58,7 +59,8 @@ class Api:
     def ready(self, worker: Worker, context_length: int) -> None:
         """The model is loaded: start answering (the port was open, saying 503 loading, until now)."""
         self.context_length = context_length
-        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size), worker.vocabulary)
+        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size), worker.vocabulary,
+                                    self.tool_parser)
         worker.start()
         self.worker = worker
 
@@ -208,6 +210,16 @@ class Api:
     async def _stream(self, request: Request, job: Job, created: int, include_usage: bool) -> AsyncIterator[bytes]:
         req = job.request
         offsets = [0] * req.n  # completions' logprobs: text_offset of each choice's next token
+        held = [HeldText(req) for _ in range(req.n)]  # text that may be a tool call waits for its end
+        unsent: list[list[Any]] = [[[], []] for _ in range(req.n)]  # tokens and logprobs not sent yet
+
+        def piece(index: int, text: str | None, **kwargs: Any) -> bytes:
+            tokens, logprobs = unsent[index]
+            lp = logprobs_json(req, tokens, logprobs, self._token_text, offsets[index]) if tokens else None
+            unsent[index] = [[], []]
+            offsets[index] += len(text or "")
+            return chunk(req, created, [delta(req, index, text, None, logprobs=lp, **kwargs)], include_usage)
+
         watcher = asyncio.create_task(_watch_disconnect(request, job))
         try:
             if req.endpoint == "chat.completions":  # OpenAI's first chunk names the role
@@ -217,13 +229,21 @@ class Api:
                 event = await job.events.get()
                 if event[0] == "delta":
                     _, index, text, tokens, logprobs = event
-                    logprobs = logprobs_json(req, tokens, logprobs, self._token_text, offsets[index])
-                    offsets[index] += len(text)
-                    yield chunk(req, created, [delta(req, index, text, None, logprobs=logprobs)], include_usage)
+                    if logprobs is not None:
+                        unsent[index][0] += tokens
+                        unsent[index][1] += logprobs
+                    text = held[index].push(text)
+                    if text:
+                        yield piece(index, text)
                 elif event[0] == "choice":
                     choice: Choice = event[1]
-                    yield chunk(req, created, [delta(req, choice.index, None, choice.finish_reason)],
-                                 include_usage)
+                    rest, call_deltas, calls = held[choice.index].finish()
+                    if rest or unsent[choice.index][0] and not call_deltas:
+                        yield piece(choice.index, rest)
+                    for calls_delta in call_deltas:
+                        yield piece(choice.index, None, calls=calls_delta)
+                    yield chunk(req, created, [delta(req, choice.index, None, finish_reason(choice.finish_reason,
+                                                                                            calls))], include_usage)
                 elif event[0] == "done":
                     if include_usage:
                         kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"

@@ -67,6 +67,8 @@ class GenerationRequest:
     prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
     grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
     logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
+    tool_parser: str | None = None  # the output may hold tool calls in this core.tools format
+    tool_names: list[str] | None = None  # of the request's functions
 
 
 @dataclass

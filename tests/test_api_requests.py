@@ -105,8 +105,47 @@ def test_parse_rejects_bad_input(body, endpoint, status, code):
 def test_parse_accepts_neutral_values_of_unsupported_parameters():
     req = parse(chat_body(logprobs=False, frequency_penalty=0, presence_penalty=0.0, logit_bias={},
                           response_format={"type": "text"}, tools=[{"type": "function", "function": {"name": "f"}}],
-                          tool_choice="auto", user="u1", max_tokens=None))[0]
+                          tool_choice="auto", user="u1", max_tokens=None), context=10_000)[0]
     assert req.max_tokens >= 1
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+
+
+def test_tools_go_into_the_system_prompt_of_a_template_that_ignores_them():
+    from specx.core.tools import tools_system_prompt
+
+    req = parse(chat_body(tools=TOOLS), context=10_000)[0]
+    fake = FakeTokenizer()
+    prompt = fake.decode(req.prompt_ids)
+    assert prompt.startswith("<system>" + tools_system_prompt("hermes", [TOOLS[0]["function"]]))
+    assert (req.tool_parser, req.tool_names, req.grammar) == ("hermes", ["get_weather"], None)  # auto: no grammar
+    assert req.prompt_messages == [{"role": "user", "content": "hi"}]  # the client's messages are what is stored
+    none = parse(chat_body(tools=TOOLS, tool_choice="none"), context=10_000)[0]
+    assert fake.decode(none.prompt_ids) == "<user>hi<assistant>" and none.tool_parser is None
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "12 C"}]
+    text = fake.decode(parse(chat_body(messages=history), context=10_000)[0].prompt_ids)
+    assert '<assistant><tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert "<user><tool_response>\n12 C\n</tool_response><assistant>" in text
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": {"a": 1}}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+])
+def test_bad_tools_name_their_param(extra, param):
+    with pytest.raises(ApiError) as err:
+        parse(chat_body(**extra), context=10_000)
+    assert (err.value.status, err.value.param) == (400, param)
 
 
 def test_parse_logprobs():

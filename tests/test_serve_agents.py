@@ -127,3 +127,72 @@ def test_logprobs_chat_stream_and_completions(server):
     lp = raw.choices[0].logprobs
     assert "".join(lp.tokens) == raw.choices[0].text and len(lp.token_logprobs) == 8
     assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now.",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                                                "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tool_choice_required_and_named_give_calls_of_the_tools(server):
+    client = server.client()
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
+        answer = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
+                                                temperature=0, max_tokens=120)
+        c = answer.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls, c.message.content
+        for call in c.message.tool_calls:
+            assert call.type == "function" and call.function.name in names and call.id.startswith("call_")
+            args = json.loads(call.function.arguments)
+            assert isinstance(args["city"], str)
+            if call.function.name == "get_weather":
+                assert args["unit"] in ("C", "F")
+
+
+def test_streamed_tool_calls_equal_the_whole_answer_and_history_renders(server):
+    client = server.client()
+    kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=120,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for d in c.choices[0].delta.tool_calls or []:  # as the SDK's accumulators read them
+            call = calls.setdefault(d.index, {"id": d.id, "name": "", "arguments": ""})
+            call["name"] += d.function.name or ""
+            call["arguments"] += d.function.arguments or ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
+        [(t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)  # the call text is not content
+    # the answer back, as an agent sends it: the call in the history and the tool's result
+    call = whole.message.tool_calls[0]
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    final = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER, TIME], tool_choice="none",
+                                           temperature=0, max_tokens=40)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+def test_auto_leaves_a_text_answer_as_text(server):
+    # the built-in 135M model answers these in words (it never calls a tool unasked): content, finish "stop";
+    # parsing of calls the model writes itself is tested on recorded texts (test_tools.py, test_api_responses.py)
+    client = server.client()
+    for messages in ([{"role": "user", "content": "Say hello."}], ASK):
+        for stream in (False, True):
+            answer = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], temperature=0,
+                                                    max_tokens=60, stream=stream)
+            if stream:
+                chunks = [c for c in answer if c.choices]
+                text = "".join(c.choices[0].delta.content or "" for c in chunks)
+                assert not any(c.choices[0].delta.tool_calls for c in chunks)
+                assert chunks[-1].choices[0].finish_reason == "stop" and text == whole
+            else:
+                whole = answer.choices[0].message.content
+                assert answer.choices[0].finish_reason == "stop" and whole and not answer.choices[0].message.tool_calls
