@@ -196,3 +196,60 @@ def test_auto_leaves_a_text_answer_as_text(server):
             else:
                 whole = answer.choices[0].message.content
                 assert answer.choices[0].finish_reason == "stop" and whole and not answer.choices[0].message.tool_calls
+
+
+# --------------------------------------------------------------------------- the agent frameworks, as they are
+
+def test_langchain_bind_tools_and_with_structured_output(server):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city now."""
+        return "18 C"
+
+    class Query(BaseModel):
+        sql: str
+        tables: list[str]
+
+    llm = ChatOpenAI(base_url=server.url + "/v1", api_key=KEY, model=MODEL, temperature=0, max_tokens=120)
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    assert [c["name"] for c in message.tool_calls] == ["get_weather"]
+    assert isinstance(message.tool_calls[0]["args"]["city"], str)
+    query = llm.with_structured_output(Query).invoke([("system", SQL_SYSTEM), ("user", "List singers older than 30.")])
+    assert isinstance(query, Query) and query.sql.upper().startswith("SELECT")
+
+
+def test_litellm_tool_choice_required(server, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of litellm's price list
+    import litellm
+
+    answer = litellm.completion(model="openai/" + MODEL, api_base=server.url + "/v1", api_key=KEY, messages=ASK,
+                                tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=120)
+    calls = answer.choices[0].message.tool_calls
+    assert calls and all(c.function.name == "get_weather" for c in calls)
+    assert json.loads(calls[0].function.arguments)["unit"] in ("C", "F")
+
+
+def test_smolagents_tool_calling_agent_calls_the_tool(server):
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    asked: list[str] = []
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city now.
+
+        Args:
+            city: the city's name
+        """
+        asked.append(city)
+        return "18 C, sunny"
+
+    model = OpenAIServerModel(model_id=MODEL, api_base=server.url + "/v1", api_key=KEY, max_tokens=120, temperature=0)
+    agent = ToolCallingAgent(tools=[weather], model=model, max_steps=1, verbosity_level=0)
+    answer = agent.run("What is the weather in Paris?")  # one step (tool_choice "required"), then a final answer
+    assert asked and all(isinstance(city, str) and city for city in asked)
+    assert isinstance(answer, str) and answer
