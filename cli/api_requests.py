@@ -1,6 +1,7 @@
 """OpenAI API request bodies -> validated GenerationRequests, or ApiError (OpenAI-style 4xx).
 
-Pure validation and tokenization, no HTTP: server.py calls parse_request for each body.
+Pure validation, no HTTP: server.py calls parse_request for each body; api_tokens.Tokenizers
+turns what is valid into prompt tokens and grammars.
 """
 
 from __future__ import annotations
@@ -8,14 +9,16 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
 
-from specx.core.grammar import GrammarError, json_schema_grammar
-from specx.core.tools import (ToolChoice, ToolsError, call_grammar, check_tool_choice, check_tools,
-                              messages_for_plain_template, parser_for_template)
-from specx.core.serving import GenerationRequest, LockedTokenizer
+from specx.core.grammar import json_schema_grammar
+from specx.core.serving import GenerationRequest
+from specx.core.tools import ToolsError, call_grammar, check_tool_choice, check_tools
+
+if TYPE_CHECKING:
+    from .api_tokens import Tokenizers
 
 MAX_N = 8
 MAX_STOP = 16
@@ -35,69 +38,6 @@ class ApiError(Exception):
         headers = {"Retry-After": "1"} if self.status in (429, 503) else None
         return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
                                        "code": self.code}}, status_code=self.status, headers=headers)
-
-
-# --------------------------------------------------------------------------- request validation
-
-class Tokenizers:
-    """How a validated request becomes prompt tokens (the same calls as `specx generate`)."""
-
-    def __init__(self, tokenizer: LockedTokenizer, vocab_size: int, vocabulary: Any = None,
-                 tool_parser: str | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.vocabulary = vocabulary  # core.grammar.Vocabulary: grammars are checked against it
-        template = getattr(getattr(tokenizer, "tokenizer", tokenizer), "chat_template", None)
-        self.renders_tools = self._renders_tools()  # False: tools go into the system prompt (core.tools)
-        self.tool_parser = tool_parser or parser_for_template(template if isinstance(template, str) else None)
-
-    def _renders_tools(self) -> bool:
-        """Whether the chat template shows the model a tool it is given (many render only role and
-        content: the built-in model's drops tools silently)."""
-        probe = [{"type": "function", "function": {"name": "specx_probe_tool", "parameters": {"type": "object"}}}]
-        messages = [{"role": "user", "content": "hi"}]
-        try:
-            return self.chat(messages, probe) != self.chat(messages, None)
-        except ApiError:
-            return False
-
-    def chat_tools(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]], choice: ToolChoice,
-                   body_tools: Any, add_generation_prompt: bool = True) -> list[int]:
-        """A chat prompt with tools: through the template when it renders them, else with the tool
-        schemas in the system prompt and the tool-call history as text (core.tools)."""
-        if self.renders_tools:
-            return self.chat(messages, body_tools if functions and choice.mode != "none" else None,
-                             add_generation_prompt)
-        try:
-            plain = messages_for_plain_template(self.tool_parser, messages,
-                                                functions if choice.mode != "none" else None)
-        except ToolsError as exc:
-            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
-        return self.chat(plain, None, add_generation_prompt)
-
-    def grammar(self, grammar: str, param: str) -> str:
-        """The grammar, once llguidance has compiled it against the model's vocabulary."""
-        if self.vocabulary is None:
-            raise ApiError(400, "constrained decoding is not available on this server", param,
-                           "unsupported_parameter")
-        try:
-            self.vocabulary.check(grammar)
-        except GrammarError as exc:
-            raise ApiError(400, f"Invalid '{param}': {exc}", param, "invalid_value") from None
-        return grammar
-
-    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-             add_generation_prompt: bool = True) -> list[int]:
-        kwargs = {"tools": tools} if tools else {}
-        try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=True, **kwargs)
-        except Exception as exc:  # jinja errors, a template that rejects a role, ...
-            raise ApiError(400, f"the model's chat template cannot render these messages: {exc}", "messages") from None
-        return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
-
-    def text(self, prompt: str) -> list[int]:
-        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
 
 def parse_request(body: Any, endpoint: str, model_names: list[str], context_length: int,

@@ -30,9 +30,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api_requests import ApiError, Tokenizers, parse_detokenize, parse_request, parse_tokenize
+from .api_requests import ApiError, parse_detokenize, parse_request, parse_tokenize
+from .api_tokens import Tokenizers
 from .api_responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
-from specx.core.serving import Choice, GenerationRequest, Job, Stats, Worker
+from specx.core.serving import Choice, Job, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 log = logging.getLogger("specx.serve")
@@ -283,8 +284,8 @@ async def _json_body(request: Request) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", None, "request_too_large")
     raw = b""
-    async for chunk in request.stream():
-        raw += chunk
+    async for part in request.stream():
+        raw += part
         if len(raw) > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", None, "request_too_large")
     try:

@@ -4,7 +4,8 @@ a fake tokenizer (characters as tokens) stands in for the model's, so these run 
 
 import pytest
 
-from specx.cli.api_requests import ApiError, Tokenizers, parse_request
+from specx.cli.api_requests import ApiError, parse_request
+from specx.cli.api_tokens import Tokenizers
 
 MODEL = "smollm2-135m"
 

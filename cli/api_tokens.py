@@ -1,0 +1,76 @@
+"""How a validated request meets the model: prompt tokens (chat template, tools) and grammars.
+
+`Tokenizers` holds the server's tokenizer, its grammar vocabulary (core.grammar) and its tool-call
+format (core.tools); api_requests.parse_request asks it for a request's tokens and grammar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specx.core.grammar import GrammarError
+from specx.core.serving import LockedTokenizer
+from specx.core.tools import ToolChoice, ToolsError, messages_for_plain_template, parser_for_template
+
+from .api_requests import ApiError
+
+
+class Tokenizers:
+    """How a validated request becomes prompt tokens (the same calls as `specx generate`)."""
+
+    def __init__(self, tokenizer: LockedTokenizer, vocab_size: int, vocabulary: Any = None,
+                 tool_parser: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.vocabulary = vocabulary  # core.grammar.Vocabulary: grammars are checked against it
+        template = getattr(getattr(tokenizer, "tokenizer", tokenizer), "chat_template", None)
+        self.renders_tools = self._renders_tools()  # False: tools go into the system prompt (core.tools)
+        self.tool_parser = tool_parser or parser_for_template(template if isinstance(template, str) else None)
+
+    def _renders_tools(self) -> bool:
+        """Whether the chat template shows the model a tool it is given (many render only role and
+        content: the built-in model's drops tools silently)."""
+        probe = [{"type": "function", "function": {"name": "specx_probe_tool", "parameters": {"type": "object"}}}]
+        messages = [{"role": "user", "content": "hi"}]
+        try:
+            return self.chat(messages, probe) != self.chat(messages, None)
+        except ApiError:
+            return False
+
+    def chat_tools(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]], choice: ToolChoice,
+                   body_tools: Any, add_generation_prompt: bool = True) -> list[int]:
+        """A chat prompt with tools: through the template when it renders them, else with the tool
+        schemas in the system prompt and the tool-call history as text (core.tools)."""
+        if self.renders_tools:
+            return self.chat(messages, body_tools if functions and choice.mode != "none" else None,
+                             add_generation_prompt)
+        try:
+            plain = messages_for_plain_template(self.tool_parser, messages,
+                                                functions if choice.mode != "none" else None)
+        except ToolsError as exc:
+            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
+        return self.chat(plain, None, add_generation_prompt)
+
+    def grammar(self, grammar: str, param: str) -> str:
+        """The grammar, once llguidance has compiled it against the model's vocabulary."""
+        if self.vocabulary is None:
+            raise ApiError(400, "constrained decoding is not available on this server", param,
+                           "unsupported_parameter")
+        try:
+            self.vocabulary.check(grammar)
+        except GrammarError as exc:
+            raise ApiError(400, f"Invalid '{param}': {exc}", param, "invalid_value") from None
+        return grammar
+
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+             add_generation_prompt: bool = True) -> list[int]:
+        kwargs = {"tools": tools} if tools else {}
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                     tokenize=True, **kwargs)
+        except Exception as exc:  # jinja errors, a template that rejects a role, ...
+            raise ApiError(400, f"the model's chat template cannot render these messages: {exc}", "messages") from None
+        return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+    def text(self, prompt: str) -> list[int]:
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
