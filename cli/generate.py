@@ -57,6 +57,7 @@ def generate_cmd(
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
     from specx.core.text import TextStream
+    from specx.core.verify import tree_unsupported
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     net, tok = load_model(model, specx_home() / "models", dtype=dtype)
@@ -81,7 +82,7 @@ def generate_cmd(
     sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed)
     cost = None
-    if cost_aware:
+    if cost_aware and not tree_unsupported(net):
         cost = model_cost(net, model, output.note, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
             output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
@@ -109,7 +110,11 @@ def generate_cmd(
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
-    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)
+    no_trees = tree_unsupported(net)
+    if no_trees:
+        output.note(f"plain decoding, no drafts: {no_trees}")
+    drafter = None if no_trees else SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens,
+                                                  max_spec_factor=max_spec_factor)
     result = run(drafter, stream=not json_out)
     if not json_out:
         output.stdout.out("")

@@ -95,6 +95,7 @@ def serve_cmd(
     from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
     from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
+    from specx.core.verify import tree_unsupported
     from specx.store.db import Store
     from specx.store.index import index_for
 
@@ -124,6 +125,10 @@ def serve_cmd(
             net, tok = load_model(model, specx_home() / "models", dtype=dtype)
             use_chat_template(tok, chat_template, model)
             context_length = int(net.config.max_position_embeddings)
+            no_trees = tree_unsupported(net)
+            if speculation and no_trees:
+                log.warning("plain decoding, no drafts: %s", no_trees)
+            speculate = speculation and not no_trees
             if max_model_len is not None and max_model_len > context_length:
                 raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
                                          f"tokens)", param_hint="--max-model-len")
@@ -132,16 +137,16 @@ def serve_cmd(
             with Store(path) as store:  # created when missing: the server writes what it serves
                 global_index = index_for(store, fingerprint)
             cost = None
-            if speculation and cost_aware:
+            if speculate and cost_aware:
                 api.stage = "the forward-pass cost curve"
                 cost = model_cost(net, model, log.info, max_size=max_spec_tokens + 1)
                 log.info("forward pass cost by tokens verified: %s",
                          ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
             drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
-                if speculation else None
+                if speculate else None
             api.stage = "the grammar vocabulary"  # response_format and tool_choice decode under grammars
             vocabulary = Vocabulary(tok, int(net.config.vocab_size), tok.eos_token_id)
-            recorder = ServedRecorder(path, model, fingerprint, len(tok), speculation)
+            recorder = ServedRecorder(path, model, fingerprint, len(tok), speculate)
             worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, metrics,
                             PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")),
                             vocabulary=vocabulary)
@@ -150,7 +155,7 @@ def serve_cmd(
             log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else
                      " (the chat template ignores tools: their schemas go into the system prompt)")
             log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
-                     ", ".join(names), host, port, "on" if speculation else "off", f"{global_index.num_tokens:,}",
+                     ", ".join(names), host, port, "on" if speculate else "off", f"{global_index.num_tokens:,}",
                      path)
         except BaseException as exc:  # noqa: BLE001 - reported after the server stops, as main reports it
             failed.append(exc)

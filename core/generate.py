@@ -16,7 +16,7 @@ from .cost import AcceptanceModel, ForwardCost
 from .decode import Step, Verdict, decode
 from .draft import Draft
 from .speculate import Drafter
-from .verify import Sampling, verify
+from .verify import Sampling, tree_unsupported, verify
 
 
 class ModelVerifier:
@@ -75,6 +75,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0 or temperature < 0:
         raise ValueError("top_k and temperature must be >= 0")
+    if drafter is not None and (why := tree_unsupported(model)):
+        raise ValueError(f"speculative decoding is off for this model: {why}; decode plainly (drafter None)")
     generator = torch.Generator(device="cpu")
     if seed is None:
         generator.seed()

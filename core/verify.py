@@ -48,6 +48,24 @@ class Sampling:
         return self.temperature <= 0.0
 
 
+def tree_unsupported(model: Any) -> str | None:
+    """Why this model cannot verify draft trees (None: it can). A tree pass needs an attention
+    that takes an arbitrary 4D mask and a KV cache whose rows can be reordered: sliding-window
+    layers (Gemma 2/3, Mistral's windowed layers) build their own masks and keep a rolling cache.
+    Such a model decodes plainly: the caller decides so at load and says it."""
+    config = model.config
+    impl = getattr(config, "_attn_implementation", "sdpa")
+    if impl not in _MASKABLE:
+        return f"its attention implementation {impl!r} takes no tree mask (one of {', '.join(_MASKABLE)} does)"
+    layer_types = getattr(config, "layer_types", None) or []
+    windowed = any("sliding" in str(t) for t in layer_types) or (
+        not layer_types and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
+    if windowed:
+        return (f"{type(model).__name__} has sliding-window attention layers (window "
+                f"{getattr(config, 'sliding_window', '?')}), whose cache cannot be reordered for draft trees")
+    return None
+
+
 def tree_inputs(pending: Sequence[int], draft: Draft, num_cached: int, dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, position_ids, attention_mask) for one verification pass.
@@ -84,13 +102,19 @@ def tree_logits(model: Any, cache: Any, pending: Sequence[int], draft: Draft) ->
     """Run the model over pending tokens + draft nodes, appending all of them to `cache`.
 
     Returns logits [P + N, V]: row P - 1 predicts the draft's roots, row P + i node i's children.
+    Without a draft the model builds its own masks (a model that cannot verify trees, see
+    tree_unsupported, decodes plainly through here).
     """
+    from .kv_cache import cache_kwarg
+
+    if not len(draft) and tree_unsupported(model):
+        ids = torch.tensor([list(pending)], dtype=torch.long, device=model.device)  # [1, P]
+        return model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits[0]  # [P, V]
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     if impl not in _MASKABLE:
         raise ValueError(f"tree verification needs an attention implementation that takes a 4D mask "
                          f"({', '.join(_MASKABLE)}), not {impl!r}")
     input_ids, position_ids, mask = tree_inputs(pending, draft, cache.get_seq_length(), model.dtype, model.device)
-    from .kv_cache import cache_kwarg
 
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                 **{cache_kwarg(model): cache}, use_cache=True)

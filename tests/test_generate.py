@@ -306,3 +306,22 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
             assert [t for t, _ in lp.top] == torch.topk(rows[i], 3).indices.tolist()
             assert lp.top[0][0] == want[i]  # greedy: the chosen token is the most likely
     assert all(s.logprobs is None for s in generate(model64, prompt, None, max_new_tokens=4))
+
+
+def test_a_sliding_window_model_decodes_plainly_and_refuses_drafts():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from specx.core.speculate import SuffixDrafter
+    from specx.core.verify import tree_unsupported
+
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,
+                              layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).double().eval()
+    assert "sliding-window" in tree_unsupported(model) and tree_unsupported(tiny_model()) is None
+    prompt = [3, 17, 42, 5, 9]
+    out, steps = collect(generate(model, prompt, None, max_new_tokens=40))  # well past the window of 8
+    assert out == greedy_decode(model, prompt, 40) and len(steps) == 40
+    with pytest.raises(ValueError, match="speculative decoding is off for this model"):
+        next(generate(model, prompt, SuffixDrafter(), max_new_tokens=4))

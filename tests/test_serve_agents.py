@@ -253,3 +253,47 @@ def test_smolagents_tool_calling_agent_calls_the_tool(server):
     answer = agent.run("What is the weather in Paris?")  # one step (tool_choice "required"), then a final answer
     assert asked and all(isinstance(city, str) and city for city in asked)
     assert isinstance(answer, str) and answer
+
+
+# --------------------------------------------------------------------------- models that cannot verify trees
+
+@pytest.fixture(scope="module")
+def windowed_model(tmp_path_factory):
+    """A tiny random Gemma 3 (sliding-window layers) over the built-in tokenizer, as an HF folder."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from specx.core.model import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("gemma3-tiny")
+    tokenizer = load_tokenizer(MODEL, specx_test_home(tmp_path_factory) / "models")
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,
+                              layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512,
+                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_sliding_window_model_decodes_plainly_decided_at_load(windowed_model, tmp_path, tmp_path_factory):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "specx", "generate", "Count to ten.", "--model", str(windowed_model),
+                          "--max-tokens", "12", "--json", "--db", str(tmp_path / "none.db")], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "plain decoding, no drafts" in run.stderr and json.loads(run.stdout)["tokens"] == 12
+    srv = Server(str(specx_test_home(tmp_path_factory)), tmp_path / "served.db", "--model", str(windowed_model))
+    try:
+        client = srv.client()
+        for _ in range(2):  # every request answers, none is a 500
+            answer = client.chat.completions.create(model=str(windowed_model), max_tokens=30, temperature=0,
+                                                    messages=[{"role": "user", "content": "Count to ten."}])
+            assert answer.usage.completion_tokens >= 1
+        assert "plain decoding, no drafts" in srv.log() and "speculation off" in srv.log()
+    finally:
+        srv.stop()
