@@ -72,10 +72,10 @@ def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) ->
     from transformers import AutoTokenizer  # heavy import: only when a tokenizer is needed
 
     try:
+        cached = converted_cache(model, cache_dir)
+        if cached is not None and (cached / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(cached)
         if model in BUILTIN:
-            cached = cache_dir / model if cache_dir is not None else None
-            if cached is not None and (cached / "tokenizer.json").is_file():
-                return AutoTokenizer.from_pretrained(cached)
             gguf = builtin_gguf(model)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             if cached is not None:
@@ -94,6 +94,22 @@ def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) ->
     except (OSError, ValueError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load a tokenizer for {model!r}: {first}") from None
+
+
+def converted_cache(model: str, cache_dir: Path | None) -> Path | None:
+    """Where a GGUF's de-quantized copy (safetensors + tokenizer) is kept under `cache_dir`: a
+    built-in model by its name, another .gguf file by its name and a digest of its path, size and
+    modification time (a changed file is converted again). None for other models."""
+    if cache_dir is None:
+        return None
+    if model in BUILTIN:
+        return cache_dir / model
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        return None
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    return cache_dir / f"{path.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -205,9 +221,9 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id.
 
     The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype
-    or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A built-in model is
-    de-quantized from its GGUF once (~30 s) and saved as
-    safetensors under `cache_dir/<name>`, so later loads take under a second.
+    or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A GGUF (built-in or a file)
+    is de-quantized once (~30 s for the built-in model) and saved as safetensors under
+    `cache_dir` (converted_cache), so later loads take under a second.
     With `kernels`, core.kernels.accelerate switches the model to specx's small-batch kernels
     (what it switched is listed in `model.specx_kernels`).
     """
@@ -224,23 +240,21 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     if dtype is None:
         dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     try:
-        if model in BUILTIN:
-            cached = cache_dir / model if cache_dir is not None else None
+        path = Path(model).expanduser()
+        cached = converted_cache(model, cache_dir)
+        if model in BUILTIN or path.suffix == ".gguf":
+            if model not in BUILTIN and not path.is_file():
+                raise ModelError(f"no such GGUF file: {path}")
             tokenizer = load_tokenizer(model, cache_dir)
             if cached is not None and (cached / _WEIGHTS_FILE).is_file():
                 net = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
             else:
-                gguf = builtin_gguf(model)
+                gguf = builtin_gguf(model) if model in BUILTIN else path
                 net = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
                 if cached is not None:
                     _save_model_atomically(net, tokenizer, cached)
         else:
-            path = Path(model).expanduser()
-            if path.suffix == ".gguf":
-                if not path.is_file():
-                    raise ModelError(f"no such GGUF file: {path}")
-                net = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-            elif path.is_dir():
+            if path.is_dir():
                 net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             elif path.exists() or model.startswith((".", "/", "~")):
                 raise ModelError(f"{model!r} is neither a model directory nor a .gguf file")

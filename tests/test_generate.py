@@ -325,3 +325,29 @@ def test_a_sliding_window_model_decodes_plainly_and_refuses_drafts():
     assert out == greedy_decode(model, prompt, 40) and len(steps) == 40
     with pytest.raises(ValueError, match="speculative decoding is off for this model"):
         next(generate(model, prompt, SuffixDrafter(), max_new_tokens=4))
+
+
+@pytest.mark.slow
+def test_a_gguf_file_is_converted_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    import shutil
+
+    import transformers
+
+    from specx.core.model import builtin_gguf, converted_cache, load_model
+
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(builtin_gguf("smollm2-135m"), gguf)
+    loads = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: loads.append((str(a[0]), "gguf_file" in k)) or real(*a, **k))
+    cache = tmp_path / "models"
+    first, tok = load_model(str(gguf), cache, device="cpu", kernels=False)
+    kept = converted_cache(str(gguf), cache)
+    assert (kept / "model.safetensors").is_file() and (kept / "tokenizer.json").is_file()
+    second, _ = load_model(str(gguf), cache, device="cpu", kernels=False)
+    assert loads == [(str(tmp_path), True), (str(kept), False)]  # converted once, then read from the copy
+    prompt = tok.encode("def add(a, b):")
+    assert greedy_decode(first, prompt, 8) == greedy_decode(second, prompt, 8)
+    os.utime(gguf, ns=(1, 1))  # the file changed: converted again, into a new copy
+    assert converted_cache(str(gguf), cache) != kept
