@@ -99,7 +99,8 @@ def serve_cmd(
     from specx.store.db import Store
     from specx.store.index import index_for
 
-    from specx.core.serving import LockedTokenizer, Metrics, Worker
+    from specx.core.metrics import Metrics
+    from specx.core.serving import LockedTokenizer, Worker
     from specx.store.served import ServedRecorder
 
     from .server import Api
