@@ -27,7 +27,8 @@ import zstandard
 from specx.core.suffix_array import build_suffix_array
 from specx.core.tokens import SuffixIndexError
 
-from .db import IndexState, Store, StoreError, health_problems, schema_problem
+from .db import IndexState, Store, StoreError
+from .schema import health_problems, schema_problem
 from .index import load_persisted
 
 TABLES = ("sources", "sessions", "packs", "messages", "calls", "tokenizers", "tokens", "indexes", "index_chunks")
