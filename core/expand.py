@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from .children import children_bound, node_children_into
-from .suffix_array import narrow, prefix_narrow
+from .suffix_array import forward_ranges_into, prefix_narrow
 
 @njit(cache=True, nogil=True, inline="always")
 def _grow1(a: np.ndarray, n: int) -> np.ndarray:
@@ -204,78 +204,6 @@ def expand(text, sa, root_flo, root_fhi, live_tok, live_base, live_len, root_doc
     return out_tok[:num_out], out_par[:num_out], out_prob[:num_out], score
 
 
-_SCAN_WIDTH = 8  # a range this narrow is checked suffix by suffix: sequential reads beat binary searches
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _scan_rest(text, sa, lo, hi, depth, pattern):
-    """Sub-range of sa[lo:hi] (equal on `depth` tokens) whose suffixes go on with pattern[depth:].
-
-    Those suffixes are contiguous (the range is sorted), and each check reads consecutive tokens;
-    a suffix that ends (SEP) mismatches before anything past its document is read.
-    """
-    new_lo = hi
-    new_hi = hi
-    for i in range(lo, hi):
-        pos = sa[i]
-        ok = True
-        for e in range(depth, len(pattern)):
-            if text[pos + e] != pattern[e]:
-                ok = False
-                break
-        if ok:
-            if new_lo == hi:
-                new_lo = i
-            new_hi = i + 1
-    if new_lo == hi:
-        return lo, lo
-    return new_lo, new_hi
-
-
-@njit(cache=True, nogil=True)
-def _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern):
-    """Each sealed segment's range for `pattern`, and their total width."""
-    flo = np.empty(len(seg_lo), dtype=np.int64)
-    fhi = np.empty(len(seg_lo), dtype=np.int64)
-    total = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi)
-    return flo, fhi, total
-
-
-@njit(cache=True, nogil=True)
-def _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi):
-    """Each sealed segment's range for `pattern` into flo/fhi; returns their total width.
-
-    A large segment has a first-token bucket table (seg_bucket >= 0): the range of the pattern's
-    first token is two reads instead of two binary searches over the whole segment, the searches
-    that miss the cache most.
-    """
-    num_segs = len(seg_lo)
-    total = 0
-    for k in range(num_segs):
-        lo = seg_lo[k]
-        hi = seg_hi[k]
-        first = 0
-        if seg_bucket[k] >= 0 and len(pattern) > 0:
-            tok = pattern[0]
-            if tok < seg_vocab[k]:
-                lo = buckets[seg_bucket[k] + tok]
-                hi = buckets[seg_bucket[k] + tok + 1]
-            else:
-                hi = lo
-            first = 1
-        for d in range(first, len(pattern)):
-            if lo >= hi:
-                break
-            if hi - lo <= _SCAN_WIDTH:
-                lo, hi = _scan_rest(text, sa, lo, hi, d, pattern)
-                break
-            lo, hi = narrow(text, sa, lo, hi, d, pattern[d])
-        flo[k] = lo
-        fhi[k] = hi
-        total += hi - lo
-    return total
-
-
 @njit(cache=True, nogil=True)
 def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, live_tok, live_pa, live_base,
                     live_len, context,
@@ -334,7 +262,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
         bad = max_p + 1
         p = 1
         while p <= max_p:
-            total = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - p:], flo, fhi)
+            total = forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - p:], flo, fhi)
             if total > 0:
                 good = p
                 p *= 2
@@ -347,7 +275,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
             bad = max_p + 1
         while bad - good > 1:
             mid = (good + bad) // 2
-            total = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - mid:], flo, fhi)
+            total = forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, context[t - mid:], flo, fhi)
             if total > 0:
                 good = mid
             else:
@@ -366,7 +294,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
             break
         pattern = context[t - p:]
         if p <= fwd_pmax:
-            count = _forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi)
+            count = forward_ranges_into(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pattern, flo, fhi)
         else:
             flo[:] = seg_lo
             fhi[:] = seg_lo

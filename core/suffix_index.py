@@ -21,10 +21,10 @@ import numpy as np
 from .draft import Draft
 from .children import node_children
 from . import index_format
-from .expand import _forward_ranges, speculate_index
+from .expand import speculate_index
 from .live import LiveArena
 from .sealed import Sealed
-from .suffix_array import SORT_DEPTH, prefix_narrow
+from .suffix_array import SORT_DEPTH, forward_ranges, prefix_narrow
 from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
@@ -322,7 +322,7 @@ class SuffixIndex:
         """A pattern's node: sealed ranges, live occurrence starts, total count."""
         pat = self._check_pattern(pattern)
         text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, live_tok, live_pa, live_base, live_len = self._args()
-        flo, fhi, total = _forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pat)
+        flo, fhi, total = forward_ranges(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, pat)
         docs, starts = [], []
         p = len(pat)
         for j in range(len(live_len)):
