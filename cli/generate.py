@@ -28,6 +28,9 @@ def generate_cmd(
     chat_template: Annotated[str | None, typer.Option(help="Chat template (Jinja) for the model, or a file "
                                                          "holding one (default: the model's own).",
                                                          show_default=False)] = None,
+    json_schema: Annotated[str | None, typer.Option(help="Answer with JSON that matches this schema (a file or "
+                                                         "the schema itself; {} for any JSON object), decoded "
+                                                         "under its grammar.", show_default=False)] = None,
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
                                                "are identical.")] = False,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
@@ -48,6 +51,7 @@ def generate_cmd(
 
     Example: [bold]specx generate "List the tables of a SQL database about singers." --compare[/]
     Example: [bold]specx generate "SELECT name FROM" --raw --stop ";" --max-tokens 32[/]
+    Example: [bold]specx generate "A cat as JSON." --json-schema '{"type": "object", "properties": {"name": {"type": "string"}}}'[/]
     """
     import time
 
@@ -57,6 +61,7 @@ def generate_cmd(
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
     from specx.core.text import TextStream
+    from specx.core.grammar import GrammarError, Vocabulary
     from specx.core.verify import tree_unsupported
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
@@ -92,12 +97,21 @@ def generate_cmd(
                                 f"ms, {cost.long_context}-token cache"],
                                [[n, 1e3 * t, 1e3 * t / n, 1e3 * lt] for n, t, lt in zip(cost.sizes, cost.seconds, long)])
 
+    grammar = vocabulary = None
+    if json_schema is not None:
+        grammar, vocabulary = _schema_grammar(json_schema), Vocabulary(tok, int(net.config.vocab_size), eos)
+        try:
+            vocabulary.check(grammar)
+        except GrammarError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--json-schema") from None
+
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
         totals, tokens = DecodeStats(), []
         text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
+        constraint = vocabulary.constraint(grammar) if grammar is not None else None
         for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
-                             **sampling):
+                             constraint=constraint, **sampling):
             totals.add_step(step)
             tokens += step.new_tokens
             if stream:
@@ -136,3 +150,22 @@ def generate_cmd(
             result["cost_curve"] = {"tokens": list(cost.sizes), "seconds": list(cost.seconds), "context": cost.context,
                                     "long_seconds": list(cost.long_seconds or []), "long_context": cost.long_context}
         output.print_json(result)
+
+
+def _schema_grammar(value: str) -> str:
+    """--json-schema: a file holding a JSON schema, or the schema itself, as a grammar."""
+    import json
+    from pathlib import Path
+
+    from specx.core.grammar import json_schema_grammar
+
+    path = Path(value).expanduser()
+    try:
+        text = path.read_text() if not value.lstrip().startswith("{") and path.is_file() else value
+        schema = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"neither a JSON schema nor a file holding one: {exc}",
+                                 param_hint="--json-schema") from None
+    if not isinstance(schema, dict):
+        raise typer.BadParameter("a JSON schema is an object", param_hint="--json-schema")
+    return json_schema_grammar(schema)

@@ -140,3 +140,26 @@ def test_builtin_model_writes_schema_valid_json_every_time():
         assert out[-1] == tokenizer.eos_token_id, tokenizer.decode(out)
         answer = json.loads(tokenizer.decode(out[:-1]))
         assert set(answer) == {"sql", "tables", "n"} and isinstance(answer["n"], int)
+
+
+@pytest.mark.slow
+def test_generate_json_schema_is_lossless_and_valid(tmp_path):
+    import subprocess
+    import sys
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    (tmp_path / "cat.json").write_text(json.dumps(schema))
+
+    def generate(*args):
+        return subprocess.run([sys.executable, "-m", "specx", "generate", "Describe a cat as JSON with its name and age.",
+                               "--max-tokens", "60", "--fixed-size", "--db", str(tmp_path / "none.db"), *args],
+                              capture_output=True, text=True, timeout=600)
+
+    run = generate("--json-schema", str(tmp_path / "cat.json"), "--compare", "--json")
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    cat = json.loads(result["text"])
+    assert result["identical"] and set(cat) == {"name", "age"} and isinstance(cat["age"], int)
+    bad = generate("--json-schema", '{"type": "no-such-type"}')
+    assert bad.returncode == 2 and "no-such-type" in bad.stderr
