@@ -74,7 +74,9 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
         prompt_ids = tokenizers.chat_tools(messages, functions, choice, body.get("tools"))
         prompt_messages, prompt_text, prompt_param = messages, None, "messages"
         if choice.mode in ("required", "named"):  # the output is calls: a grammar enforces them
-            tools_grammar = tokenizers.grammar(call_grammar(tokenizers.tool_parser, functions, choice), "tools")
+            parallel = _bool(body, "parallel_tool_calls", True)
+            tools_grammar = tokenizers.grammar(call_grammar(tokenizers.tool_parser, functions, choice, parallel),
+                                               "tools")
         if choice.mode != "none":
             tool_parser, tool_names = tokenizers.tool_parser, [f["name"] for f in functions]
     else:

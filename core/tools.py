@@ -347,17 +347,18 @@ def _call_schema(fn: dict, key: str) -> dict:
     return schema
 
 
-def call_grammar(parser: str, functions: list[dict], choice: ToolChoice) -> str:
+def call_grammar(parser: str, functions: list[dict], choice: ToolChoice, parallel: bool = True) -> str:
     """An llguidance grammar whose texts are tool calls only, in `parser`'s format: one or more
-    calls of any function ("required"), or exactly one call of `choice.name` ("named"). The
-    markers are plain text (a tokenizer's special [TOOL_CALLS] token is not admitted)."""
+    calls of any function ("required"; one when not `parallel`), or exactly one call of
+    `choice.name` ("named"). The markers are plain text (a tokenizer's special [TOOL_CALLS] token
+    is not admitted)."""
     _check_parser(parser)
     if choice.mode not in ("required", "named"):
         raise ValueError(f"no grammar forces tool_choice {choice.mode!r}: only 'required' or a named function")
     chosen = [fn for fn in functions if choice.mode == "required" or fn["name"] == choice.name]
     _require(bool(chosen), "tool_choice.function.name" if choice.name else "tool_choice",
              f"'tool_choice' {choice.name or choice.mode!r} has no function in 'tools'")
-    many = choice.mode == "required"
+    many = choice.mode == "required" and parallel  # parallel_tool_calls false: one call
     key = "parameters" if parser == "llama3_json" else "arguments"
     if parser == "hermes":
         rules = ['start: call ("\\n" call)*' if many else "start: call", 'call: "<tool_call>\\n" fn "\\n</tool_call>"']

@@ -60,6 +60,20 @@ def test_speculative_constrained_greedy_equals_constrained_plain(model, tokenize
         assert plain == want and len(steps) == len(want)  # no drafter: one token a pass, no forced drafts
 
 
+def test_seeded_sampling_under_a_grammar_is_the_same_with_and_without_drafts(model, tokenizer, vocabulary):
+    grammar = json_schema_grammar(SCHEMA)
+    prompt = tokenizer.encode("JSON:")
+    kwargs = dict(max_new_tokens=48, eos_token_ids=tokenizer.eos_token_id, temperature=0.8, top_p=0.95, seed=7)
+    plain, _ = collect(generate(model, prompt, None, constraint=vocabulary.constraint(grammar), **kwargs))
+    assert tokenizer.decode(plain).startswith('{"sql": "')
+    for make in MAKERS:
+        spec, steps = collect(generate(model, prompt, FakeDrafter(make, plain + [0] * 48),
+                                       constraint=vocabulary.constraint(grammar), **kwargs))
+        assert spec == plain, make.__name__
+    other, _ = collect(generate(model, prompt, None, constraint=vocabulary.constraint(grammar), **{**kwargs, "seed": 8}))
+    assert other != plain
+
+
 def test_prune_drops_refused_nodes_with_their_subtrees(tokenizer, vocabulary):
     c = vocabulary.constraint(json_schema_grammar(SCHEMA))
     forced = c.forced()

@@ -155,6 +155,16 @@ def test_tool_choice_required_and_named_give_calls_of_the_tools(server):
                 assert args["unit"] in ("C", "F")
 
 
+def test_parallel_tool_calls_false_gives_one_call(server):
+    client = server.client()
+    kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=0,
+                  max_tokens=120)
+    many = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    one = client.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0].message.tool_calls
+    assert len(many) > 1 and len(one) == 1  # the 135M model repeats its call until told not to
+    assert (one[0].function.name, one[0].function.arguments) == (many[0].function.name, many[0].function.arguments)
+
+
 def test_streamed_tool_calls_equal_the_whole_answer_and_history_renders(server):
     client = server.client()
     kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=120,
