@@ -87,7 +87,7 @@ def generate_cmd(
     sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed)
     cost = None
-    if cost_aware and not tree_unsupported(net):
+    if cost_aware:
         cost = model_cost(net, model, output.note, max_size=max_spec_tokens + 1)
         if verbose and not json_out:
             output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
@@ -124,11 +124,9 @@ def generate_cmd(
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
-    no_trees = tree_unsupported(net)
-    if no_trees:
-        output.note(f"plain decoding, no drafts: {no_trees}")
-    drafter = None if no_trees else SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens,
-                                                  max_spec_factor=max_spec_factor)
+    if tree_unsupported(net):
+        output.note(f"linear drafts (each tree's best path), not trees: {tree_unsupported(net)}")
+    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)
     result = run(drafter, stream=not json_out)
     if not json_out:
         output.stdout.out("")

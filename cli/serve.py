@@ -128,8 +128,8 @@ def serve_cmd(
             context_length = int(net.config.max_position_embeddings)
             no_trees = tree_unsupported(net)
             if speculation and no_trees:
-                log.warning("plain decoding, no drafts: %s", no_trees)
-            speculate = speculation and not no_trees
+                log.warning("linear drafts (each tree's best path), not trees: %s", no_trees)
+            speculate = speculation
             if max_model_len is not None and max_model_len > context_length:
                 raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
                                          f"tokens)", param_hint="--max-model-len")

@@ -55,10 +55,12 @@ class TokenLogprob:
 class Verifier(Protocol):
     """What the loop asks of a verifier: `start` once per request with its prompt, then `verify`
     each draft; `finished` says that nothing more can come (a recording's end); `vocab_size`
-    (None: not checked) is what the drafter's tokens are checked against."""
+    (None: not checked) is what the drafter's tokens are checked against; `linear`: it verifies
+    linear drafts only (the loop passes each tree's best path)."""
 
     finished: bool
     vocab_size: int | None
+    linear: bool
 
     def start(self, prompt: list[int]) -> None: ...
 
@@ -175,6 +177,8 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 forced = constraint.forced()
                 if forced:
                     draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
+            if verifier.linear:
+                draft = best_path(draft)
             if max_new_tokens is not None:  # a step emits at most accepted + 1 tokens
                 draft = limit_depth(draft, max_new_tokens - num_out - 1)
             if cost is not None:
@@ -225,6 +229,26 @@ def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
     """
     guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
     return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
+
+
+def best_path(draft: Draft) -> Draft:
+    """The draft's root-to-node path with the highest expected accepted length (the sum of D along
+    it; the first such path in a tie): what a verifier of linear drafts gets.
+
+    >>> best_path(Draft([5, 6, 7, 8], [-1, 0, -1, 2], [0.5, 0.1, 0.4, 0.3], 1.3, 2)).token_ids
+    [7, 8]
+    """
+    n = len(draft)
+    if n == 0 or all(p == i - 1 for i, p in enumerate(draft.parents)):
+        return draft
+    probs = draft.probs if len(draft.probs) == n else [1.0] * n
+    total: list[float] = []
+    for par, d in zip(draft.parents, probs):
+        total.append(d + (total[par] if par >= 0 else 0.0))
+    node, keep = max(range(n), key=total.__getitem__), [False] * n
+    while node >= 0:
+        keep[node], node = True, draft.parents[node]
+    return subtree(draft, keep)
 
 
 FORCED_PROB = 0.95  # a forced token's D before the acceptance model has seen forced tokens verified

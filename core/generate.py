@@ -33,6 +33,7 @@ class ModelVerifier:
         self.logprobs = logprobs  # >= 0: each token's log-probability and that many alternatives
         self.constraint = constraint  # core.grammar.Constraint: the draft comes pruned (core.decode)
         self.vocab_size = model.config.vocab_size
+        self.linear = tree_unsupported(model) is not None  # sliding-window layers: best paths, no trees
         self.cache: Any = None
         self.pending: list[int] = []
 
@@ -75,8 +76,6 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0 or temperature < 0:
         raise ValueError("top_k and temperature must be >= 0")
-    if drafter is not None and (why := tree_unsupported(model)):
-        raise ValueError(f"speculative decoding is off for this model: {why}; decode plainly (drafter None)")
     generator = torch.Generator(device="cpu")
     if seed is None:
         generator.seed()

@@ -45,6 +45,7 @@ class RecordedVerifier:
     greedy verifier accepts), then the recording's next token is the bonus token."""
 
     vocab_size = None  # drafts are not checked against a vocabulary (they are the drafters' own)
+    linear = False  # it walks trees
 
     def __init__(self, output: list[int]) -> None:
         self.output = output

@@ -52,7 +52,8 @@ def tree_unsupported(model: Any) -> str | None:
     """Why this model cannot verify draft trees (None: it can). A tree pass needs an attention
     that takes an arbitrary 4D mask and a KV cache whose rows can be reordered: sliding-window
     layers (Gemma 2/3, Mistral's windowed layers) build their own masks and keep a rolling cache.
-    Such a model decodes plainly: the caller decides so at load and says it."""
+    Such a model verifies linear drafts (the tree's best path, core.decode.best_path) with the
+    model's own causal masks, its rejected tokens cropped off: the caller says so at load."""
     config = model.config
     impl = getattr(config, "_attn_implementation", "sdpa")
     if impl not in _MASKABLE:
@@ -102,12 +103,15 @@ def tree_logits(model: Any, cache: Any, pending: Sequence[int], draft: Draft) ->
     """Run the model over pending tokens + draft nodes, appending all of them to `cache`.
 
     Returns logits [P + N, V]: row P - 1 predicts the draft's roots, row P + i node i's children.
-    Without a draft the model builds its own masks (a model that cannot verify trees, see
-    tree_unsupported, decodes plainly through here).
+    A linear draft on a model that cannot verify trees (tree_unsupported) goes through with the
+    model's own causal masks: the same attention, sliding windows included.
     """
     from .kv_cache import cache_kwarg
 
-    if not len(draft) and tree_unsupported(model):
+    if tree_unsupported(model):
+        if any(p != i - 1 for i, p in enumerate(draft.parents)):
+            raise ValueError(f"this model verifies linear drafts only: {tree_unsupported(model)}")
+        pending = list(pending) + list(draft.token_ids)
         ids = torch.tensor([list(pending)], dtype=torch.long, device=model.device)  # [1, P]
         return model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits[0]  # [P, V]
     impl = getattr(model.config, "_attn_implementation", "sdpa")
@@ -229,8 +233,9 @@ def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_
             layer.keys[:, :, num_kept : num_kept + num_accepted] = layer.keys[:, :, idx]  # [B, H, A, D]
             layer.values[:, :, num_kept : num_kept + num_accepted] = layer.values[:, :, idx]
     extra = num_nodes - num_accepted
-    if extra > 0:
-        cache.crop(-extra)
+    if extra > 0 or getattr(cache, "is_recording_past", None) and any(
+            cache.is_recording_past(i) for i in range(len(cache.layers))):
+        cache.crop(-extra)  # crop(0): a sliding layer recording its past trims back to its window
 
 
 @torch.inference_mode()

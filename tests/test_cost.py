@@ -155,9 +155,9 @@ def test_the_curve_is_measured_once_then_read_and_a_bad_one_is_measured_again(tm
     model = tiny_model()
     calls, said = [], []
 
-    def measure(net, **options):
-        calls.append(options)
-        return calibrate(net, **options)
+    def measure(net, **options):  # a sane curve, as on a quiet machine (timing noise may be rejected: the
+        calls.append(options)       # test after this one covers that); this one is about the cache
+        return ForwardCost((1, 4, 16), (0.010, 0.011, 0.014), 16)
 
     options = dict(sizes=(1, 4, 16), repeats=1, context=16, long_context=None)
     key = {"model": "tiny", "machine": "here"}

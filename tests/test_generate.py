@@ -308,10 +308,10 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
     assert all(s.logprobs is None for s in generate(model64, prompt, None, max_new_tokens=4))
 
 
-def test_a_sliding_window_model_decodes_plainly_and_refuses_drafts():
+def test_a_sliding_window_model_verifies_linear_drafts_losslessly():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from specx.core.speculate import SuffixDrafter
+    from specx.core.cost import calibrate
     from specx.core.verify import tree_unsupported
 
     config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -321,10 +321,17 @@ def test_a_sliding_window_model_decodes_plainly_and_refuses_drafts():
     model = Gemma3ForCausalLM(config).double().eval()
     assert "sliding-window" in tree_unsupported(model) and tree_unsupported(tiny_model()) is None
     prompt = [3, 17, 42, 5, 9]
-    out, steps = collect(generate(model, prompt, None, max_new_tokens=40))  # well past the window of 8
-    assert out == greedy_decode(model, prompt, 40) and len(steps) == 40
-    with pytest.raises(ValueError, match="speculative decoding is off for this model"):
-        next(generate(model, prompt, SuffixDrafter(), max_new_tokens=4))
+    want = greedy_decode(model, prompt, 60)  # well past the window of 8
+    plain, steps = collect(generate(model, prompt, None, max_new_tokens=60))
+    assert plain == want and len(steps) == 60
+    for make in MAKERS:  # trees too: the loop passes their best paths
+        for seed in range(3):
+            out, steps = collect(generate(model, prompt, FakeDrafter(make, want, seed), max_new_tokens=60))
+            assert out == want, (make.__name__, seed)
+            if make is all_right:
+                assert len(steps) < 60 // 4
+    cost = calibrate(model, sizes=(1, 4, 8), repeats=1, context=32)  # chains cropped past the window
+    assert len(cost.seconds) == 3
 
 
 @pytest.mark.slow

@@ -288,15 +288,16 @@ def windowed_model(tmp_path_factory):
     return folder
 
 
-def test_a_sliding_window_model_decodes_plainly_decided_at_load(windowed_model, tmp_path, tmp_path_factory):
+def test_a_sliding_window_model_verifies_linear_drafts_decided_at_load(windowed_model, tmp_path, tmp_path_factory):
     import subprocess
     import sys
 
     run = subprocess.run([sys.executable, "-m", "specx", "generate", "Count to ten.", "--model", str(windowed_model),
-                          "--max-tokens", "12", "--json", "--db", str(tmp_path / "none.db")], capture_output=True,
-                         text=True, timeout=600)
+                          "--max-tokens", "12", "--json", "--compare", "--db", str(tmp_path / "none.db")],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "plain decoding, no drafts" in run.stderr and json.loads(run.stdout)["tokens"] == 12
+    result = json.loads(run.stdout)
+    assert "linear drafts (each tree's best path)" in run.stderr and result["tokens"] == 12 and result["identical"]
     srv = Server(str(specx_test_home(tmp_path_factory)), tmp_path / "served.db", "--model", str(windowed_model))
     try:
         client = srv.client()
@@ -304,6 +305,6 @@ def test_a_sliding_window_model_decodes_plainly_decided_at_load(windowed_model, 
             answer = client.chat.completions.create(model=str(windowed_model), max_tokens=30, temperature=0,
                                                     messages=[{"role": "user", "content": "Count to ten."}])
             assert answer.usage.completion_tokens >= 1
-        assert "plain decoding, no drafts" in srv.log() and "speculation off" in srv.log()
+        assert "linear drafts (each tree's best path)" in srv.log() and "speculation on" in srv.log()
     finally:
         srv.stop()
