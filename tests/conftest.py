@@ -21,3 +21,19 @@ def specx_test_home(tmp_path_factory) -> Path:
 def _specx_home(tmp_path_factory, monkeypatch):
     # Never write caches into the user's home from tests; share one per session (tokenizer cache).
     monkeypatch.setenv("SPECX_HOME", str(specx_test_home(tmp_path_factory)))
+
+
+@pytest.fixture(scope="session")
+def builtin_tokenizer(tmp_path_factory):
+    """The built-in model's tokenizer (no weights: ~1 s from the tests' cache)."""
+    from specx.core.model import load_tokenizer
+
+    return load_tokenizer("smollm2-135m", specx_test_home(tmp_path_factory) / "models")
+
+
+@pytest.fixture(scope="session")
+def builtin_vocabulary(builtin_tokenizer):
+    """The built-in tokenizer as llguidance reads it (core.grammar.Vocabulary)."""
+    from specx.core.grammar import Vocabulary
+
+    return Vocabulary(builtin_tokenizer, len(builtin_tokenizer), builtin_tokenizer.eos_token_id)

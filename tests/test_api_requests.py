@@ -128,7 +128,8 @@ def test_tools_go_into_the_system_prompt_of_a_template_that_ignores_them():
     assert fake.decode(none.prompt_ids) == "<user>hi<assistant>" and none.tool_parser is None
     history = [{"role": "user", "content": "weather?"},
                {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                {"role": "tool", "tool_call_id": "c1", "content": "12 C"}]
     text = fake.decode(parse(chat_body(messages=history), context=10_000)[0].prompt_ids)
     assert '<assistant><tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
@@ -140,7 +141,8 @@ def test_tools_go_into_the_system_prompt_of_a_template_that_ignores_them():
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
-    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
+    ({"messages": [{"role": "assistant", "content": None,
+                    "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
 ])
 def test_bad_tools_name_their_param(extra, param):
@@ -157,13 +159,8 @@ def test_parse_logprobs():
     assert parse({"model": MODEL, "prompt": "a", "logprobs": 0}, "completions")[0].logprobs == 0
 
 
-def test_parse_response_format(tmp_path_factory):
-    from conftest import specx_test_home
-    from specx.core.grammar import Vocabulary
-    from specx.core.model import load_tokenizer
-
-    tokenizer = load_tokenizer(MODEL, specx_test_home(tmp_path_factory) / "models")
-    tokenizers = Tokenizers(FakeTokenizer(), 1000, Vocabulary(tokenizer, len(tokenizer), tokenizer.eos_token_id))
+def test_parse_response_format(builtin_vocabulary):
+    tokenizers = Tokenizers(FakeTokenizer(), 1000, builtin_vocabulary)
 
     def fmt(response_format):
         return parse_request(chat_body(response_format=response_format), "chat.completions", [MODEL], 64,

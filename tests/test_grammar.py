@@ -13,7 +13,6 @@ from specx.core.draft import GRAMMAR, Draft
 from specx.core.generate import generate, greedy_decode
 from specx.core.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
 
-from conftest import specx_test_home
 from test_generate import MAKERS, FakeDrafter, collect
 
 SCHEMA = {"type": "object", "properties": {"sql": {"type": "string"}, "tables": {"type": "array",
@@ -22,22 +21,10 @@ SCHEMA = {"type": "object", "properties": {"sql": {"type": "string"}, "tables": 
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from specx.core.model import load_tokenizer
-
-    return load_tokenizer("smollm2-135m", specx_test_home(tmp_path_factory) / "models")
-
-
-@pytest.fixture(scope="module")
-def vocabulary(tokenizer):
-    return Vocabulary(tokenizer, len(tokenizer), tokenizer.eos_token_id)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
+def model(builtin_tokenizer):
     """A tiny random Llama over the built-in tokenizer's vocabulary: under a JSON grammar it writes
     arbitrary allowed tokens, so the masks decide nearly every choice."""
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(builtin_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          initializer_range=0.3, attn_implementation="sdpa")
     torch.manual_seed(0)
@@ -45,79 +32,81 @@ def model(tokenizer):
 
 
 @pytest.mark.parametrize("make", MAKERS, ids=lambda m: m.__name__)
-def test_speculative_constrained_greedy_equals_constrained_plain(model, tokenizer, vocabulary, make):
+def test_speculative_constrained_greedy_equals_constrained_plain(model, builtin_tokenizer, builtin_vocabulary, make):
     grammar = json_schema_grammar(SCHEMA)
-    eos = tokenizer.eos_token_id
-    for prompt in (tokenizer.encode("Answer in JSON:"), tokenizer.encode('{"sql": "SELECT')):
-        want = greedy_decode(model, prompt, 48, eos, vocabulary.constraint(grammar))
-        assert tokenizer.decode(want).startswith('{"sql": "')  # the grammar, not the random model, decided
+    eos = builtin_tokenizer.eos_token_id
+    for prompt in (builtin_tokenizer.encode("Answer in JSON:"), builtin_tokenizer.encode('{"sql": "SELECT')):
+        want = greedy_decode(model, prompt, 48, eos, builtin_vocabulary.constraint(grammar))
+        assert builtin_tokenizer.decode(want).startswith('{"sql": "')  # the grammar, not the random model, decided
         for seed in range(3):
             out, steps = collect(generate(model, prompt, FakeDrafter(make, want, seed), max_new_tokens=48,
-                                          eos_token_ids=eos, constraint=vocabulary.constraint(grammar)))
+                                          eos_token_ids=eos, constraint=builtin_vocabulary.constraint(grammar)))
             assert out == want, (make.__name__, seed)
         plain, steps = collect(generate(model, prompt, None, max_new_tokens=48, eos_token_ids=eos,
-                                        constraint=vocabulary.constraint(grammar)))
+                                        constraint=builtin_vocabulary.constraint(grammar)))
         assert plain == want and len(steps) == len(want)  # no drafter: one token a pass, no forced drafts
 
 
-def test_seeded_sampling_under_a_grammar_is_the_same_with_and_without_drafts(model, tokenizer, vocabulary):
+def test_seeded_sampling_under_a_grammar_is_the_same_with_and_without_drafts(model, builtin_tokenizer,
+                                                                             builtin_vocabulary):
     grammar = json_schema_grammar(SCHEMA)
-    prompt = tokenizer.encode("JSON:")
-    kwargs = dict(max_new_tokens=48, eos_token_ids=tokenizer.eos_token_id, temperature=0.8, top_p=0.95, seed=7)
-    plain, _ = collect(generate(model, prompt, None, constraint=vocabulary.constraint(grammar), **kwargs))
-    assert tokenizer.decode(plain).startswith('{"sql": "')
+    prompt = builtin_tokenizer.encode("JSON:")
+    kwargs = dict(max_new_tokens=48, eos_token_ids=builtin_tokenizer.eos_token_id, temperature=0.8, top_p=0.95, seed=7)
+    plain, _ = collect(generate(model, prompt, None, constraint=builtin_vocabulary.constraint(grammar), **kwargs))
+    assert builtin_tokenizer.decode(plain).startswith('{"sql": "')
     for make in MAKERS:
         spec, steps = collect(generate(model, prompt, FakeDrafter(make, plain + [0] * 48),
-                                       constraint=vocabulary.constraint(grammar), **kwargs))
+                                       constraint=builtin_vocabulary.constraint(grammar), **kwargs))
         assert spec == plain, make.__name__
-    other, _ = collect(generate(model, prompt, None, constraint=vocabulary.constraint(grammar), **{**kwargs, "seed": 8}))
+    other, _ = collect(generate(model, prompt, None, constraint=builtin_vocabulary.constraint(grammar),
+                                **{**kwargs, "seed": 8}))
     assert other != plain
 
 
-def test_prune_drops_refused_nodes_with_their_subtrees(tokenizer, vocabulary):
-    c = vocabulary.constraint(json_schema_grammar(SCHEMA))
+def test_prune_drops_refused_nodes_with_their_subtrees(builtin_tokenizer, builtin_vocabulary):
+    c = builtin_vocabulary.constraint(json_schema_grammar(SCHEMA))
     forced = c.forced()
-    assert tokenizer.decode(forced) == '{"sql":'  # llguidance forces the canonical tokens of forced bytes
+    assert builtin_tokenizer.decode(forced) == '{"sql":'  # llguidance forces the canonical tokens of forced bytes
     first, second = forced[:2]
-    word = tokenizer.encode("hello")[0]
+    word = builtin_tokenizer.encode("hello")[0]
     # roots: the first forced token with children the second (allowed) and 'hello' (refused, with its child),
     # and 'hello' (refused)
     draft = Draft([first, second, word, second, word], [-1, 0, 0, 2, -1], [0.5] * 5, 2.5, 1)
     pruned = c.prune(draft)
     assert pruned.token_ids == [first, second] and pruned.parents == [-1, 0]
     allowed = c.allowed(pruned)
-    assert allowed.shape == (3, vocabulary.size)
+    assert allowed.shape == (3, builtin_vocabulary.size)
     assert allowed[0].sum() == 1 and allowed[0, first] and allowed[1, second] and not allowed[1, word]
     assert c.forced() == forced  # prune left the state where it was
     c.advance([first])
     assert c.forced() == forced[1:]
 
 
-def test_forced_tokens_lead_the_draft_and_are_accepted(model, tokenizer, vocabulary):
-    eos = tokenizer.eos_token_id
-    prompt = tokenizer.encode("JSON:")
+def test_forced_tokens_lead_the_draft_and_are_accepted(model, builtin_tokenizer, builtin_vocabulary):
+    eos = builtin_tokenizer.eos_token_id
+    prompt = builtin_tokenizer.encode("JSON:")
     grammar = json_schema_grammar(SCHEMA)
-    want = greedy_decode(model, prompt, 40, eos, vocabulary.constraint(grammar))
+    want = greedy_decode(model, prompt, 40, eos, builtin_vocabulary.constraint(grammar))
     drafter = FakeDrafter(MAKERS[-1], want)  # empty drafts: only the grammar drafts
     out, steps = collect(generate(model, prompt, drafter, max_new_tokens=40, eos_token_ids=eos,
-                                  constraint=vocabulary.constraint(grammar)))
+                                  constraint=builtin_vocabulary.constraint(grammar)))
     assert out == want
     assert steps[0].accepted == 3  # the forced {"sql": came in the first pass, + the bonus token
 
 
-def test_lark_grammar_with_an_embedded_schema(model, tokenizer, vocabulary):
+def test_lark_grammar_with_an_embedded_schema(model, builtin_tokenizer, builtin_vocabulary):
     grammar = lark_grammar('start: "<tool_call>" call "</tool_call>"\ncall: %json ' + json.dumps(SCHEMA))
-    eos = tokenizer.eos_token_id
-    out = greedy_decode(model, tokenizer.encode("call:"), 60, eos, vocabulary.constraint(grammar))
-    assert tokenizer.decode(out).startswith("<tool_call>{")
+    eos = builtin_tokenizer.eos_token_id
+    out = greedy_decode(model, builtin_tokenizer.encode("call:"), 60, eos, builtin_vocabulary.constraint(grammar))
+    assert builtin_tokenizer.decode(out).startswith("<tool_call>{")
 
 
-def test_bad_grammars_are_errors_that_say_why(vocabulary):
+def test_bad_grammars_are_errors_that_say_why(builtin_vocabulary):
     with pytest.raises(GrammarError, match="no-such-type"):
-        vocabulary.check(json_schema_grammar({"type": "object", "properties": {"a": {"type": "no-such-type"}}}))
+        builtin_vocabulary.check(json_schema_grammar({"type": "object", "properties": {"a": {"type": "no-such-type"}}}))
     with pytest.raises(GrammarError, match="undefined_rule"):
-        vocabulary.constraint(lark_grammar("start: undefined_rule"))
-    vocabulary.check(json_schema_grammar(SCHEMA))
+        builtin_vocabulary.constraint(lark_grammar("start: undefined_rule"))
+    builtin_vocabulary.check(json_schema_grammar(SCHEMA))
 
 
 def test_grammar_bit_has_its_own_acceptance_cell():
@@ -137,8 +126,8 @@ def test_builtin_model_writes_schema_valid_json_every_time():
     from specx.core.model import load_model
     from specx.core.speculate import SuffixDrafter
 
-    model, tokenizer = load_model("smollm2-135m", Path(os.environ["SPECX_HOME"]) / "models", device="cpu")
-    vocabulary = Vocabulary(tokenizer, model.config.vocab_size, tokenizer.eos_token_id)
+    model, builtin_tokenizer = load_model("smollm2-135m", Path(os.environ["SPECX_HOME"]) / "models", device="cpu")
+    builtin_vocabulary = Vocabulary(builtin_tokenizer, model.config.vocab_size, builtin_tokenizer.eos_token_id)
     grammar = json_schema_grammar(SCHEMA)
     drafter = SuffixDrafter()
     system = ("Tables: singer(singer_id, name, country, age), concert(concert_id, year, stadium_id), "
@@ -147,12 +136,13 @@ def test_builtin_model_writes_schema_valid_json_every_time():
     for question in ("List singers older than 30.", "How many concerts were held in 2014?",
                      "Which stadium has the largest capacity?"):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompt = builtin_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-        out, _ = collect(generate(model, prompt, drafter, max_new_tokens=160, eos_token_ids=tokenizer.eos_token_id,
-                                  constraint=vocabulary.constraint(grammar)))
-        assert out[-1] == tokenizer.eos_token_id, tokenizer.decode(out)
-        answer = json.loads(tokenizer.decode(out[:-1]))
+        out, _ = collect(generate(model, prompt, drafter, max_new_tokens=160,
+                                  eos_token_ids=builtin_tokenizer.eos_token_id,
+                                  constraint=builtin_vocabulary.constraint(grammar)))
+        assert out[-1] == builtin_tokenizer.eos_token_id, builtin_tokenizer.decode(out)
+        answer = json.loads(builtin_tokenizer.decode(out[:-1]))
         assert set(answer) == {"sql", "tables", "n"} and isinstance(answer["n"], int)
 
 
@@ -166,7 +156,8 @@ def test_generate_json_schema_is_lossless_and_valid(tmp_path):
     (tmp_path / "cat.json").write_text(json.dumps(schema))
 
     def generate(*args):
-        return subprocess.run([sys.executable, "-m", "specx", "generate", "Describe a cat as JSON with its name and age.",
+        return subprocess.run([sys.executable, "-m", "specx", "generate",
+                               "Describe a cat as JSON with its name and age.",
                                "--max-tokens", "60", "--fixed-size", "--db", str(tmp_path / "none.db"), *args],
                               capture_output=True, text=True, timeout=600)
 

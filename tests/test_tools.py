@@ -8,12 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from specx.core.grammar import Vocabulary
 from specx.core.tools import (PARSERS, ToolCall, ToolChoice, ToolsError, call_grammar, call_marker, check_tool_choice,
                               check_tools, messages_for_plain_template, parse_tool_calls, parser_for_template,
                               tools_system_prompt)
 
-from conftest import specx_test_home
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -24,18 +22,6 @@ TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"enum": ["CET", "UTC"]}},
                                        "required": ["tz"], "additionalProperties": False}}}
 NAMES = ("get_weather", "get_time")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from specx.core.model import load_tokenizer
-
-    return load_tokenizer("smollm2-135m", specx_test_home(tmp_path_factory) / "models")
-
-
-@pytest.fixture(scope="module")
-def vocabulary(tokenizer):
-    return Vocabulary(tokenizer, len(tokenizer), tokenizer.eos_token_id)
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -258,12 +244,12 @@ def _has(mask: np.ndarray, tok: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def token_of(vocabulary, tokenizer):
+def token_of(builtin_vocabulary, builtin_tokenizer):
     """bytes -> token id for every non-special token."""
     table: dict[bytes, int] = {}
-    for tok in range(len(tokenizer)):
-        if not vocabulary.tokenizer.is_special_token(tok):
-            table.setdefault(vocabulary.tokenizer.decode_bytes([tok]), tok)
+    for tok in range(len(builtin_tokenizer)):
+        if not builtin_vocabulary.tokenizer.is_special_token(tok):
+            table.setdefault(builtin_vocabulary.tokenizer.decode_bytes([tok]), tok)
     return table
 
 
@@ -296,64 +282,65 @@ WELL_FORMED = {
 
 
 @pytest.mark.parametrize("parser", PARSERS)
-def test_required_grammar_admits_calls_of_any_function_and_they_parse_back(parser, vocabulary, tokenizer, token_of):
+def test_required_grammar_admits_calls_of_any_function_and_they_parse_back(parser, builtin_vocabulary,
+                                                                           builtin_tokenizer, token_of):
     functions = check_tools([WEATHER, TIME])
     grammar = call_grammar(parser, functions, ToolChoice("required"))
-    vocabulary.check(grammar)
+    builtin_vocabulary.check(grammar)
     first, second = WELL_FORMED[parser]
     close = "]" if parser == "mistral" else ""
-    eos = tokenizer.eos_token_id
+    eos = builtin_tokenizer.eos_token_id
     only_second = ("[TOOL_CALLS][" if parser == "mistral" else "") + second.lstrip("\n;, ")
     for text in (first + close, first + second + close, only_second + close):
-        c = vocabulary.constraint(grammar)
+        c = builtin_vocabulary.constraint(grammar)
         assert walk(c, token_of, text) == len(text.encode()), text
         assert _has(c.mask(), eos)  # the calls may end here
         content, calls = parse_tool_calls(parser, text, NAMES)
         assert content is None and [c.name for c in calls] == [n for n in NAMES if f'"{n}"' in text]
-    c = vocabulary.constraint(grammar)
+    c = builtin_vocabulary.constraint(grammar)
     assert walk(c, token_of, "Sure, let me check.") == 0  # text instead of a call is refused
-    c = vocabulary.constraint(grammar)  # an argument outside the schema is refused where it starts
+    c = builtin_vocabulary.constraint(grammar)  # an argument outside the schema is refused where it starts
     bad = first.replace('"unit": "celsius"', '"unit": "kelvin"')
     assert walk(c, token_of, bad) == len(first[:first.index('"celsius"') + 1].encode())
 
 
 @pytest.mark.parametrize("parser", PARSERS)
-def test_named_grammar_forces_that_function_once(parser, vocabulary, tokenizer, token_of):
+def test_named_grammar_forces_that_function_once(parser, builtin_vocabulary, builtin_tokenizer, token_of):
     functions = check_tools([WEATHER, TIME])
     grammar = call_grammar(parser, functions, ToolChoice("named", "get_weather"))
-    vocabulary.check(grammar)
+    builtin_vocabulary.check(grammar)
     first, second = WELL_FORMED[parser]
     close = "]" if parser == "mistral" else ""
-    c = vocabulary.constraint(grammar)
-    forced = tokenizer.decode(c.forced())
+    c = builtin_vocabulary.constraint(grammar)
+    forced = builtin_tokenizer.decode(c.forced())
     key = "parameters" if parser == "llama3_json" else "arguments"
     assert forced.startswith(first[:first.index(key) + len(key) + 3])  # the name is forced, up to its arguments
     text = first + close
-    c = vocabulary.constraint(grammar)
+    c = builtin_vocabulary.constraint(grammar)
     assert walk(c, token_of, text) == len(text.encode())
     assert c.done or list(np.flatnonzero(np.unpackbits(c.mask().view(np.uint8), bitorder="little"))) == [
-        tokenizer.eos_token_id]  # one call only: nothing but EOS may follow
+        builtin_tokenizer.eos_token_id]  # one call only: nothing but EOS may follow
     assert _calls(parse_tool_calls(parser, text, NAMES)[1]) == [("get_weather", {"city": "Oslo", "unit": "celsius"})]
     # calling another function is refused where the name differs ('get_' is shared)
     other = text.replace('"get_weather", ', '"get_time", ').replace('{"city": "Oslo", "unit": "celsius"}',
                                                                     '{"tz": "UTC"}')
-    c = vocabulary.constraint(grammar)
+    c = builtin_vocabulary.constraint(grammar)
     assert walk(c, token_of, other) == len(text[:text.index("get_weather") + 4].encode())
-    c = vocabulary.constraint(grammar)  # and so is a second call
+    c = builtin_vocabulary.constraint(grammar)  # and so is a second call
     assert walk(c, token_of, first + second) == len(first.encode())
 
 
 @pytest.mark.parametrize("parser", PARSERS)
-def test_random_texts_the_grammar_admits_parse_back(parser, vocabulary, tokenizer):
+def test_random_texts_the_grammar_admits_parse_back(parser, builtin_vocabulary, builtin_tokenizer):
     """Walk the grammar choosing uniformly among allowed tokens (EOS half the time it is allowed):
     whatever text it admits parses back into calls of the given functions, valid arguments."""
     functions = check_tools([WEATHER, TIME])
-    eos = tokenizer.eos_token_id
+    eos = builtin_tokenizer.eos_token_id
     rng = np.random.default_rng(0)
     for choice in (ToolChoice("required"), ToolChoice("named", "get_time")):
         grammar = call_grammar(parser, functions, choice)
         for _ in range(4):
-            c, out = vocabulary.constraint(grammar), []
+            c, out = builtin_vocabulary.constraint(grammar), []
             for _ in range(400):
                 allowed = np.flatnonzero(np.unpackbits(c.mask().view(np.uint8), bitorder="little"))
                 others = allowed[allowed != eos]
@@ -364,7 +351,7 @@ def test_random_texts_the_grammar_admits_parse_back(parser, vocabulary, tokenize
                 out.append(tok)
             else:
                 pytest.fail("the walk did not end")
-            text = tokenizer.decode(out)
+            text = builtin_tokenizer.decode(out)
             content, calls = parse_tool_calls(parser, text, NAMES)
             assert content is None and calls, text
             for call in calls:
@@ -377,13 +364,13 @@ def test_random_texts_the_grammar_admits_parse_back(parser, vocabulary, tokenize
                 assert [call.name for call in calls] == ["get_time"]
 
 
-def test_grammar_edge_cases(vocabulary):
+def test_grammar_edge_cases(builtin_vocabulary):
     refs = {"type": "function", "function": {"name": "add", "parameters": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/num"}, "b": {"$ref": "#/$defs/num"}},
         "$defs": {"num": {"type": "integer"}}}}}
     for parser in PARSERS:
-        vocabulary.check(call_grammar(parser, check_tools([refs, {"type": "function", "function": {"name": "ping"}}]),
-                                      ToolChoice("required")))
+        ping = {"type": "function", "function": {"name": "ping"}}
+        builtin_vocabulary.check(call_grammar(parser, check_tools([refs, ping]), ToolChoice("required")))
     with pytest.raises(ValueError):
         call_grammar("hermes", check_tools([TIME]), ToolChoice("auto"))
     with pytest.raises(ToolsError) as err:
