@@ -180,8 +180,9 @@ def replay_cmd(
     Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
     """
     from . import predict as predict_lib
-    from . import replay as replay_lib
-    from . import reference as reference_impl
+    from specx.bench import reference as reference_impl
+    from specx.bench import replay as replay_lib
+    from specx.store.prompts import prompt_tokens
     from specx.core.model import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import GROUPS, outside_sessions, select_calls
@@ -216,7 +217,7 @@ def replay_cmd(
         if not calls:
             raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
         output.note(f"replaying {len(calls):,} calls; rendering prompts (last {prompt_window} tokens)")
-        prompts = replay_lib.prompt_tokens(store, tok, calls, prompt_window)
+        prompts = prompt_tokens(store, tok, calls, prompt_window)
         outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
         warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
             if warm else []
@@ -272,7 +273,8 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_tokens: int, warm: bool, baselines: bool,
                        json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0) -> None:
-    from . import replay as replay_lib
+    from specx.bench import replay as replay_lib
+    from specx.store.prompts import model_prompts
     from specx.core.model import load_model, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import outside_sessions, select_calls
@@ -284,7 +286,7 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
             raise typer.BadParameter(f"the store has no tokens for {model!r}'s tokenizer: ingest with --model {model}",
                                      param_hint="--model")
         calls = select_calls(store, tokenizer_id, **selection)
-        calls, prompts = replay_lib.model_prompts(store, tok, calls, window)
+        calls, prompts = model_prompts(store, tok, calls, window)
         if not calls:
             raise typer.BadParameter("no stored call with a prompt matches the selection",
                                      param_hint="--format/--source/...")

@@ -1,4 +1,4 @@
-"""`specx bench index`, `ingest` and `cost`: figures side by side in one run (cli/bench.py measures)."""
+"""`specx bench index`, `ingest` and `cost`: figures side by side in one run (specx.bench.figures measures)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def bench_index(
 
     Example: [bold]specx bench index --tokens 1000000 --json[/]
     """
-    from . import bench
-    from . import reference as reference_impl
+    from specx.bench import figures as bench
+    from specx.bench import reference as reference_impl
     from specx.core.model import load_tokenizer
 
     corpora = []
@@ -75,7 +75,7 @@ def bench_ingest(
     """
     import tempfile
 
-    from . import bench
+    from specx.bench import figures as bench
     from specx.core.model import load_tokenizer, tokenizer_fingerprint
     from specx.store.ingest import Tokenizer
 
@@ -126,7 +126,7 @@ def bench_cost(
     net, _ = load_model(model, specx_home() / "models", dtype=dtype)
     output.note(f"timing passes over {', '.join(map(str, SIZES))} tokens on a {context}-token cache")
     cost = calibrate(net, repeats=repeats, context=context, long_context=None)
-    from . import bench
+    from specx.bench import figures as bench
 
     ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
     machine = bench.machine()
@@ -147,7 +147,7 @@ def bench_cost(
 
 
 def _print_bench_table(corpora: list[dict]) -> None:
-    from .bench import TARGETS
+    from specx.bench.figures import TARGETS
 
     keys = ["tokens", "build_tokens_per_s", "bytes_per_token", "load_tokens_per_s", "append_us_per_token",
             "add_us_per_token", "speculate_p50_us", "speculate_p99_us", "mean_accepted",

@@ -19,6 +19,7 @@ import typer
 from specx.core.predict import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict_groups, projected_speedup, replay_sample)
 from specx.core.sampling import draw_stratified
+from specx.store.prompts import iter_prompt_tokens
 from specx.store.selection import PromptMessages
 
 from . import output
@@ -75,7 +76,7 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
                       on_sample: Callable[[int], None] = lambda calls: None) -> dict[str, Any]:
     """{"overall": {...}, "groups": {key: {...}}, "sample": {...}} for `calls` (stored order);
     `on_sample(n)` once the n calls to replay are drawn, `on_call()` after each is replayed."""
-    from . import replay as replay_lib
+    from specx.bench import replay as replay_lib
 
     params = params or REPLAY_DEFAULTS
     started = time.perf_counter()
@@ -86,7 +87,7 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
     positions = sorted({i for part in samples.values() for i in part.hits})
     on_sample(len(positions))
     chosen = [calls[i] for i in positions]
-    prompts = Prefetched(replay_lib.iter_prompt_tokens(PromptMessages(store, chosen), tokenizer, chosen,
+    prompts = Prefetched(iter_prompt_tokens(PromptMessages(store, chosen), tokenizer, chosen,
                                                        params["prompt_window"]), len(chosen))
     replayed = replay_sample(outputs, groups, positions, prompts, lambda: replay_lib.make_drafter("specx", params),
                              lambda: replay_lib.make_drafter("prompt_lookup", params), curves, on_call=on_call)
@@ -181,7 +182,7 @@ def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndar
     """`specx replay`'s projected speedups from its own replay of every call: {"overall": {curve:
     {...}}, "groups": {key: {curve: {...}}}}. Uses the replay's measured steps (specx and, when
     replayed, prompt lookup) for flat curves; replays with drafts cut to what pays for the others."""
-    from . import replay as replay_lib
+    from specx.bench import replay as replay_lib
 
     curve_steps = result.get("curve", {})
     specx_steps = [s for _, s in curve_steps["specx"]] if "specx" in curve_steps else None

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from specx.cli import predict as predict_lib
-from specx.cli import replay as replay_lib
+from specx.bench import replay as replay_lib
+from specx.store.prompts import prompt_tokens
 from specx.cli.options import specx_home
 from specx.core.entropy import empirical_entropy
 from specx.core.model import load_tokenizer, tokenizer_fingerprint
@@ -126,7 +127,7 @@ def check(store: Store, tok: Any, tokenizer_id: int, name: str, calls: list, arg
         row[f"predict_seconds_{sampling}"] = seconds
     row["exhaustive"] = predicted["weighted"]["sample"]["exhaustive"]
     t0 = time.perf_counter()
-    prompts = replay_lib.prompt_tokens(store, tok, calls, predict_lib.REPLAY_DEFAULTS["prompt_window"])
+    prompts = prompt_tokens(store, tok, calls, predict_lib.REPLAY_DEFAULTS["prompt_window"])
     outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
     full = replay_lib.run_replay(calls, prompts, outputs, [], dict(predict_lib.REPLAY_DEFAULTS), "format", ["specx"])
     row["replay_seconds"] = time.perf_counter() - t0
@@ -185,7 +186,7 @@ def main() -> None:
         with Store(db) as store:
             tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
             calls = select_calls(store, tokenizer_id)
-            replay_lib.run_replay(calls[:2], replay_lib.prompt_tokens(store, tok, calls[:2], 64),
+            replay_lib.run_replay(calls[:2], prompt_tokens(store, tok, calls[:2], 64),
                                   [store.call_tokens(c.id, tokenizer_id) for c in calls[:2]], [],
                                   dict(predict_lib.REPLAY_DEFAULTS), "format", ["specx"])  # compile, load
             for name, members in workloads(calls, args.min_calls):

@@ -76,7 +76,7 @@ def drive(cache, prompts: list[list[int]], outputs: list[list[int]], k: int, dep
 
 
 def load(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
-    from specx.cli.replay import prompt_tokens
+    from specx.store.prompts import prompt_tokens
     from specx.core.model import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import select_calls

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.core.compare import STOCK, compare, summary
+from specx.bench.compare import STOCK, compare, summary
 from specx.core.cost import AcceptanceModel
 from specx.core.generate import generate
 from specx.core.model import load_model

@@ -118,7 +118,7 @@ def test_accelerated_speculative_greedy_equals_plain_greedy(fast32, make):
 def test_accelerated_model_under_transformers_generate(fast32):
     # transformers builds the masks for the registered attention as for sdpa: without that its
     # prompt lookup verified candidates against a cache cut to the candidates alone
-    from specx.core.compare import hf_generate
+    from specx.bench.compare import hf_generate
 
     stock = tiny_model(torch.float32, seed=5)
     rng = random.Random(2)

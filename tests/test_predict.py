@@ -216,7 +216,7 @@ def _call(index, group, tokens, steps):
 
 
 def _store_calls(tmp_path, tokenizer):  # noqa: F811
-    from specx.cli.replay import prompt_tokens
+    from specx.store.prompts import prompt_tokens
     from specx.store.db import Store
     from specx.store.ingest import ingest
     from specx.store.selection import select_calls
@@ -236,7 +236,7 @@ def _store_calls(tmp_path, tokenizer):  # noqa: F811
 
 def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokenizer):  # noqa: F811
     from specx.cli.predict import REPLAY_DEFAULTS
-    from specx.cli.replay import make_drafter
+    from specx.bench.replay import make_drafter
 
     calls, prompts, outputs = _store_calls(tmp_path, tokenizer)
     assert len(calls) > 20
@@ -273,7 +273,7 @@ def test_prompts_tokenized_in_a_thread_from_a_snapshot_equal_prompt_tokens(tmp_p
     chunks, in a thread) is prompt_tokens' result, item for item, and the thread's error reaches
     the reader."""
     from specx.cli.predict import Prefetched
-    from specx.cli.replay import iter_prompt_tokens, prompt_tokens
+    from specx.store.prompts import iter_prompt_tokens, prompt_tokens
     from specx.store.db import Store
     from specx.store.ingest import ingest
     from specx.store.selection import PromptMessages, select_calls

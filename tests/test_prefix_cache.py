@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from specx.core.compare import hf_generate
+from specx.bench.compare import hf_generate
 from specx.core.generate import generate, greedy_decode
 from specx.core.kv_cache import cache_kwarg, new_cache
 from specx.core.prefix_cache import PrefixCache
@@ -117,7 +117,7 @@ def test_zero_budget_and_other_caches():
 
 
 def test_compare_times_the_prefill_apart():
-    from specx.core.compare import compare, summary
+    from specx.bench.compare import compare, summary
 
     model = tiny_model(torch.float64)
     prompts = agent_prompts(random.Random(5), 3)

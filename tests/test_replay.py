@@ -106,7 +106,7 @@ def test_replay_groups_and_totals():
 
 @pytest.mark.skipif(not AGENT_DATA.is_dir(), reason="needs ../shared/agent-data")
 def test_every_stored_output_is_rebuilt(tmp_path, tokenizer):  # noqa: F811
-    from specx.cli.replay import prompt_tokens
+    from specx.store.prompts import prompt_tokens
     from specx.store.db import Store
     from specx.store.ingest import ingest
     from specx.store.selection import select_calls
@@ -120,7 +120,7 @@ def test_every_stored_output_is_rebuilt(tmp_path, tokenizer):  # noqa: F811
         prompts = prompt_tokens(store, tokenizer.get(), calls, 4096)
         outputs = [store.call_tokens(c.id, tok_id) for c in calls]
         # Tokenizing each message once equals rendering and tokenizing whole prompts.
-        from specx.cli.replay import _prompt_tokens_rendered
+        from specx.store.prompts import _prompt_tokens_rendered
 
         some = calls[::8]
         slow = _prompt_tokens_rendered(store, tokenizer.get(), some, 4096)

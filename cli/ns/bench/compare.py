@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .cost import AcceptanceModel, ForwardCost
-from .decode import DecodeStats
-from .generate import generate
-from .kv_cache import cache_kwarg, new_cache
-from .prefix_cache import PrefixCache
+from specx.core.cost import AcceptanceModel, ForwardCost
+from specx.core.decode import DecodeStats
+from specx.core.generate import generate
+from specx.core.kv_cache import cache_kwarg, new_cache
+from specx.core.prefix_cache import PrefixCache
 
 METHODS = ("plain", "prompt_lookup", "specx")
 STOCK = "stock_plain"  # optional: plain decoding on a model without core.kernels (pass stock_model)

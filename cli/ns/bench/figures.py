@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from specx.core.suffix_index import SuffixIndex
-from specx.core.synthetic import synthetic_corpus
+from .synthetic import synthetic_corpus
 
 from . import reference
 

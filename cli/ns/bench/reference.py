@@ -42,7 +42,7 @@ def bench(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.nda
           continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
     """The same figures as specx's, where the reference has them (it cannot save or load),
     measured and summarised by the benchmark's own code, as specx's are."""
-    from .bench import speculation_figures, time_speculation  # here: bench imports this module
+    from .figures import speculation_figures, time_speculation  # here: figures imports this module
 
     c = _module()
     num_tokens = int(sum(len(d) for d in train))
