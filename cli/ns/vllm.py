@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import importlib.abc
 import importlib.machinery
-import json
 import logging
 import multiprocessing.util
 import os
@@ -58,44 +57,14 @@ class SpecxVllmError(RuntimeError):
 
 def register() -> None:
     """The `vllm.general_plugins` entry point: inert unless SPECX_DB (or SPECX_PROPOSER_STATS) is set."""
-    if os.environ.get("SPECX_PROPOSER_STATS"):
+    if os.environ.get("SPECX_PROPOSER_STATS"):  # examples/vllm_bench.py times the proposers
+        from specx.bench.proposers import time_proposers
+
         time_proposers(Path(os.environ["SPECX_PROPOSER_STATS"]))
     if not os.environ.get("SPECX_DB"):
         return
     check_vllm_version()
     install()
-
-
-def time_proposers(path: Path) -> None:
-    """Measure vLLM's n-gram and suffix proposers (specx's included): for each `propose` call, its
-    wall-clock start, seconds, and the request-steps it saw (rows with sampled tokens), written as
-    JSON to `path` at exit of the process that drafted (examples/vllm_bench.py reads it). The
-    proposers are wrapped when vLLM imports them: importing them here, at plugin load, would come
-    before vLLM's CPU kernel set-up and break it."""
-    calls: list[tuple[float, float, int]] = []
-
-    def timed(orig: Any, sampled_at: int) -> Any:
-        def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
-            start, t0 = time.time(), time.perf_counter()
-            out = orig(self, *args, **kwargs)
-            sampled = kwargs.get("sampled_token_ids", args[sampled_at] if len(args) > sampled_at else [])
-            calls.append((start, time.perf_counter() - t0, sum(1 for s in sampled if len(s))))
-            return out
-        return propose
-
-    def write() -> None:
-        if calls:
-            path.write_text(json.dumps(calls))
-
-    def wrap(cls_name: str, sampled_at: int) -> Any:
-        def hook(module: Any) -> None:
-            cls = getattr(module, cls_name)
-            cls.propose = timed(cls.propose, sampled_at)
-        return hook
-
-    after_import({"vllm.v1.spec_decode.suffix_decoding": wrap("SuffixDecodingProposer", 2),
-                  "vllm.v1.spec_decode.ngram_proposer": wrap("NgramProposer", 1)})
-    multiprocessing.util.Finalize(None, write, exitpriority=50)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -245,8 +214,6 @@ class EngineDrafter:
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, *, tokenizer: Any = None,
                  model: str | None = None, rank: int | None = None) -> None:
-        import collections
-
         from specx.core.model import load_tokenizer, tokenizer_fingerprint
         from specx.core.suffix_cache import SuffixCache
         from specx.core.suffix_index import SuffixIndex
