@@ -9,14 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .cost import AcceptanceModel, ForwardCost
 from .decode import Step, Verdict, decode
 from .draft import Draft
 from .speculate import Drafter
-from .verify import Sampling, tree_unsupported, verify
+from .verify import Sampling, mask_logits, tree_unsupported, verify
 
 
 class ModelVerifier:
@@ -103,8 +102,7 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
         logits = model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits  # [1, S, V]
         last = logits[0, -1]
         if constraint is not None:
-            allowed = np.unpackbits(constraint.mask().view(np.uint8), bitorder="little")[: last.shape[-1]]
-            last = last.masked_fill(torch.from_numpy(allowed == 0), float("-inf"))
+            mask_logits(last[None], constraint.allowed(Draft())[:1])  # the tokens allowed next
         tok = int(torch.argmax(last))
         out.append(tok)
         if tok in eos:

@@ -108,16 +108,12 @@ def tree_logits(model: Any, cache: Any, pending: Sequence[int], draft: Draft) ->
     """
     from .kv_cache import cache_kwarg
 
-    if tree_unsupported(model):
+    why = tree_unsupported(model)
+    if why:
         if any(p != i - 1 for i, p in enumerate(draft.parents)):
-            raise ValueError(f"this model verifies linear drafts only: {tree_unsupported(model)}")
-        pending = list(pending) + list(draft.token_ids)
-        ids = torch.tensor([list(pending)], dtype=torch.long, device=model.device)  # [1, P]
-        return model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits[0]  # [P, V]
-    impl = getattr(model.config, "_attn_implementation", "sdpa")
-    if impl not in _MASKABLE:
-        raise ValueError(f"tree verification needs an attention implementation that takes a 4D mask "
-                         f"({', '.join(_MASKABLE)}), not {impl!r}")
+            raise ValueError(f"this model verifies linear drafts only: {why}")
+        ids = torch.tensor([list(pending) + list(draft.token_ids)], dtype=torch.long, device=model.device)  # [1, Q]
+        return model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits[0]  # [Q, V]
     input_ids, position_ids, mask = tree_inputs(pending, draft, cache.get_seq_length(), model.dtype, model.device)
 
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
@@ -232,10 +228,9 @@ def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_
             # the right-hand side is a gathered copy, so overlapping source and target is safe
             layer.keys[:, :, num_kept : num_kept + num_accepted] = layer.keys[:, :, idx]  # [B, H, A, D]
             layer.values[:, :, num_kept : num_kept + num_accepted] = layer.values[:, :, idx]
-    extra = num_nodes - num_accepted
-    if extra > 0 or getattr(cache, "is_recording_past", None) and any(
-            cache.is_recording_past(i) for i in range(len(cache.layers))):
-        cache.crop(-extra)  # crop(0): a sliding layer recording its past trims back to its window
+    # crop(0) leaves a full-attention layer as it is and trims a sliding one (recording its past,
+    # core.kv_cache.new_cache) back to its window
+    cache.crop(-(num_nodes - num_accepted))
 
 
 @torch.inference_mode()
