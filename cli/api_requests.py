@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse
 
 from specx.core.grammar import json_schema_grammar
 from specx.core.serving import GenerationRequest
-from specx.core.tools import ToolsError, call_grammar, check_tool_choice, check_tools
+from specx.core.tools import call_grammar
 
 if TYPE_CHECKING:
     from .api_tokens import Tokenizers
@@ -66,12 +66,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
     stop = _stop(body)
     if endpoint == "chat.completions":
         messages = _messages(body)
-        try:
-            functions = check_tools(body.get("tools"))
-            choice = check_tool_choice(body.get("tool_choice"), functions)
-        except ToolsError as exc:
-            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
-        prompt_ids = tokenizers.chat_tools(messages, functions, choice, body.get("tools"))
+        prompt_ids, functions, choice = tokenizers.chat_tools(messages, body.get("tools"), body.get("tool_choice"))
         prompt_messages, prompt_text, prompt_param = messages, None, "messages"
         if choice.mode in ("required", "named"):  # the output is calls: a grammar enforces them
             parallel = _bool(body, "parallel_tool_calls", True)
@@ -118,13 +113,8 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers) ->
         messages = body["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "'messages' must be a list of message objects", "messages", "invalid_type")
-        try:
-            functions = check_tools(body.get("tools"))
-            choice = check_tool_choice(body.get("tool_choice"), functions)
-        except ToolsError as exc:
-            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
-        return tokenizers.chat_tools(messages, functions, choice, body.get("tools"),
-                                     _bool(body, "add_generation_prompt", True))
+        return tokenizers.chat_tools(messages, body.get("tools"), body.get("tool_choice"),
+                                     _bool(body, "add_generation_prompt", True))[0]
     if isinstance(body.get("prompt"), str):
         return tokenizers.text(body["prompt"])
     raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")

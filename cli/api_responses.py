@@ -95,7 +95,7 @@ class HeldText:
     is parsed, and what was held goes out as tool-call deltas, or as content if it held no call."""
 
     def __init__(self, req: GenerationRequest) -> None:
-        self.parser, self.names = req.tool_parser, req.tool_names
+        self.req, self.parser = req, req.tool_parser
         self.text = ""
         self.sent = 0  # characters of text sent as content
         self.holding = False
@@ -123,7 +123,7 @@ class HeldText:
 
     def finish(self) -> tuple[str, list[dict[str, Any]], list[ToolCall]]:
         """(content still to send, tool_calls deltas, calls) once the answer is complete."""
-        calls = [] if self.parser is None else parse_tool_calls(self.parser, self.text, self.names)[1]
+        calls = tool_calls(self.req, self.text)[1]
         if not calls:
             return self.text[self.sent :], [], []
         deltas = []

@@ -10,7 +10,8 @@ from typing import Any
 
 from specx.core.grammar import GrammarError
 from specx.core.serving import LockedTokenizer
-from specx.core.tools import ToolChoice, ToolsError, messages_for_plain_template, parser_for_template
+from specx.core.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
+                              parser_for_template)
 
 from .api_requests import ApiError
 
@@ -37,19 +38,21 @@ class Tokenizers:
         except ApiError:
             return False
 
-    def chat_tools(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]], choice: ToolChoice,
-                   body_tools: Any, add_generation_prompt: bool = True) -> list[int]:
-        """A chat prompt with tools: through the template when it renders them, else with the tool
-        schemas in the system prompt and the tool-call history as text (core.tools)."""
-        if self.renders_tools:
-            return self.chat(messages, body_tools if functions and choice.mode != "none" else None,
-                             add_generation_prompt)
+    def chat_tools(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any,
+                   add_generation_prompt: bool = True) -> tuple[list[int], list[dict[str, Any]], ToolChoice]:
+        """(prompt tokens, functions, choice) of a chat with the request's `tools` and `tool_choice`
+        (validated: ApiError names the param): through the template when it renders tools, else
+        with the tool schemas in the system prompt and the tool-call history as text (core.tools)."""
         try:
-            plain = messages_for_plain_template(self.tool_parser, messages,
-                                                functions if choice.mode != "none" else None)
+            functions = check_tools(tools)
+            choice = check_tool_choice(tool_choice, functions)
+            offered = functions if choice.mode != "none" else []
+            if self.renders_tools:
+                return self.chat(messages, tools if offered else None, add_generation_prompt), functions, choice
+            plain = messages_for_plain_template(self.tool_parser, messages, offered or None)
         except ToolsError as exc:
             raise ApiError(400, str(exc), exc.param, "invalid_value") from None
-        return self.chat(plain, None, add_generation_prompt)
+        return self.chat(plain, None, add_generation_prompt), functions, choice
 
     def grammar(self, grammar: str, param: str) -> str:
         """The grammar, once llguidance has compiled it against the model's vocabulary."""

@@ -124,8 +124,9 @@ def generate_cmd(
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
-    if tree_unsupported(net):
-        output.note(f"linear drafts (each tree's best path), not trees: {tree_unsupported(net)}")
+    no_trees = tree_unsupported(net)
+    if no_trees:
+        output.note(f"linear drafts (each tree's best path), not trees: {no_trees}")
     drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)
     result = run(drafter, stream=not json_out)
     if not json_out:
