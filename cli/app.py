@@ -21,7 +21,7 @@ from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
 from .serve import serve_cmd
-from .options import DbOpt, JsonOpt, ListOpt, existing_store, model_cost, specx_home, store_path
+from .options import DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, model_cost, specx_home, store_path
 
 app = typer.Typer(
     name="specx",
@@ -295,14 +295,17 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
     methods = ["plain", "prompt_lookup", "specx"] if baselines else ["plain", "specx"]
     output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
                 f"prompt tokens, at most {max_tokens} new tokens each)")
-    cost = model_cost(net, model, output.note, max_size=params["max_spec_tokens"] + 1)
+    cost = model_cost(net, model, output.note)
     with output.progress() as bar:
         task = bar.add_task("replay", total=len(calls) * len(methods))
         result = replay_lib.run_model_replay(net, tok, prompts, warm_tokens, params | {"warm_outputs": len(warm_tokens)},
                                              methods, max_tokens, cost, on_call=lambda: bar.advance(task),
                                              prefix_cache_tokens=prefix_cache_tokens)
+    keep_cost(cost, output.note)
     result["model"] = model
     result["dtype"] = str(net.dtype).removeprefix("torch.")
+    if result.get("busy"):
+        output.note(result["busy"])
     if json_out:
         output.print_json(result)
         return

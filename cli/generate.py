@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, model_cost, specx_home, store_path
+from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
 
 
 def generate_cmd(
@@ -33,14 +33,18 @@ def generate_cmd(
                                                          "under its grammar.", show_default=False)] = None,
     compare: Annotated[bool, typer.Option(help="Also decode plainly: speedup, and whether the outputs "
                                                "are identical.")] = False,
+    repeats: Annotated[int, typer.Option(min=1, help="With --compare: runs of each method, taking turns (the "
+                                                     "speedup is the median of the pairs; their spread says "
+                                                     "whether the machine was steady enough).")] = 3,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
     max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens (4 "
                                                               "suits agents; cost-aware sizing cuts what does "
                                                               "not pay).")] = 4.0,
-    cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Measure what a forward pass "
-                                             "costs per token verified and cut each draft where expected tokens "
-                                             "per second is best (default), or verify whole drafts.")] = True,
-    verbose: Annotated[bool, typer.Option(help="Show the measured forward-pass cost curve.")] = False,
+    cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Learn what a forward pass "
+                                             "costs per token verified (from the passes themselves) and cut each "
+                                             "draft where expected tokens per second is best (default), or verify "
+                                             "whole drafts.")] = True,
+    verbose: Annotated[bool, typer.Option(help="Show the forward-pass cost curve learned so far.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text with the model, drafting from the suffix index (lossless speculative decoding).
@@ -53,10 +57,11 @@ def generate_cmd(
     Example: [bold]specx generate "SELECT name FROM" --raw --stop ";" --max-tokens 32[/]
     Example: [bold]specx generate "A cat as JSON." --json-schema '{"type": "object", "properties": {"name": {"type": "string"}}}'[/]
     """
+    import statistics
     import time
 
     from specx.core.decode import DecodeStats
-    from specx.core.generate import generate
+    from specx.core.generate import generate, thread_tuner
     from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
@@ -86,16 +91,8 @@ def generate_cmd(
     eos = tok.eos_token_id
     sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed)
-    cost = None
-    if cost_aware:
-        cost = model_cost(net, model, output.note, max_size=max_spec_tokens + 1)
-        if verbose and not json_out:
-            output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
-            long = cost.long_seconds or [float("nan")] * len(cost.sizes)
-            output.print_table("forward pass cost (ms) by tokens verified",
-                               ["tokens", f"ms, {cost.context}-token cache", "ms per token",
-                                f"ms, {cost.long_context}-token cache"],
-                               [[n, 1e3 * t, 1e3 * t / n, 1e3 * lt] for n, t, lt in zip(cost.sizes, cost.seconds, long)])
+    cost = model_cost(net, model, output.note) if cost_aware else None
+    threads = thread_tuner(net, output.note)
 
     grammar = vocabulary = None
     if json_schema is not None:
@@ -111,7 +108,7 @@ def generate_cmd(
         t0 = time.perf_counter()
         constraint = vocabulary.constraint(grammar) if grammar is not None else None
         for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
-                             constraint=constraint, **sampling):
+                             constraint=constraint, threads=threads, learn=False, **sampling):
             totals.add_step(step)
             tokens += step.new_tokens
             if stream:
@@ -135,19 +132,47 @@ def generate_cmd(
                     f" {result['accepted_per_step']:.2f} draft tokens accepted per step;"
                     f" global index {global_index.num_tokens:,} tokens)")
     if compare:
-        plain = run(None, stream=False)
+        # the methods take turns, so that a machine that slows down weighs on both alike
+        runs = {"specx": [result], "plain": []}
+        for i in range(repeats):
+            runs["plain"].append(run(None, stream=False))
+            if i + 1 < repeats:
+                runs["specx"].append(run(drafter, stream=False))
+        plain = runs["plain"][0]
+        pairs = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["specx"], runs["plain"]) if b["tokens_per_s"]]
+        rates = [r["tokens_per_s"] for r in runs["plain"]]
         result["plain"] = {k: v for k, v in plain.items() if k not in ("text", "token_ids")}
-        result["speedup"] = result["tokens_per_s"] / plain["tokens_per_s"] if plain["tokens_per_s"] else None
-        result["identical"] = plain["token_ids"] == result["token_ids"]
+        result["plain"]["tokens_per_s"] = statistics.median(rates)
+        result["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in runs["specx"])
+        result["speedup"] = statistics.median(pairs) if pairs else None
+        result["speedups"] = pairs
+        result["identical"] = all(r["token_ids"] == plain["token_ids"] for r in runs["specx"] + runs["plain"])
+        result["steady"] = output.steady(rates)
         if not json_out:
-            output.note(f"plain: {plain['tokens']} tokens in {plain['steps']} steps ({plain['tokens_per_s']:.1f} "
-                        f"tokens/s); speedup {result['speedup']:.2f}x; identical output: "
+            output.note(f"plain: {plain['tokens']} tokens in {plain['steps']} steps ({result['plain']['tokens_per_s']:.1f} "
+                        f"tokens/s); speedup {result['speedup']:.2f}x (median of {len(pairs)} pairs, taking turns: "
+                        f"{', '.join(f'{p:.2f}x' for p in pairs)}); identical output: "
                         f"{'yes' if result['identical'] else 'NO'}")
+            busy = output.busy_note("plain decoding", rates)
+            if busy:
+                output.note(busy)
+    if verbose and cost is not None and not json_out:
+        output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
+        curve = cost.snapshot()
+        output.print_table(f"forward pass cost (ms) by tokens verified, learned from {cost.passes} passes",
+                           ["tokens", f"ms, {curve.context}-token cache", "ms per token",
+                            f"ms, {curve.long_context}-token cache"],
+                           [[n, 1e3 * t, 1e3 * t / n, 1e3 * lt]
+                            for n, t, lt in zip(curve.sizes, curve.seconds, curve.long_seconds)])
+    if cost is not None:
+        keep_cost(cost, output.note)
     if json_out:
         result.pop("token_ids")
         if cost is not None:
-            result["cost_curve"] = {"tokens": list(cost.sizes), "seconds": list(cost.seconds), "context": cost.context,
-                                    "long_seconds": list(cost.long_seconds or []), "long_context": cost.long_context}
+            curve = cost.snapshot()
+            result["cost_curve"] = {"tokens": list(curve.sizes), "seconds": list(curve.seconds),
+                                    "context": curve.context, "long_seconds": list(curve.long_seconds or []),
+                                    "long_context": curve.long_context, "passes": cost.passes}
         output.print_json(result)
 
 

@@ -53,15 +53,18 @@ def existing_store(db: Path | None) -> Path:
 ListOpt = Optional[list[str]]
 
 
-def model_cost(net: Any, model: str, say: Callable[[str], None], refresh: bool = False, **options: Any) -> Any:
-    """The model's forward-pass cost curve (core.cost.cached_cost), kept in $SPECX_HOME/cost per
-    model, dtype, kernels and machine: measured at the first start only, checked for sanity,
-    re-measured or replaced by the shipped cpu curve's shape when it cannot be right."""
+def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
+    """The model's forward-pass cost (core.learned_cost.LearnedCost), learned from the passes it runs:
+    nothing is timed at start. It starts from what earlier runs learned for this model, dtype,
+    kernels and machine (kept in $SPECX_HOME/cost; `relearn`: forgotten), else from the shipped cpu
+    curve's shape; `keep_cost` saves it."""
+    import hashlib
+    import json
     import platform
 
     import torch
 
-    from specx.core.cost import cached_cost
+    from specx.core.learned_cost import LearnedCost
     from specx.core.predict import builtin_curves
 
     cpu = platform.processor()
@@ -75,5 +78,35 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], refresh: bool =
            "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
            "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
            "kernels": list(getattr(net, "specx_kernels", [])), "cpu": cpu, "cpus": os.cpu_count(),
-           "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform()}
-    return cached_cost(net, specx_home() / "cost", key, builtin_curves()["cpu"].cost, say, refresh=refresh, **options)
+           "torch": torch.__version__, "platform": platform.platform()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = specx_home() / "cost" / f"learned-{digest}.json"
+    prior = builtin_curves()["cpu"].cost
+    cost = None
+    if path.exists() and not relearn:
+        try:
+            cost = LearnedCost(prior, say, json.loads(path.read_text())["state"])
+            say(f"forward-pass cost: as learned by earlier runs ({cost.passes} passes; {path})")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            say(f"forward-pass cost: cannot use {path} ({exc}): starting from the shipped curve's shape")
+    if cost is None:
+        cost = LearnedCost(prior, say)
+        say("forward-pass cost: starting from the shipped curve's shape; learned from the passes as they run")
+    cost.kept_at, cost.key = path, key
+    return cost
+
+
+def keep_cost(cost: Any, say: Callable[[str], None] = lambda message: None) -> None:
+    """Save what `cost` (from model_cost) has learned, for the next run on this model and machine."""
+    import json
+
+    path = getattr(cost, "kept_at", None)
+    if path is None or not cost.passes:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": cost.key, "state": cost.state()}, default=str))
+        tmp.replace(path)
+    except OSError as exc:
+        say(f"forward-pass cost: cannot keep it in {path} ({exc})")

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .options import DbOpt, model_cost, specx_home, store_path
+from .options import DbOpt, keep_cost, model_cost, specx_home, store_path
 from specx.core.tools import PARSERS
 
 
@@ -38,7 +38,7 @@ def serve_cmd(
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
     max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens.")] = 4.0,
     cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Cut each draft where expected "
-                                             "tokens per second is best (measured at start), or verify whole "
+                                             "tokens per second is best (the cost learned from the passes), or verify whole "
                                              "drafts.")] = True,
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="KV entries of recent prompts kept for prompts "
                                                                  "that start the same way: only the rest is "
@@ -91,6 +91,7 @@ def serve_cmd(
                           max_spec_factor, vllm_arg or [])
     import uvicorn
 
+    from specx.core.generate import thread_tuner
     from specx.core.grammar import Vocabulary
     from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
     from specx.core.prefix_cache import PrefixCache
@@ -119,7 +120,7 @@ def serve_cmd(
     failed: list[BaseException] = []
 
     def load() -> None:
-        """The model, the index and the cost curve, on a thread while the port answers 503 loading."""
+        """The model and the index, on a thread while the port answers 503 loading."""
         try:
             api.stage = f"loading {model}"
             log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
@@ -137,12 +138,8 @@ def serve_cmd(
             path, fingerprint = store_path(db), tokenizer_fingerprint(tok)
             with Store(path) as store:  # created when missing: the server writes what it serves
                 global_index = index_for(store, fingerprint)
-            cost = None
-            if speculate and cost_aware:
-                api.stage = "the forward-pass cost curve"
-                cost = model_cost(net, model, log.info, max_size=max_spec_tokens + 1)
-                log.info("forward pass cost by tokens verified: %s",
-                         ", ".join(f"{n}: {1e3 * t:.0f} ms" for n, t in zip(cost.sizes, cost.seconds)))
+            # nothing is timed here: the cost is learned from the passes the requests run
+            cost = model_cost(net, model, log.info) if speculate and cost_aware else None
             drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
                 if speculate else None
             api.stage = "the grammar vocabulary"  # response_format and tool_choice decode under grammars
@@ -150,7 +147,8 @@ def serve_cmd(
             recorder = ServedRecorder(path, model, fingerprint, len(tok), speculate)
             worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, metrics,
                             PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")),
-                            vocabulary=vocabulary)
+                            vocabulary=vocabulary, threads=thread_tuner(net, log.info),
+                            save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None)
             api.ready(worker, min(max_model_len or context_length, context_length))
             tokenizers = api.tokenizers
             log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else

@@ -1,8 +1,9 @@
 """What a forward pass costs, and how much draft that pays for.
 
 On a CPU the time of one verification pass grows quickly with the number of tokens verified; on
-a GPU it is nearly flat for small trees. So the right draft size depends on the hardware: measure
-seconds(n) once (`calibrate`), then keep the draft's most likely nodes only while the expected
+a GPU it is nearly flat for small trees. So the right draft size depends on the hardware: a curve
+seconds(n) (learned from the passes themselves, core.learned_cost; `calibrate` times one on
+demand, for `specx bench cost`), then keep the draft's most likely nodes only while the expected
 tokens per second of the step improves (`size_draft`):
 
     rate(k) = (1 + sum of the k largest P) / seconds(pending + k)
@@ -14,12 +15,9 @@ parent's, so taking nodes by P keeps the kept set a tree.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -155,13 +153,15 @@ def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
                  pick(draft.match_lens))
 
 
-def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, acceptance: AcceptanceModel | None = None,
-               context: int | None = None) -> Draft:
+def size_draft(draft: Draft, cost: Callable[..., float], num_pending: int = 1,
+               acceptance: AcceptanceModel | None = None, context: int | None = None,
+               max_nodes: int | None = None) -> Draft:
     """The draft cut to the size that maximises expected tokens per second of the step.
 
     Nodes are worth their chance of being accepted: `acceptance.estimates` (what verification has
     shown drafts like this one to be worth), else the drafter's own D. `context` is the number of
-    tokens in the cache (a longer one makes each verified token dearer).
+    tokens in the cache (a longer one makes each verified token dearer). `max_nodes` caps the
+    size whatever pays (core.learned_cost's guard).
     """
     n = len(draft)
     if n == 0:
@@ -171,7 +171,7 @@ def size_draft(draft: Draft, cost: ForwardCost, num_pending: int = 1, acceptance
     chosen: set[int] = set()
     taken: list[int] = []
     best_k, best_rate, expected = 0, 1.0 / cost(num_pending, context), 1.0
-    for i in order:
+    for i in order[: n if max_nodes is None else max_nodes]:
         if draft.parents[i] >= 0 and draft.parents[i] not in chosen:
             continue  # a child more likely than its parent (not from suffix drafts): keep it a tree
         chosen.add(i)
@@ -272,75 +272,3 @@ def check_curve(cost: ForwardCost, tolerance: float = CURVE_TOLERANCE, cheaper: 
             if seconds > most:
                 most, most_at = seconds, n
     return None
-
-
-def scaled(reference: ForwardCost, one_token_seconds: float) -> ForwardCost:
-    """`reference`'s shape, scaled so that one token costs `one_token_seconds`."""
-    k = one_token_seconds / reference(1)
-    long = tuple(k * s for s in reference.long_seconds) if reference.long_seconds else None
-    return ForwardCost(reference.sizes, tuple(k * s for s in reference.seconds), reference.context, long,
-                       reference.long_context)
-
-
-def cached_cost(model: Any, cache_dir: Path | None, key: dict[str, Any], fallback: ForwardCost,
-                say: Callable[[str], None] = lambda message: None, measure: Callable[..., ForwardCost] | None = None,
-                refresh: bool = False, **options: Any) -> ForwardCost:
-    """The model's cost curve, measured once per `key` (model, dtype, machine: the caller's) and kept
-    in `cache_dir` (None: not kept; `refresh`: measured again and kept anew). A measured curve that
-    check_curve rejects is measured again; rejected twice, `fallback`'s shape scaled to the measured
-    one-token pass is used (and not kept). `say` hears which of these happened; `options` go to
-    `measure` (default: calibrate)."""
-    measure = measure or calibrate
-    key = {**key, **options}
-    path = None
-    if cache_dir is not None:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        path = Path(cache_dir) / f"cost-{digest}.json"
-        if refresh:
-            say("forward-pass cost curve: measuring it again, as asked")
-        else:
-            kept = _read_kept(path, say)
-            if kept is not None:
-                return kept
-    for attempt in (1, 2):
-        cost = measure(model, **options)
-        problem = check_curve(cost)
-        if problem is None:
-            break
-        say(f"forward-pass cost curve: measured {problem}; the machine is busy or the timing noisy"
-            + (": measuring again" if attempt == 1 else ""))
-    else:
-        cost = scaled(fallback, cost.seconds[0])
-        say(f"forward-pass cost curve: using the default curve's shape, scaled to one token = "
-            f"{1e3 * cost(1):.1f} ms (not kept: the next start measures again)")
-        return cost
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"key": key, **asdict(cost)}, default=str))
-            tmp.replace(path)
-            say(f"forward-pass cost curve: measured and kept in {path}")
-        except OSError as exc:
-            say(f"forward-pass cost curve: measured; cannot keep it in {path} ({exc})")
-    return cost
-
-
-def _read_kept(path: Path, say: Callable[[str], None]) -> ForwardCost | None:
-    """The curve kept at `path` if it is there, readable and believable (`say` tells which not)."""
-    try:
-        data = json.loads(path.read_text())
-        cost = ForwardCost(tuple(data["sizes"]), tuple(data["seconds"]), data["context"],
-                           tuple(data["long_seconds"]) if data["long_seconds"] else None, data["long_context"])
-    except FileNotFoundError:
-        say("forward-pass cost curve: measuring it once for this model, dtype and machine ...")
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        say(f"forward-pass cost curve: cannot read {path} ({exc}): measuring")
-        return None
-    problem = check_curve(cost)
-    if problem is not None:
-        say(f"forward-pass cost curve: the kept one in {path} is not believable ({problem}): measuring")
-        return None
-    say(f"forward-pass cost curve: cached ({path})")
-    return cost

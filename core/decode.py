@@ -19,7 +19,9 @@ from typing import Any, Protocol
 
 from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
 from .draft import GRAMMAR, MODEL, Draft, check_draft
+from .learned_cost import LearnedCost
 from .speculate import Drafter
+from .threads import ThreadTuner
 
 
 @dataclass
@@ -136,9 +138,9 @@ class DecodeStats:
 
 
 def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,
-           max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: ForwardCost | None = None,
+           max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: ForwardCost | LearnedCost | None = None,
            stop: Callable[[list[int]], int | None] | None = None, acceptance: AcceptanceModel | None = None,
-           learn: bool = True, constraint: Any = None) -> Iterator[Step]:
+           learn: bool = True, constraint: Any = None, threads: ThreadTuner | None = None) -> Iterator[Step]:
     """Decode after `prompt` until EOS, `max_new_tokens` (None: until the verifier is finished) or
     `stop`, yielding one Step per verification pass.
 
@@ -151,6 +153,10 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
     and returns None to go on or how many of them to keep: decoding then ends there, as at EOS.
     `constraint` (a core.grammar.Constraint, which the verifier applies too): the tokens its grammar
     forces lead each draft (speculative decoding only) and the nodes it refuses are pruned.
+
+    With a core.learned_cost.LearnedCost as `cost`, every pass teaches it what passes cost (its
+    shape) and whether the drafts pay (its guard caps them when they do not). `threads` (a
+    core.threads.ThreadTuner) chooses the thread count of each pass from the passes' times.
     """
     prompt = [int(t) for t in prompt]
     if max_new_tokens is not None and max_new_tokens < 0:
@@ -181,13 +187,17 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 draft = best_path(draft)
             if max_new_tokens is not None:  # a step emits at most accepted + 1 tokens
                 draft = limit_depth(draft, max_new_tokens - num_out - 1)
+            context = len(prompt) + num_out
             if cost is not None:
-                draft = size_draft(draft, cost, 1, acceptance, context=len(prompt) + num_out)
+                draft = size_draft(draft, cost, 1, acceptance, context,
+                                   cost.max_draft() if isinstance(cost, LearnedCost) else None)
             if constraint is not None:
                 draft = constraint.prune(draft)
+            tag = threads.before_pass() if threads is not None else None
             drafted = clock()
             verdict = verifier.verify(draft)
             verified = clock()
+            _learn_pass(cost, threads, tag, 1 + len(draft), context, verified - drafted)
             tokens = verdict.tokens if max_new_tokens is None else verdict.tokens[: max_new_tokens - num_out]
             done = False
             if eos:
@@ -206,8 +216,11 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
             if drafter is not None:
                 drafter.extend(tokens)
                 guesses = verdict.guesses
+            finished = clock()
+            if isinstance(cost, LearnedCost):
+                cost.observe_step(1 + len(draft), context, verified - drafted, finished - start, len(tokens))
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
-                       (verified - drafted) * 1e6, (clock() - updated) * 1e6,
+                       (verified - drafted) * 1e6, (finished - updated) * 1e6,
                        None if verdict.logprobs is None else verdict.logprobs[: len(tokens)])
             if done:
                 break
@@ -215,6 +228,17 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
     finally:
         if drafter is not None:
             drafter.finish_request(learned)
+
+
+def _learn_pass(cost: Any, threads: ThreadTuner | None, tag: Any, num_tokens: int, context: int,
+                seconds: float) -> None:
+    """One verification pass over `num_tokens` took `seconds`: the learned cost and the thread
+    tuner hear it (the tuner compares passes of different sizes by the cost curve's shape)."""
+    learned = cost if isinstance(cost, LearnedCost) else None
+    if threads is not None:
+        threads.after_pass(tag, seconds / (learned.shape(num_tokens, context) if learned else 1.0))
+    if learned is not None:
+        learned.observe(num_tokens, context, seconds, tag)
 
 
 GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified

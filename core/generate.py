@@ -14,7 +14,9 @@ import torch
 from .cost import AcceptanceModel, ForwardCost
 from .decode import Step, Verdict, decode
 from .draft import Draft
+from .learned_cost import LearnedCost
 from .speculate import Drafter
+from .threads import ThreadTuner
 from .verify import Sampling, mask_logits, tree_unsupported, verify
 
 
@@ -51,10 +53,11 @@ class ModelVerifier:
 
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = None, max_new_tokens: int = 256,
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None, cost: ForwardCost | None = None,
+             top_k: int = 0, seed: int | None = None, cost: ForwardCost | LearnedCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
              acceptance: AcceptanceModel | None = None, prefix_cache: Any = None,
-             constraint: Any = None, logprobs: int = -1) -> Iterator[Step]:
+             constraint: Any = None, logprobs: int = -1, threads: ThreadTuner | None = None,
+             learn: bool = True) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids` with the model, yielding one Step per
     forward pass: core.decode.decode with a ModelVerifier (its docstring says what `drafter`,
     `cost`, `stop` and `acceptance` do).
@@ -66,7 +69,9 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     prefill of the prompt's longest prefix it has seen before. `constraint` (a
     core.grammar.Constraint, fresh for this decoding): every token follows its grammar, and the
     output equals constrained plain decoding's. `logprobs` >= 0: each Step carries its tokens'
-    log-probabilities and that many top alternatives (core.verify.token_logprobs).
+    log-probabilities and that many top alternatives (core.verify.token_logprobs). `threads` (see
+    `thread_tuner`) picks each pass's thread count from the passes' times (a busy machine).
+    `learn`: the drafter learns the output at the end (False: its indexes stay as they were).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -83,7 +88,27 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     verifier = ModelVerifier(model, Sampling(float(temperature), int(top_k), float(top_p), generator), prefix_cache,
                              constraint, logprobs)
     yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance,
-                      constraint=constraint)
+                      learn=learn, constraint=constraint, threads=threads)
+
+
+def thread_tuner(model: Any, say: Callable[[str], None] = lambda message: None) -> ThreadTuner | None:
+    """A core.threads.ThreadTuner between torch's thread count and one, for a model on the CPU
+    (None on a GPU, or with one thread already). Share one between the requests of a run."""
+    threads = torch.get_num_threads()
+    if model.device.type != "cpu" or threads <= 1:
+        return None
+    return ThreadTuner((threads, 1), set_threads, say)
+
+
+def set_threads(n: int) -> None:
+    """Run this thread's next passes on n threads: torch's and numba's (core.matmul) pools."""
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    import numba
+
+    n = min(n, numba.config.NUMBA_NUM_THREADS)
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
 
 
 @torch.inference_mode()

@@ -29,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -169,8 +170,11 @@ class Worker:
 
     def __init__(self, net: Any, tokenizer: LockedTokenizer, global_index: Any, drafter: Any = None,
                  cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None, prefix_cache: Any = None,
-                 recorder: Recorder | None = None, debug: bool = False, vocabulary: Any = None) -> None:
+                 recorder: Recorder | None = None, debug: bool = False, vocabulary: Any = None,
+                 threads: Any = None, save_cost: Callable[[], None] | None = None) -> None:
         self.net = net
+        self.threads = threads  # core.threads.ThreadTuner: each pass's thread count, from the passes' times
+        self.save_cost = save_cost  # keeps what the learned cost has learned, with the index
         self.vocabulary = vocabulary  # core.grammar.Vocabulary: requests with a grammar decode under it
         self.tokenizer = tokenizer
         self.global_index = global_index
@@ -311,7 +315,7 @@ class Worker:
                          seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
                          acceptance=self.acceptance, prefix_cache=self.prefix_cache,
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
-                         logprobs=req.logprobs)
+                         logprobs=req.logprobs, threads=self.threads)
         totals, tokens = DecodeStats(calls=1), []
         logprobs: list[TokenLogprob] | None = [] if req.logprobs >= 0 else None
         sent = 0  # tokens whose text went out in a delta
@@ -337,6 +341,8 @@ class Worker:
 
     def _persist(self) -> None:
         self._saved_at = time.monotonic()
+        if self.save_cost is not None:
+            self.save_cost()
         if self.recorder.persist():
             self._unsaved = 0
 

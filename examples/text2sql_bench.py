@@ -33,7 +33,7 @@ from specx.core.generate import generate
 from specx.core.model import load_model
 from specx.core.prefix_cache import PrefixCache
 from specx.core.speculate import SuffixDrafter
-from specx.cli.options import model_cost, specx_home
+from specx.cli.options import keep_cost, model_cost, specx_home
 from specx.cli.output import progress
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +109,7 @@ def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):
 def projection(prompts, outputs, history, timed, cost, prefill_cost, max_spec_factor, prefix_cache_tokens) -> dict:
     """What `specx entropy` / `specx replay` project from the recorded outputs alone (core/predict.py):
     specx's speedup over plain decoding on the timed requests, model-free, with the history the run
-    gave them, on the forward-cost curve this run measured (at the median context of the timed
+    gave them, on the forward-cost curve this run learned (at the median context of the timed
     requests) and on the shipped cpu curve. `decoding`: the passes only, as `specx entropy` projects;
     `with_prefill`: plus one pass over each prompt's uncached tokens (the same for both methods)."""
     from specx.core.cost import ForwardCost
@@ -118,7 +118,7 @@ def projection(prompts, outputs, history, timed, cost, prefill_cost, max_spec_fa
     positions = [i for i in range(len(prompts)) if timed(i)]
     context = int(np.median([len(prompts[i]) + len(outputs[i]) // 2 for i in positions]))
     measured = CostCurve("measured", ForwardCost(cost.sizes, tuple(cost(n, context) for n in cost.sizes)),
-                         f"this run's calibration at a {context}-token context")
+                         f"the curve this run learned, at a {context}-token context")
     curves = [measured, builtin_curves()["cpu"]]
     names = [c.name for c in curves]
     arrays = lambda seqs: [np.asarray(s, dtype=np.int32) for s in seqs]  # noqa: E731
@@ -160,9 +160,9 @@ def main() -> None:
     parser.add_argument("--predict", action="store_true",
                         help="also project specx's speedup from the plain outputs alone, model-free (core/predict.py), "
                              "beside the measured one")
-    parser.add_argument("--recalibrate", action="store_true",
-                        help="measure the forward-pass cost curve again (default: the one kept for this model, dtype "
-                             "and machine in $SPECX_HOME/cost, measured at the first run)")
+    parser.add_argument("--relearn", action="store_true",
+                        help="forget the forward-pass cost learned by earlier runs for this model, dtype and machine "
+                             "($SPECX_HOME/cost) and learn it afresh from this run's passes")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not (args.spider / "spider_dev.json").is_file():
@@ -171,7 +171,7 @@ def main() -> None:
     net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
     texts = spider_prompts(args.spider, args.history + args.warmup + args.requests, args.shots)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
-    cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr), refresh=args.recalibrate)
+    cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr), relearn=args.relearn)
     drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
     history = []
     if args.history:
@@ -187,13 +187,15 @@ def main() -> None:
         runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
                        stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens,
                        on_call=lambda: bar.advance(task))
-    summary_ = summary(runs, timed)["methods"]
+    summed = summary(runs, timed)
+    summary_ = summed["methods"]
+    keep_cost(cost)
     projected = None
     if args.predict and "plain" in runs and "specx" in runs:
         projected = projection(prompts, runs["plain"].outputs, history, timed, cost, prefill_curve(net),
                                args.max_spec_factor, args.prefix_cache_tokens)
     if args.json:
-        print(json.dumps({"methods": summary_, "projected": projected, "requests": args.requests, "warmup": args.warmup, "history": args.history,
+        print(json.dumps({"methods": summary_, "steady": summed["steady"], "projected": projected, "requests": args.requests, "warmup": args.warmup, "history": args.history,
                           "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
                           "dtype": str(net.dtype).removeprefix("torch."),
@@ -213,6 +215,8 @@ def main() -> None:
               + f"; measured {specx.get('speedup_vs_plain', 0):.2f}x ({specx.get('decode_speedup_vs_plain', 0):.2f}x "
                 f"past the prefill); prompt tokens prefilled: {projected['prefill_tokens']:,} simulated, "
                 f"{summary_['plain']['prefill_tokens']:,} measured")
+    if summed["busy"]:
+        print(f"warning: {summed['busy']}")
     shown = "specx" if "specx" in runs else methods[0]
     print(f"example output ({shown}):", repr(tok.decode(runs[shown].outputs[-1])[:200]))
 

@@ -132,7 +132,6 @@ def test_acceptance_model_tells_cells_apart_and_keeps_a_tree():
 
 # --------------------------------------------------------------- a curve kept per model and machine
 
-BUSY = ForwardCost((1, 3), (0.736, 6.6))  # what a busy machine measured once: 3 tokens at 9x one token
 
 
 def test_check_curve_worked_cases():
@@ -147,46 +146,3 @@ def test_check_curve_worked_cases():
 
     assert check_curve(builtin_curves()["cpu"].cost) is None  # the shipped, measured curve is believable
     assert check_curve(ForwardCost((1, 2), (0.03, 0.03), 16, (0.03, 0.2), 64)) is not None  # the long curve too
-
-
-def test_the_curve_is_measured_once_then_read_and_a_bad_one_is_measured_again(tmp_path):
-    from specx.core.cost import cached_cost
-
-    model = tiny_model()
-    calls, said = [], []
-
-    def measure(net, **options):  # a sane curve, as on a quiet machine (timing noise may be rejected: the
-        calls.append(options)       # test after this one covers that); this one is about the cache
-        return ForwardCost((1, 4, 16), (0.010, 0.011, 0.014), 16)
-
-    options = dict(sizes=(1, 4, 16), repeats=1, context=16, long_context=None)
-    key = {"model": "tiny", "machine": "here"}
-    first = cached_cost(model, tmp_path, key, BUSY, said.append, measure, **options)
-    assert len(calls) == 1 and len(list(tmp_path.glob("cost-*.json"))) == 1
-    again = cached_cost(model, tmp_path, key, BUSY, said.append, measure, **options)
-    assert len(calls) == 1 and again == first and "cached" in said[-1]  # read back, not measured
-    cached_cost(model, tmp_path, {**key, "machine": "another"}, BUSY, said.append, measure, **options)
-    assert len(calls) == 2  # another machine: its own curve
-    next(tmp_path.glob("cost-*.json")).write_text("{not json")
-    cached_cost(model, tmp_path, key, BUSY, said.append, measure, **options)
-    cached_cost(model, tmp_path, {**key, "machine": "another"}, BUSY, said.append, measure, **options)
-    assert len(calls) == 3 and any("cannot read" in m for m in said)  # a broken file is measured again, once
-    cached_cost(model, tmp_path, key, BUSY, said.append, measure, refresh=True, **options)
-    assert len(calls) == 4
-
-
-def test_a_curve_that_cannot_be_right_is_measured_again_then_replaced_by_the_default_shape(tmp_path):
-    from specx.core.cost import cached_cost, check_curve
-
-    good = ForwardCost((1, 8, 64), (0.030, 0.035, 0.120))
-    measured = [BUSY, good]
-    said = []
-    cost = cached_cost(None, tmp_path, {"k": 1}, good, said.append, lambda net, **o: measured.pop(0))
-    assert cost == good and not measured and "measuring again" in said[1]  # the second measurement was fine
-    assert len(list(tmp_path.glob("cost-*.json"))) == 1
-
-    said.clear()
-    cost = cached_cost(None, tmp_path, {"k": 2}, good, said.append, lambda net, **o: BUSY)
-    assert check_curve(cost) is None and cost(1) == pytest.approx(0.736)  # the default's shape, this machine's scale
-    assert cost(64) / cost(1) == pytest.approx(good(64) / good(1))
-    assert "default curve" in said[-1] and len(list(tmp_path.glob("cost-*.json"))) == 1  # not kept

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from specx.core.cost import AcceptanceModel, ForwardCost
 from specx.core.decode import DecodeStats
-from specx.core.generate import generate
+from specx.core.generate import generate, thread_tuner
 from specx.core.kv_cache import cache_kwarg, new_cache
 from specx.core.prefix_cache import PrefixCache
 
@@ -42,6 +42,7 @@ class MethodRun:
     seconds: float = 0.0
     prefill_seconds: float = 0.0  # of `seconds`, in the prefix cache's prefill (with prefix_cache_tokens > 0)
     prefill_tokens: int = 0  # prompt tokens prefilled (not found in the prefix cache)
+    call_rates: list[float] = field(default_factory=list)  # tokens/s of each timed call past its prefill
 
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None,
@@ -98,6 +99,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
     runs = {m: MethodRun() for m in methods}
     prefixes = {m: PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
     acceptance = AcceptanceModel()  # what the drafts are worth, learned from the verdicts across prompts
+    threads = thread_tuner(model)  # specx's passes choose the thread count; the other methods run on its choice
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             for method in methods:
@@ -110,7 +112,7 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                     out = []
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
                                          eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
-                                         prefix_cache=prefixes[method]):
+                                         prefix_cache=prefixes[method], threads=threads):
                         totals.add_step(step)
                         out += step.new_tokens
                 elif method == STOCK:
@@ -126,9 +128,13 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                     totals.calls, totals.tokens = 1, len(out)
                     run.stats.add(totals)
                     run.seconds += elapsed
+                    prefill = 0.0
                     if prefixes[method] is not None:
-                        run.prefill_seconds += prefixes[method].seconds - prefilled
+                        prefill = prefixes[method].seconds - prefilled
+                        run.prefill_seconds += prefill
                         run.prefill_tokens += prefixes[method].miss_tokens - missed
+                    if elapsed > prefill and out:
+                        run.call_rates.append(len(out) / (elapsed - prefill))
                 on_call()
     return runs
 
@@ -141,9 +147,12 @@ def _decoding_seconds(row: dict[str, Any] | None) -> float | None:
 
 
 def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i: True) -> dict[str, Any]:
-    """{"methods": {name: {tokens_per_s, tokens, seconds, identical_calls, calls, speedup_vs_plain, ...}}}.
+    """{"methods": {name: {tokens_per_s, tokens, seconds, identical_calls, calls, speedup_vs_plain, ...}}, "steady"}.
 
     identical_calls counts the timed prompts whose output equals plain decoding's token for token.
+    call_tokens_per_s: each timed call's tokens/s past its prefill; `steady` is False when plain
+    decoding's calls spread so widely (cli.output.steady on their middle half) that the machine
+    was busy and the speedups are not stable figures; `busy` then says so in words.
     """
     reference = runs["plain"].outputs if "plain" in runs else None
     methods: dict[str, dict[str, Any]] = {}
@@ -153,6 +162,7 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
             "tokens_per_s": run.stats.tokens / run.seconds if run.seconds else 0.0,
             "tokens": run.stats.tokens, "seconds": run.seconds, "calls": len(idx),
             "prefill_seconds": run.prefill_seconds, "prefill_tokens": run.prefill_tokens,
+            "call_tokens_per_s": run.call_rates,
             "identical_calls": None if reference is None else sum(run.outputs[i] == reference[i] for i in idx),
         }
         if name == "specx":
@@ -169,4 +179,9 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
             if base in methods and base != name and decoding and base_decoding:
                 # tokens per second spent past the prompt's prefill
                 row[f"decode_speedup_vs_{base}"] = (row["tokens"] / decoding) / (methods[base]["tokens"] / base_decoding)
-    return {"methods": methods}
+    from specx.cli.output import busy_note
+
+    plain = sorted(runs["plain"].call_rates) if "plain" in runs else []
+    middle = plain[len(plain) // 4 : len(plain) - len(plain) // 4] or plain  # one slow call is not a busy machine
+    busy = busy_note("plain decoding (the middle half of its calls)", middle)
+    return {"methods": methods, "steady": busy is None, "busy": busy}
