@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
 
-from specx.core.grammar import json_schema_grammar
+from specx.core.grammar import GrammarError, json_schema_grammar
 from specx.core.serving import GenerationRequest
 from specx.core.tools import call_grammar
 
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 MAX_N = 8
 MAX_STOP = 16
+MAX_STOP_CHARS = 1024  # each stop string: kept with the answer, so bounded
+MAX_NAME_CHARS = 256  # a message's name
+MAX_MESSAGES_FIELDS_CHARS = 1024 * 1024  # all messages' fields other than content together (they are stored)
+PREDICTION_CHARS_PER_TOKEN = 16  # a prediction longer than this many characters per context token is refused unread
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to what fits
 
@@ -92,15 +96,16 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                             f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the {prompt_param}, "
                             f"{max_tokens} in the completion). Please reduce the length of the {prompt_param} or "
                             f"completion.", name, "context_length_exceeded")
-    prediction = _prediction(body, tokenizers)
-    grammar = tools_grammar or _response_format(body, tokenizers)  # required/named tool calls come first
+    prediction = _prediction(body, tokenizers, context_length)
+    grammar, grammar_param = (tools_grammar, "tools") if tools_grammar else _response_format(body, tokenizers)
     logprobs = _logprobs(body, endpoint)
     prefix = "chatcmpl" if endpoint == "chat.completions" else "cmpl"
     request = GenerationRequest(id=f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint=endpoint, model=model,
                                 prompt_ids=prompt_ids, max_tokens=max_tokens, prompt_messages=prompt_messages,
                                 prompt_text=prompt_text, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
                                 seed=seed, stop=stop, n=n, prediction_ids=prediction,
-                                grammar=grammar, logprobs=logprobs, tool_parser=tool_parser, tool_names=tool_names)
+                                grammar=grammar, grammar_param=grammar_param, logprobs=logprobs,
+                                tool_parser=tool_parser, tool_names=tool_names)
     return request, stream, include_usage
 
 
@@ -161,8 +166,9 @@ def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise ApiError(400, f"token id {bad} is outside the vocabulary (0-{vocab_size - 1})", param, "invalid_value")
 
 
-def _prediction(body: dict[str, Any], tokenizers: Tokenizers) -> list[int] | None:
-    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts} as token ids."""
+def _prediction(body: dict[str, Any], tokenizers: Tokenizers, context_length: int) -> list[int] | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts} as token ids, at
+    most `context_length` of them (a longer one could never be the output: refused, not truncated)."""
     prediction = body.get("prediction")
     if prediction is None:
         return None
@@ -176,7 +182,14 @@ def _prediction(body: dict[str, Any], tokenizers: Tokenizers) -> list[int] | Non
     if not isinstance(content, str):
         raise ApiError(400, "'prediction.content' must be a string or an array of text parts", "prediction.content",
                        "invalid_type")
-    return tokenizers.text(content) if content else None
+    too_long = ApiError(400, f"'prediction.content' is longer than the model's context ({context_length} tokens)",
+                        "prediction.content", "context_length_exceeded")
+    if len(content) > PREDICTION_CHARS_PER_TOKEN * context_length:  # refused before the tokenizer's memory is spent
+        raise too_long
+    ids = tokenizers.text(content) if content else None
+    if ids and len(ids) > context_length:
+        raise too_long
+    return ids
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat (completions: 5; vLLM allows more, so does specx: 20)
@@ -198,20 +211,20 @@ def _logprobs(body: dict[str, Any], endpoint: str) -> int:
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def _response_format(body: dict[str, Any], tokenizers: Tokenizers) -> str | None:
-    """OpenAI's response_format as a grammar: None for text; any JSON object for json_object; JSON
-    that matches the schema for json_schema (decoding is constrained, so `strict` or not, the
-    output follows the schema)."""
+def _response_format(body: dict[str, Any], tokenizers: Tokenizers) -> tuple[str | None, str | None]:
+    """OpenAI's response_format as (grammar, the param it came from): None for text; any JSON object
+    for json_object; JSON that matches the schema for json_schema (decoding is constrained, so
+    `strict` or not, the output follows the schema)."""
     fmt = body.get("response_format")
     if fmt is None:
-        return None
+        return None, None
     if not isinstance(fmt, dict):
         raise ApiError(400, "'response_format' must be an object", "response_format", "invalid_type")
     kind = fmt.get("type")
     if kind == "text":
-        return None
+        return None, None
     if kind == "json_object":
-        return tokenizers.grammar(json_schema_grammar(None), "response_format")
+        return tokenizers.grammar(json_schema_grammar(None), "response_format"), "response_format"
     if kind != "json_schema":
         raise ApiError(400, f"Invalid value for 'response_format.type': {kind!r}; expected text, json_object or "
                             "json_schema", "response_format.type", "invalid_value")
@@ -228,7 +241,12 @@ def _response_format(body: dict[str, Any], tokenizers: Tokenizers) -> str | None
         raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object",
                        "response_format.json_schema.schema", "invalid_type")
     _bool(spec, "strict", False, "response_format.json_schema.strict")
-    return tokenizers.grammar(json_schema_grammar(schema or {}), "response_format.json_schema.schema")
+    param = "response_format.json_schema.schema"
+    try:
+        grammar = json_schema_grammar(schema or {})
+    except GrammarError as exc:  # e.g. nested deeper than the schema compiler goes
+        raise ApiError(400, f"Invalid '{param}': {exc}", param, "invalid_value") from None
+    return tokenizers.grammar(grammar, param), param
 
 
 def _refuse_unsupported(body: dict[str, Any], endpoint: str) -> None:
@@ -264,6 +282,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", "messages", "invalid_type")
     out = []
+    fields_chars = 0
     for i, message in enumerate(messages):
         param = f"messages.[{i}]"
         if not isinstance(message, dict):
@@ -295,6 +314,14 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if extra > MAX_FIELDS_CHARS:
             raise ApiError(400, f"'{param}': its fields other than content take {extra:,} characters (at most "
                                 f"{MAX_FIELDS_CHARS:,})", param, "message_too_large")
+        name = kept.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > MAX_NAME_CHARS):
+            raise ApiError(400, f"Invalid '{param}.name': expected a string of at most {MAX_NAME_CHARS} characters",
+                           f"{param}.name", "invalid_value")
+        fields_chars += extra
+        if fields_chars > MAX_MESSAGES_FIELDS_CHARS:
+            raise ApiError(400, f"'messages': their fields other than content take more than "
+                                f"{MAX_MESSAGES_FIELDS_CHARS:,} characters together", param, "message_too_large")
         out.append({**kept, "content": content})
     return out
 
@@ -326,6 +353,8 @@ def _stop(body: dict[str, Any]) -> list[str]:
         raise ApiError(400, "'stop' must be a string or an array of strings", "stop", "invalid_type")
     if len(stops) > MAX_STOP or any(not s for s in stops):
         raise ApiError(400, f"'stop' takes at most {MAX_STOP} non-empty strings", "stop", "invalid_value")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(400, f"each 'stop' string may be at most {MAX_STOP_CHARS:,} characters", "stop", "invalid_value")
     return stops
 
 

@@ -35,7 +35,7 @@ def completion_json(req: GenerationRequest, created: int, choices: list[Choice],
     if req.endpoint == "chat.completions":
         items = []
         for c in choices:
-            content, calls = tool_calls(req, c.text)
+            content, calls = tool_calls(req, c.text, c.finish_reason)
             message = {"role": "assistant", "content": content, "refusal": None}
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
@@ -78,11 +78,12 @@ def delta(req: GenerationRequest, index: int, text: str | None, finish_reason: s
     return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def tool_calls(req: GenerationRequest, text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of a chat answer: the text as it is when the request has no tools."""
+def tool_calls(req: GenerationRequest, text: str, finish: str = "stop") -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a chat answer: the text as it is when the request has no tools. An
+    answer cut at max_tokens (`finish` "length") keeps its complete calls, not its last broken one."""
     if req.tool_parser is None:
         return text, []
-    return parse_tool_calls(req.tool_parser, text, req.tool_names)
+    return parse_tool_calls(req.tool_parser, text, req.tool_names, cut=finish == "length")
 
 
 def finish_reason(reason: str, calls: list[ToolCall]) -> str:
@@ -121,9 +122,10 @@ class HeldText:
         out, self.sent = self.text[self.sent : cut], max(self.sent, cut)
         return out
 
-    def finish(self) -> tuple[str, list[dict[str, Any]], list[ToolCall]]:
-        """(content still to send, tool_calls deltas, calls) once the answer is complete."""
-        calls = tool_calls(self.req, self.text)[1]
+    def finish(self, reason: str = "stop") -> tuple[str, list[dict[str, Any]], list[ToolCall]]:
+        """(content still to send, tool_calls deltas, calls) once the answer is complete (`reason`:
+        its finish reason; "length" keeps the complete calls of an answer cut short)."""
+        calls = tool_calls(self.req, self.text, reason)[1]
         if not calls:
             return self.text[self.sent :], [], []
         deltas = []

@@ -42,6 +42,7 @@ def merge_cmd(
                 errors.append(str(exc))
                 continue
             results.append({"store": str(other)} | report.to_json())
+            errors += [f"{other}: {message}" for message in report.damaged]
             output.note(f"{other}: {report.new_calls:,} new calls ({report.known_calls:,} already here), "
                         f"{report.new_token_rows:,} token rows")
     if json_out:

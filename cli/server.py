@@ -100,6 +100,10 @@ class Api:
                              "speculation": self.worker.drafter is not None})
 
     async def prometheus(self, request: Request) -> Response:
+        try:
+            self._authorize(request)  # with --api-key, the metrics (request counts, timings) are the API's too
+        except ApiError as exc:
+            return exc.response()
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
@@ -177,13 +181,15 @@ class Api:
             _log_refused(endpoint, exc)
             self.metrics.requests.labels(endpoint, str(exc.status)).inc()
             return exc.response()
-        self.metrics.requests.labels(endpoint, "200").inc()
         created = int(time.time())
         if stream:
+            self.metrics.requests.labels(endpoint, "200").inc()  # sent at once; a later error goes in the stream
             return StreamingResponse(self._stream(request, job, created, include_usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._collect(request, job, created)
+        response = await self._collect(request, job, created)
+        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        return response
 
     async def _collect(self, request: Request, job: Job, created: int) -> Response:
         watcher = asyncio.create_task(_watch_disconnect(request, job))
@@ -198,7 +204,7 @@ class Api:
                     return JSONResponse(completion_json(job.request, created, choices, event[1], index_tokens,
                                                         self._token_text))
                 elif event[0] == "error":
-                    return ApiError(event[1], event[2], None, None, "server_error").response()
+                    return _event_error(event).response()
                 elif event[0] == "cancelled":
                     return Response(status_code=499)  # nobody reads it: the client has gone
         finally:
@@ -238,7 +244,7 @@ class Api:
                         yield piece(index, text)
                 elif event[0] == "choice":
                     choice: Choice = event[1]
-                    rest, call_deltas, calls = held[choice.index].finish()
+                    rest, call_deltas, calls = held[choice.index].finish(choice.finish_reason)
                     if rest or unsent[choice.index][0] and not call_deltas:
                         yield piece(choice.index, rest)
                     for calls_delta in call_deltas:
@@ -255,7 +261,9 @@ class Api:
                     yield b"data: [DONE]\n\n"
                     return
                 elif event[0] == "error":  # the stream still ends as a stream does
-                    yield sse({"error": {"message": event[2], "type": "server_error", "param": None, "code": None}})
+                    error = _event_error(event)
+                    yield sse({"error": {"message": error.message, "type": error.kind, "param": error.param,
+                                         "code": error.code}})
                     yield b"data: [DONE]\n\n"
                     return
                 elif event[0] == "cancelled":
@@ -277,6 +285,15 @@ class Api:
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
             raise ApiError(401, "Incorrect API key provided." if header else
                            "You didn't provide an API key (Authorization: Bearer KEY).", None, "invalid_api_key")
+
+
+def _event_error(event: tuple[Any, ...]) -> ApiError:
+    """The worker's ("error", status, message[, param]) as an ApiError: 4xx the request's fault."""
+    status, message = event[1], event[2]
+    param = event[3] if len(event) > 3 else None
+    if status < 500:
+        return ApiError(status, message, param, "invalid_value" if param else None)
+    return ApiError(status, message, param, None, "server_error")
 
 
 async def _json_body(request: Request) -> Any:

@@ -47,7 +47,11 @@ def json_schema_grammar(schema: dict[str, Any] | None) -> str:
     import llguidance
 
     options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema or {"type": "object"}), defaults=options)
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema or {"type": "object"}),
+                                                             defaults=options)
+    except (ValueError, RecursionError) as exc:  # nested deeper than the compiler (or json) goes
+        raise GrammarError(_short(str(exc) or type(exc).__name__)) from None
 
 
 def lark_grammar(lark: str) -> str:
@@ -73,7 +77,18 @@ class Vocabulary:
 
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
-            raise GrammarError("; ".join(messages))
+            raise GrammarError(_short("; ".join(messages)))
+        # Some grammars compile and fail at their first tokens (a regex whose automaton explodes:
+        # "^(a{1000}){1000}$"): walk the tokens the grammar forces and one mask, here, not mid-answer.
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
+        if not matcher.is_error():
+            for tok in list(matcher.compute_ff_tokens())[:MAX_FORCED]:
+                if not matcher.consume_token(int(tok)):
+                    break
+            masks = np.zeros(self.words, dtype=np.int32)
+            matcher.unsafe_compute_mask_ptr(masks.ctypes.data, masks.shape[0] * 4)
+        if matcher.is_error():
+            raise GrammarError(_short(matcher.get_error()))
 
     def constraint(self, grammar: str, eos: Iterable[int] = ()) -> Constraint:
         return Constraint(self, grammar, eos)
@@ -89,7 +104,7 @@ class Constraint:
         self.vocabulary = vocabulary
         self.matcher = llguidance.LLMatcher(vocabulary.tokenizer, grammar)
         if self.matcher.is_error():
-            raise GrammarError(self.matcher.get_error())
+            raise GrammarError(_short(self.matcher.get_error()))
         self.eos = sorted({vocabulary.eos, *(int(t) for t in eos)})
         self._draft: Draft | None = None
         self._masks: np.ndarray | None = None  # [1 + N, words] int32 of the last pruned draft
@@ -102,7 +117,7 @@ class Constraint:
             if tok in self.eos:
                 return
             if not self.matcher.consume_token(int(tok)):
-                raise GrammarError(f"token {tok} does not follow the grammar: {self.matcher.get_error()}")
+                raise GrammarError(f"token {tok} does not follow the grammar: {_short(self.matcher.get_error())}")
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces from here (llguidance's fast-forward tokens), at most MAX_FORCED."""
@@ -157,7 +172,7 @@ class Constraint:
                 continue
             if not self.matcher.consume_token(tok):
                 raise GrammarError(f"the grammar's mask allowed token {tok} but its matcher refused it: "
-                                   f"{self.matcher.get_error()}")
+                                   f"{_short(self.matcher.get_error())}")
             consumed += 1
             self._fill(masks, 1 + i)
             stack.extend((c, depth + 1) for c in reversed(children[1 + i]))
@@ -175,6 +190,15 @@ class Constraint:
                 raise ValueError("the draft has nodes the grammar refuses: prune it first")
         bits = np.unpackbits(self._masks.view(np.uint8), axis=1, bitorder="little")
         return bits[:, : self.vocabulary.size].astype(bool)
+
+
+def _short(message: str) -> str:
+    """llguidance's error without the parser state it appends (hundreds of lines of internals).
+
+    >>> _short("lexer error: too many expressions constructed\n<state>\nTokens: ...")
+    'lexer error: too many expressions constructed'
+    """
+    return message.split("\n<state>", 1)[0].strip()[:500]
 
 
 def _has(row: np.ndarray, tok: int) -> bool:

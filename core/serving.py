@@ -38,6 +38,7 @@ from .cost import AcceptanceModel
 from .decode import DecodeStats, TokenLogprob
 from .metrics import Metrics
 from .generate import generate
+from .grammar import GrammarError
 from .speculate import PredictionDrafter
 from .text import TextStream
 
@@ -66,6 +67,7 @@ class GenerationRequest:
     n: int = 1
     prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
     grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
+    grammar_param: str | None = None  # the request's param it came from (named when it fails)
     logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
     tool_parser: str | None = None  # the output may hold tool calls in this core.tools format
     tool_names: list[str] | None = None  # of the request's functions
@@ -283,6 +285,12 @@ class Worker:
                     return
                 choices.append(choice)
                 job.emit("choice", choice)
+        except GrammarError as exc:  # a grammar that compiled but fails on the way (a regex too large to build)
+            log.info("%s %s refused mid-generation: the grammar of %s failed: %s", req.id, req.endpoint,
+                     req.grammar_param, exc)
+            job.emit("error", 400, f"Invalid '{req.grammar_param}': its grammar failed during generation: {exc}",
+                     req.grammar_param)
+            return
         except Exception as exc:  # a bug or a model failure: answer 500 and keep serving
             log.error("%s %s failed: %s: %s", req.id, req.endpoint, type(exc).__name__, exc,
                       exc_info=self.debug)

@@ -245,8 +245,9 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _json_values(text: str, sep: str | None) -> list | None:
-    """The JSON values `text` consists of, separated by `sep` (None: exactly one value)."""
+def _json_values(text: str, sep: str | None, cut: bool = False) -> list | None:
+    """The JSON values `text` consists of, separated by `sep` (None: exactly one value); `cut`: the
+    text was cut short, so a last value that does not parse is left out (the others stand)."""
     decoder, values, pos = json.JSONDecoder(), [], 0
     while True:
         pos = len(text) - len(text[pos:].lstrip())
@@ -255,7 +256,7 @@ def _json_values(text: str, sep: str | None) -> list | None:
         try:
             value, pos = decoder.raw_decode(text, pos)
         except ValueError:
-            return None
+            return values if cut and values else None
         values.append(value)
         pos = len(text) - len(text[pos:].lstrip())
         if pos == len(text):
@@ -278,28 +279,31 @@ def _call(obj: Any, names: Collection[str] | None, call_id: str | None = None) -
     return ToolCall(obj["name"], _dumps(arguments), call_id or _new_id())
 
 
-def _parse_hermes(text: str, names: Collection[str] | None) -> tuple[str, list[ToolCall]] | None:
+def _parse_hermes(text: str, names: Collection[str] | None, cut: bool = False) -> tuple[str, list[ToolCall]] | None:
     calls, outside, pos = [], [], 0
     for m in _HERMES_CALL.finditer(text):
         outside.append(text[pos:m.start()])
-        pos = m.end()
         call = _call(_loads(m.group(1) if m.group(1) is not None else m.group(2)), names)
         if call is None:
+            if cut and m.group(2) is not None and calls:  # the last call, cut short: the others stand
+                return "".join(outside), calls
             return None
+        pos = m.end()
         calls.append(call)
     return "".join(outside) + text[pos:], calls
 
 
-def _parse_llama3_json(text: str, names: Collection[str] | None) -> tuple[str, list[ToolCall]] | None:
+def _parse_llama3_json(text: str, names: Collection[str] | None, cut: bool = False) -> tuple[str, list[ToolCall]] | None:
     body = text.strip()
     body = body[len("<|python_tag|>"):] if body.startswith("<|python_tag|>") else body
     if not body.lstrip().startswith("{"):
         return None
-    calls = [_call(obj, names) for obj in _json_values(body, ";") or [None]]
+    values = _json_values(body, ";", cut)
+    calls = [_call(obj, names) for obj in values or [None]]
     return None if None in calls else ("", calls)
 
 
-def _parse_mistral(text: str, names: Collection[str] | None) -> tuple[str, list[ToolCall]] | None:
+def _parse_mistral(text: str, names: Collection[str] | None, cut: bool = False) -> tuple[str, list[ToolCall]] | None:
     start = text.find("[TOOL_CALLS]")
     if start < 0:
         return None
@@ -308,6 +312,8 @@ def _parse_mistral(text: str, names: Collection[str] | None) -> tuple[str, list[
         part = part.strip()
         if part.startswith("["):  # [{"name": ..., "arguments": ...}, ...]
             items = _json_values(part, None)
+            if not items and cut:  # cut short inside the list: the items that are whole
+                items = [_json_values(part[1:], ",", cut)]
             if not items or not isinstance(items[0], list) or not items[0]:
                 return None
             calls.extend(_call(item, names) for item in items[0])
@@ -320,13 +326,20 @@ def _parse_mistral(text: str, names: Collection[str] | None) -> tuple[str, list[
     return None if None in calls else (text[:start], calls)  # type: ignore[return-value]
 
 
-def parse_tool_calls(parser: str, text: str, names: Collection[str] | None = None) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(parser: str, text: str, names: Collection[str] | None = None,
+                     cut: bool = False) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a finished output. With calls, content is the text outside them,
     stripped (None if empty). Without (no call, JSON that does not parse, a name not in `names`),
-    the original text unchanged (None if empty) and []."""
+    the original text unchanged (None if empty) and []. `cut`: the output ended at max_tokens, so
+    its last call may be incomplete: that one is dropped and the complete ones are returned.
+
+    >>> parse_tool_calls("hermes", '<tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call><tool_call>{"na',
+    ...                  cut=True)[1][0].name
+    'add'
+    """
     _check_parser(parser)
     parsed = {"hermes": _parse_hermes, "llama3_json": _parse_llama3_json, "mistral": _parse_mistral}[parser](
-        text, names)
+        text, names, cut)
     if not parsed or not parsed[1]:
         return text or None, []
     return parsed[0].strip() or None, parsed[1]

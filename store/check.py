@@ -189,7 +189,7 @@ def _check_index(store: Store, tokenizer_id: int, name: str) -> Check:
         return check
     try:
         data = store.index_bytes(tokenizer_id)
-    except zstandard.ZstdError as exc:
+    except (zstandard.ZstdError, StoreError) as exc:
         check.problem(f"its chunks do not decompress ({exc})")
         return check
     if len(data) != raw_bytes:

@@ -19,6 +19,7 @@ per MB cached, ~2 from disk) are refused with a StoreError, so no command writes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -55,6 +56,25 @@ class IndexState:
     num_tokens: int
 
 
+@contextlib.contextmanager
+def _setup_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path`.lock while a writer sets the store up (journal mode, migrations):
+    SQLite's own locks cannot order that (seen: "table sources already exists" and "database is
+    locked" from two ingests into one new store). A lock file, not the store itself: closing any
+    descriptor of the store would drop SQLite's POSIX locks on it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: SQLite's busy timeout only
+        yield
+        return
+    with open(f"{path}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class Store:
     """A specx store file. Use as a context manager, or call close().
 
@@ -89,11 +109,12 @@ class Store:
                 raise StoreError(f"{self.path}: the store is corrupt ({damage[0]}{more}); nothing was written"
                                  " (`specx check` lists what is wrong)")
             if not readonly:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
-                migrations.apply(self.db)
-                if self.db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
-                    self.db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+                with _setup_lock(self.path):  # two processes creating one store must not both migrate it
+                    self.db.execute("PRAGMA journal_mode=WAL")
+                    self.db.execute("PRAGMA synchronous=NORMAL")
+                    migrations.apply(self.db)
+                    if self.db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
+                        self.db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"{self.path}: not a usable specx store ({exc})") from None
@@ -142,7 +163,10 @@ class Store:
         row = self.db.execute("SELECT data FROM packs WHERE id = ?", [pack_id]).fetchone()
         if row is None:
             raise StoreError(f"{self.path}: missing pack {pack_id} (corrupt store)")
-        return codec.decompress(row[0])
+        try:
+            return codec.decompress(row[0])
+        except codec.BlobError as exc:
+            raise StoreError(f"{self.path}: pack {pack_id} is {exc} (`specx check` lists what it holds)") from None
 
     def call_output(self, call_id: int) -> str:
         pack, offset, length = self.db.execute(
@@ -199,7 +223,10 @@ class Store:
     def index_bytes(self, tokenizer_id: int) -> bytes:
         chunks = [row[0] for row in self.db.execute(
             "SELECT blob FROM index_chunks WHERE tokenizer_id = ? ORDER BY chunk", [tokenizer_id])]
-        return codec.decompress(b"".join(chunks))
+        try:
+            return codec.decompress(b"".join(chunks))
+        except codec.BlobError as exc:
+            raise StoreError(f"{self.path}: the persisted index of tokenizer {tokenizer_id} is {exc}") from None
 
     def stats(self) -> dict[str, Any]:
         """Counts and sizes for `specx ls`."""

@@ -20,6 +20,9 @@ from .db import Store, content_key
 from .formats import Call, ParseError, find_logs, read_calls
 from .index import MAX_DEPTH, update_index
 
+MAX_OUTPUT_CHARS = 1 << 20  # a call's output longer than this is refused (named), not tokenized: ~150 bytes a
+                            # character in the tokenizer would take gigabytes (seen: 6.4 GB for 43 MB)
+
 
 @dataclass
 class IngestReport:
@@ -62,7 +65,23 @@ class Tokenizer:
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         backend = self.get().backend_tokenizer  # Rust: batch encoding on all cores
+        texts = [text if text.isascii() else tokenizable(text) for text in texts]
         return [np.asarray(e.ids, dtype=np.int32) for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+
+def tokenizable(text: str) -> str:
+    """`text` with lone surrogates (a JSON escape such as \\ud800 decodes to one, and the tokenizer
+    refuses them) replaced by U+FFFD, as a UTF-8 decoder replaces a bad byte; the stored text
+    keeps them.
+
+    >>> tokenizable("a" + chr(0xD800) + "b") == "a" + "\ufffd" * 3 + "b"
+    True
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def file_sha256(path: Path) -> tuple[str, int]:
@@ -133,6 +152,8 @@ def ingest(store: Store, paths: list[Path] | Inputs, tokenizer: Tokenizer, fmt: 
             report.error(exc.path, exc.message, exc.line)
         except (OSError, UnicodeError) as exc:
             report.error(path, f"cannot read: {exc}")
+        except RecursionError:
+            report.error(path, "nested too deep to read")
     tokenizer_id = store.tokenizer_id(tokenizer.fingerprint) if tokenizer.fingerprint else known_tokenizer
     if tokenizer_id is not None:
         report.index = update_index(store, tokenizer_id, max_depth)
@@ -163,6 +184,15 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
         with store.db.atomic():
             _upsert_source(store, source_key, path, fmt, sha, size, 0, 1, exc.message)
         raise
+    kept = []
+    for call in calls:  # a record past the bound would take gigabytes in the tokenizer: refused, named
+        if len(call.output_text) > MAX_OUTPUT_CHARS:
+            report.error(path, f"a call's output has {len(call.output_text):,} characters (at most "
+                               f"{MAX_OUTPUT_CHARS:,} are stored): not stored", call.line)
+            num_errors += 1
+        else:
+            kept.append(call)
+    calls = kept
     report.calls += len(calls)
     report.by_format[fmt] = report.by_format.get(fmt, 0) + len(calls)
     tok = tokenizer.get()  # outputs may need tokens: load it now (fast once cached)

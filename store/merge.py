@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .calls import existing_id, insert_tokens
-from .db import PackWriter, Store
+from .db import PackWriter, Store, StoreError
 from .index import update_index
 
 
@@ -32,6 +32,7 @@ class MergeReport:
     new_messages: int = 0
     new_token_rows: int = 0
     tokenizers: dict[int, str] = field(default_factory=dict)  # this store's id -> name, of those that gained rows
+    damaged: list[str] = field(default_factory=list)  # sources of the other store not merged: a block is damaged
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "tokenizers"} | {
@@ -48,9 +49,16 @@ def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda pat
     for source in list(src.db.query("SELECT * FROM sources ORDER BY id")):
         on_source(source["path"])
         report.sources += 1
-        with dest.db.atomic():
-            tokenizer_ids = {tid: dest.add_tokenizer(fp, name, vocab) for tid, fp, name, vocab in tokenizers}
-            _merge_source(dest, src, source, tokenizer_ids, report)
+        done = MergeReport(tokenizers=report.tokenizers)
+        try:
+            with dest.db.atomic():  # a damaged block leaves this source out whole, and the others go on
+                tokenizer_ids = {tid: dest.add_tokenizer(fp, name, vocab) for tid, fp, name, vocab in tokenizers}
+                _merge_source(dest, src, source, tokenizer_ids, done)
+        except StoreError as exc:
+            report.damaged.append(f"{source['path']}: not merged: {exc}")
+            continue
+        for name in ("new_sources", "new_sessions", "new_calls", "known_calls", "new_messages", "new_token_rows"):
+            setattr(report, name, getattr(report, name) + getattr(done, name))
     for tid in report.tokenizers:
         update_index(dest, tid)
     return report

@@ -208,3 +208,44 @@ def test_parse_prediction():
         with pytest.raises(ApiError) as err:
             parse(chat_body(prediction=bad))
         assert (err.value.status, err.value.code) == (400, code)
+
+
+def test_kept_fields_and_predictions_are_bounded():
+    """What a request stores or holds in memory has a bound, refused with a 400 naming the param
+    (a probe sent 250 KB names in 100 messages, 1 MB stop strings and a 10 MB prediction)."""
+    from specx.cli.api_requests import MAX_MESSAGES_FIELDS_CHARS, MAX_NAME_CHARS, MAX_STOP_CHARS
+
+    def refused(body, context=10_000):
+        with pytest.raises(ApiError) as err:
+            parse(body, context=context)
+        return err.value.status, err.value.param
+
+    assert refused(chat_body(messages=[{"role": "user", "content": "hi", "name": "n" * (MAX_NAME_CHARS + 1)}])) \
+        == (400, "messages.[0].name")
+    assert parse(chat_body(messages=[{"role": "user", "content": "hi", "name": "n" * MAX_NAME_CHARS}]), context=10_000)
+    many = [{"role": "tool", "content": "4", "tool_call_id": "c" * 200_000} for _ in range(6)]
+    assert 6 * 200_000 > MAX_MESSAGES_FIELDS_CHARS
+    assert refused(chat_body(messages=many))[0] == 400
+    assert refused(chat_body(stop=["x" * (MAX_STOP_CHARS + 1)])) == (400, "stop")
+    prediction = {"type": "content", "content": "y" * 100}
+    assert refused(chat_body(prediction=prediction), context=99) == (400, "prediction.content")  # more tokens than fit
+    assert refused(chat_body(prediction={"type": "content", "content": "y" * 2_000_000})) == (400, "prediction.content")
+    assert parse(chat_body(prediction=prediction), context=200)[0].prediction_ids == [ord("y")] * 100
+
+
+def test_schemas_the_grammar_library_cannot_build_are_refused_up_front(builtin_vocabulary):
+    """A schema nested 200 deep, or a regex whose automaton explodes, is a 400 naming the param,
+    not a 500 (before: recursion limit exceeded; a lexer error mid-generation)."""
+    tokenizers = Tokenizers(FakeTokenizer(), 1000, builtin_vocabulary)
+    deep = {"type": "string"}
+    for _ in range(200):
+        deep = {"type": "object", "properties": {"a": deep}}
+    regex = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a{1000}){1000}$"}},
+             "required": ["a"]}
+    for schema in (deep, regex):
+        with pytest.raises(ApiError) as err:
+            parse_request(chat_body(response_format={"type": "json_schema", "json_schema": {"name": "A",
+                                                                                             "schema": schema}}),
+                          "chat.completions", [MODEL], 64, tokenizers)
+        assert (err.value.status, err.value.param) == (400, "response_format.json_schema.schema")
+        assert "<state>" not in err.value.message and len(err.value.message) < 700

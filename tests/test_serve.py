@@ -103,7 +103,8 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+        request = urllib.request.Request(self.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(request, timeout=10) as r:
             lines = r.read().decode().splitlines()
         return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))}
 
@@ -279,6 +280,9 @@ def test_models_health_metrics(server):
     status, _ = post(server.url + "/v1/models", b"{}")
     assert status == 405
     ask(server.client(), "Name a fruit.", 8)
+    with pytest.raises(urllib.error.HTTPError) as err:  # with --api-key, the metrics need it too
+        urllib.request.urlopen(server.url + "/metrics", timeout=10)
+    assert err.value.code == 401
     m = server.metrics()
     assert m['specx_requests_total{endpoint="chat.completions",status="200"}'] >= 1
     assert m["specx_completion_tokens_total"] > 0 and m["specx_prompt_tokens_total"] > 0

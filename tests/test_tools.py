@@ -376,3 +376,18 @@ def test_grammar_edge_cases(builtin_vocabulary):
     with pytest.raises(ToolsError) as err:
         call_grammar("hermes", check_tools([TIME]), ToolChoice("named", "get_weather"))
     assert err.value.param == "tool_choice.function.name"
+
+
+def test_calls_cut_by_max_tokens_keep_the_complete_ones():
+    """An answer cut at max_tokens inside its last call returns the calls before it (before: the
+    whole answer came back as text, and smolagents' ToolCallingAgent failed every step on it)."""
+    from specx.core.tools import parse_tool_calls
+
+    one = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    texts = {"hermes": f"<tool_call>\n{one}\n</tool_call>\n<tool_call>\n{one[:20]}",
+             "llama3_json": f"{one}; {one[:25]}",
+             "mistral": f"[TOOL_CALLS][{one}, {one[:30]}"}
+    for parser, text in texts.items():
+        content, calls = parse_tool_calls(parser, text, ["add"], cut=True)
+        assert [c.name for c in calls] == ["add"] and json.loads(calls[0].arguments) == {"a": 3, "b": 4}, parser
+        assert parse_tool_calls(parser, text, ["add"])[1] == [], parser  # not cut: a broken answer stays text

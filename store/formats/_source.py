@@ -87,6 +87,8 @@ def load_json(path: Path) -> Any:
         if error.pos >= len(text.rstrip()):
             raise ParseError(path, "truncated JSON document", line=error.lineno) from None
         raise ParseError(path, f"invalid JSON: {error.msg}", line=error.lineno) from None
+    except RecursionError:
+        raise ParseError(path, "JSON nested too deep to read") from None
 
 
 def iter_text_lines(path: Path, parse: Callable[[str], Any] | None = None) -> Iterator[tuple[int, Any] | ParseError]:
@@ -126,6 +128,8 @@ def _json_line(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"invalid JSON: {error.msg} (column {error.colno})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deep to read") from None
 
 
 def iter_json_lines(path: Path) -> Iterator[tuple[int, Any] | ParseError]:
@@ -157,7 +161,7 @@ def json_or_repr(text: str) -> Any:
     """
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         return ast.literal_eval(text)
