@@ -195,7 +195,7 @@ class Constraint:
 def _short(message: str) -> str:
     """llguidance's error without the parser state it appends (hundreds of lines of internals).
 
-    >>> _short("lexer error: too many expressions constructed\n<state>\nTokens: ...")
+    >>> _short("lexer error: too many expressions constructed" + chr(10) + "<state>" + chr(10) + "Tokens: ...")
     'lexer error: too many expressions constructed'
     """
     return message.split("\n<state>", 1)[0].strip()[:500]

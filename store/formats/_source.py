@@ -63,7 +63,7 @@ def head_records(head: bytes, limit: int = 20) -> list[Any]:
     for line in head_lines(text, whole=len(head) < HEAD_BYTES)[:limit]:
         try:
             records.append(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     return records
 
