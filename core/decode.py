@@ -197,7 +197,6 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
             drafted = clock()
             verdict = verifier.verify(draft)
             verified = clock()
-            _learn_pass(cost, threads, tag, 1 + len(draft), context, verified - drafted)
             tokens = verdict.tokens if max_new_tokens is None else verdict.tokens[: max_new_tokens - num_out]
             done = False
             if eos:
@@ -217,8 +216,7 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 drafter.extend(tokens)
                 guesses = verdict.guesses
             finished = clock()
-            if isinstance(cost, LearnedCost):
-                cost.observe_step(1 + len(draft), context, verified - drafted, finished - start, len(tokens))
+            _learn_step(cost, threads, tag, 1 + len(draft), context, verified - drafted, finished - start, len(tokens))
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
                        (verified - drafted) * 1e6, (finished - updated) * 1e6,
                        None if verdict.logprobs is None else verdict.logprobs[: len(tokens)])
@@ -230,15 +228,17 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
             drafter.finish_request(learned)
 
 
-def _learn_pass(cost: Any, threads: ThreadTuner | None, tag: Any, num_tokens: int, context: int,
-                seconds: float) -> None:
-    """One verification pass over `num_tokens` took `seconds`: the learned cost and the thread
-    tuner hear it (the tuner compares passes of different sizes by the cost curve's shape)."""
+def _learn_step(cost: Any, threads: ThreadTuner | None, tag: Any, num_tokens: int, context: int,
+                verify_seconds: float, step_seconds: float, num_out: int) -> None:
+    """A step's pass over `num_tokens` took `verify_seconds` of its `step_seconds` and emitted
+    `num_out` tokens: the thread tuner (which compares passes of different sizes by the cost
+    curve's shape) and a learned cost (its curve, then its guard) hear it."""
     learned = cost if isinstance(cost, LearnedCost) else None
     if threads is not None:
-        threads.after_pass(tag, seconds / (learned.shape(num_tokens, context) if learned else 1.0))
+        threads.after_pass(tag, verify_seconds / (learned.shape(num_tokens, context) if learned else 1.0))
     if learned is not None:
-        learned.observe(num_tokens, context, seconds, tag)
+        learned.observe(num_tokens, context, verify_seconds, tag)
+        learned.observe_step(num_tokens, context, verify_seconds, step_seconds, num_out)
 
 
 GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
