@@ -36,7 +36,7 @@ def gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     folded = query.reshape(batch, key.shape[1], groups * q_len, dim)  # [B, Hkv, G*Q, D]
     out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=_packed["packed"],
                                                            scale=scaling)
-    return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None  # [B, Q, H, D]
+    return out.reshape(batch, heads, q_len, dim).transpose(1, 2).contiguous(), None  # [B, Q, H, D]
 
 
 def install() -> None:
