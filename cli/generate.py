@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
 
 
 def generate_cmd(
@@ -16,6 +16,7 @@ def generate_cmd(
                                        envvar="SPECX_MODEL")] = "smollm2-135m",
     dtype: Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
                                              "bfloat16 or float16.")] = "auto",
+    backend: BackendOpt = "auto",
     db: DbOpt = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(min=0, help="0 = greedy.")] = 0.0,
@@ -62,7 +63,7 @@ def generate_cmd(
 
     from specx.core.decode import DecodeStats
     from specx.core.generate import generate, thread_tuner
-    from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
+    from specx.core.model import load_backend, tokenizer_fingerprint, use_chat_template
     from specx.core.speculate import SuffixDrafter
     from specx.core.suffix_index import SuffixIndex
     from specx.core.text import TextStream
@@ -70,7 +71,8 @@ def generate_cmd(
     from specx.core.verify import tree_unsupported
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
-    net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+    net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
+    output.note(f"backend: {getattr(net, 'engine', 'transformers')}")
     if not raw or chat_template is not None:
         use_chat_template(tok, chat_template, model)
     global_index = SuffixIndex()

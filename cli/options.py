@@ -51,6 +51,10 @@ def existing_store(db: Path | None) -> Path:
 
 
 ListOpt = Optional[list[str]]
+BackendOpt = Annotated[str, typer.Option(
+    help="What runs the model: auto (llama.cpp for a GGUF, the built-in model included, when llama-cpp-python is "
+         "installed; else transformers), llama.cpp or transformers (HF folders, the GPU, draft trees).",
+    envvar="SPECX_BACKEND")]
 
 
 def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
@@ -62,8 +66,6 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
     import json
     import platform
 
-    import torch
-
     from specx.core.learned_cost import LearnedCost
     from specx.core.predict import builtin_curves
 
@@ -73,12 +75,20 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
                     if line.startswith("model name")), cpu)
     except OSError:
         pass
-    device = str(net.device)
-    key = {"model": model, "model_type": getattr(net.config, "model_type", None),
-           "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
-           "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
-           "kernels": list(getattr(net, "specx_kernels", [])), "cpu": cpu, "cpus": os.cpu_count(),
-           "torch": torch.__version__, "platform": platform.platform()}
+    machine = {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform()}
+    if getattr(net, "engine", None) == "llama.cpp":  # a core.llamacpp.LlamaModel
+        from importlib.metadata import version
+
+        key = {"model": model, "engine": "llama.cpp", "file": net.digest(), "cache_type": net.cache_type,
+               "llama_cpp": version("llama-cpp-python")} | machine
+    else:
+        import torch
+
+        device = str(net.device)
+        key = {"model": model, "model_type": getattr(net.config, "model_type", None),
+               "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
+               "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
+               "kernels": list(getattr(net, "specx_kernels", [])), "torch": torch.__version__} | machine
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = specx_home() / "cost" / f"learned-{digest}.json"
     prior = builtin_curves()["cpu"].cost

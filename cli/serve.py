@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .options import DbOpt, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, keep_cost, model_cost, specx_home, store_path
 from specx.core.tools import PARSERS
 
 
@@ -24,6 +24,7 @@ def serve_cmd(
                                        envvar="SPECX_MODEL")] = "smollm2-135m",
     dtype: Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
                                              "bfloat16 or float16.")] = "auto",
+    backend: BackendOpt = "auto",
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
@@ -93,7 +94,7 @@ def serve_cmd(
 
     from specx.core.generate import thread_tuner
     from specx.core.grammar import Vocabulary
-    from specx.core.model import load_model, tokenizer_fingerprint, use_chat_template
+    from specx.core.model import load_backend, tokenizer_fingerprint, use_chat_template
     from specx.core.prefix_cache import PrefixCache
     from specx.core.speculate import SuffixDrafter
     from specx.core.verify import tree_unsupported
@@ -124,7 +125,8 @@ def serve_cmd(
         try:
             api.stage = f"loading {model}"
             log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
-            net, tok = load_model(model, specx_home() / "models", dtype=dtype)
+            net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
+            log.info("backend: %s", getattr(net, "engine", "transformers"))
             use_chat_template(tok, chat_template, model)
             context_length = int(net.config.max_position_embeddings)
             no_trees = tree_unsupported(net)

@@ -85,15 +85,23 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         generator.seed()
     else:
         generator.manual_seed(seed)
-    verifier = ModelVerifier(model, Sampling(float(temperature), int(top_k), float(top_p), generator), prefix_cache,
-                             constraint, logprobs)
+    sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
+    if getattr(model, "engine", None) == "llama.cpp":  # a core.llamacpp.LlamaModel: its own prefix reuse
+        from .llamacpp import LlamaVerifier
+
+        verifier: Any = LlamaVerifier(model, sampling, constraint, logprobs)
+    else:
+        verifier = ModelVerifier(model, sampling, prefix_cache, constraint, logprobs)
     yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance,
                       learn=learn, constraint=constraint, threads=threads)
 
 
 def thread_tuner(model: Any, say: Callable[[str], None] = lambda message: None) -> ThreadTuner | None:
-    """A core.threads.ThreadTuner between torch's thread count and one, for a model on the CPU
-    (None on a GPU, or with one thread already). Share one between the requests of a run."""
+    """A core.threads.ThreadTuner between torch's thread count (llama.cpp's, for a LlamaModel) and
+    one, for a model on the CPU (None on a GPU, or with one thread already). Share one between the
+    requests of a run."""
+    if getattr(model, "engine", None) == "llama.cpp":
+        return ThreadTuner((model.threads, 1), model.set_threads, say) if model.threads > 1 else None
     threads = torch.get_num_threads()
     if model.device.type != "cpu" or threads <= 1:
         return None

@@ -52,6 +52,8 @@ GUARD_STEPS = 12  # steps with a draft per verdict of the guard
 LOSING = 1.0  # time per token with drafts / plain's above this: drafts are losing
 WINNING = 0.95  # ... below this: they pay, and a cap may grow back
 PROBE_STEPS = 32  # plain steps before drafts are tried again (doubled each time they lose, to 1024)
+ANCHOR_PASSES = 32  # at most this many passes in a row with drafts: then one plain pass (see max_draft)
+FIRST_ANCHORS = 16  # ... and every 4th pass until this many one-token passes were paired with others
 
 
 class LearnedCost:
@@ -83,6 +85,9 @@ class LearnedCost:
         self.counts = np.zeros_like(self.g)
         self.load = float(np.log(prior_seconds[0, 0]))  # log seconds of a one-token pass, 128-token cache, now
         self.passes = 0
+        self._since_plain = 0  # passes since the last one-token pass
+        self.anchors = 0  # pairs of a one-token pass and a larger one
+        self._last_n = 0
         self._last: tuple[np.ndarray, float, float, int, Any] | None = None  # weights, log s, end time, context, tag
         self._reported = self._ratios()
         # the guard
@@ -120,15 +125,22 @@ class LearnedCost:
         last = self._last
         if (last is not None and last[4] == tag and abs(last[3] - context) <= PAIR_CONTEXT
                 and now - last[2] <= PAIR_GAP_S + seconds):
-            grad = w - last[0]
-            grad[:, 0] = 0.0  # one token is the unit: g(1) stays
+            # the larger pass against the smaller: only the larger's cells learn (one token is the
+            # unit, and each size is learned against smaller ones, so an error never pushes the
+            # small sizes, which few pairs reach, down to make room above them)
+            (w_hi, y_hi), (w_lo, y_lo) = ((w, y), last[:2]) if num_tokens >= self._last_n else (last[:2], (w, y))
+            grad = w_hi - w_lo
+            grad[:, : int(np.flatnonzero(w_lo.any(axis=0)).max()) + 1] = 0.0
             if np.any(grad):
-                error = (y - last[1]) - float(np.sum((w - last[0]) * (self.g + self.offset[:, None])))
+                self.anchors += (num_tokens == 1) != (self._last_n == 1)
+                error = (y_hi - y_lo) - float(np.sum((w_hi - w_lo) * (self.g + self.offset[:, None])))
                 error = max(-MAX_ERROR, min(MAX_ERROR, error))
                 rate = np.maximum(1.0 / (self.counts + PRIOR_PASSES), LEARNING_FLOOR)
                 self.g += rate * error * grad
                 self.counts += np.abs(grad)
         self._last = (w, y, now, context, tag)
+        self._since_plain = 0 if num_tokens == 1 else self._since_plain + 1
+        self._last_n = num_tokens
         predicted = float(np.sum(w * (_sane(self.g) + self.offset[:, None])))
         self.load += LOAD_WEIGHT * (y - predicted - self.load)
         self.passes += 1
@@ -157,9 +169,15 @@ class LearnedCost:
     # ------------------------------------------------------------------ the guard
 
     def max_draft(self) -> int | None:
-        """The most draft nodes the next step may verify (None: as many as pay)."""
+        """The most draft nodes the next step may verify (None: as many as pay).
+
+        After ANCHOR_PASSES passes with drafts, one plain pass: a curve learns only differences
+        between the sizes it sees, so without one-token passes beside the others its level against
+        one token (what sizing and the guard need) would stay the prior's."""
         if self.cap == 0 and self._plain_steps >= self._probe:
             return 2  # a probe: small drafts, to see whether they pay again
+        if self._since_plain >= (ANCHOR_PASSES if self.anchors >= FIRST_ANCHORS else 4):
+            return 0
         return self.cap
 
     def observe_step(self, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
@@ -206,7 +224,7 @@ class LearnedCost:
     def state(self) -> dict[str, Any]:
         """What to keep between runs (JSON-ready): the shape and how much of it was learned."""
         return {"version": 1, "sizes": list(self.sizes), "contexts": list(CONTEXTS), "g": self.g.tolist(),
-                "counts": self.counts.tolist(), "load": self.load, "passes": self.passes,
+                "counts": self.counts.tolist(), "load": self.load, "passes": self.passes, "anchors": self.anchors,
                 "curve_ms": {str(n): round(1e3 * s, 3) for n, s in zip(self.sizes, self._snapshot.seconds)}}
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -222,6 +240,7 @@ class LearnedCost:
             raise ValueError("not a finite curve of the right shape")
         self.g, self.counts, self.load = g, np.maximum(counts, 0.0), load
         self.passes = int(state.get("passes", 0))
+        self.anchors = int(state.get("anchors", 0))
         self._reported = self._ratios()
 
 

@@ -277,6 +277,34 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     return net, tokenizer
 
 
+BACKENDS = ("auto", "llama.cpp", "transformers")
+
+
+def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto",
+                 dtype: Any = None, threads: int | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) on `backend`: "llama.cpp" runs a GGUF (the built-in model or a .gguf file)
+    on llama.cpp (a core.llamacpp.LlamaModel); "transformers" loads anything through load_model;
+    "auto" picks llama.cpp for a GGUF when llama-cpp-python is installed, else transformers. The
+    tokenizer is transformers' in both cases (the same token ids: read from the same file)."""
+    if backend not in BACKENDS:
+        raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
+    from . import llamacpp
+
+    if backend == "llama.cpp" and not gguf:
+        raise ModelError(f"llama.cpp runs GGUF files; {model!r} is not one (use --backend transformers)")
+    if backend == "llama.cpp" or (backend == "auto" and gguf and llamacpp.available()):
+        path = builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()
+        if not path.is_file():
+            raise ModelError(f"no such GGUF file: {path}")
+        tokenizer = load_tokenizer(model, cache_dir)
+        try:
+            return llamacpp.LlamaModel(path, threads=threads), tokenizer
+        except llamacpp.LlamaError as exc:
+            raise ModelError(str(exc)) from None
+    return load_model(model, cache_dir, dtype=dtype)
+
+
 def _clear_quantization(net: Any) -> None:
     # GGUF weights are de-quantized on load; the leftover quantization config would make
     # save_pretrained refuse (or re-quantize on reload), so forget it.

@@ -54,6 +54,8 @@ def tree_unsupported(model: Any) -> str | None:
     layers (Gemma 2/3, Mistral's windowed layers) build their own masks and keep a rolling cache.
     Such a model verifies linear drafts (the tree's best path, core.decode.best_path) with the
     model's own causal masks, its rejected tokens cropped off: the caller says so at load."""
+    if getattr(model, "engine", None) == "llama.cpp":
+        return "on llama.cpp a pass costs nearly in proportion to its tokens (core/llamacpp.py)"
     config = model.config
     impl = getattr(config, "_attn_implementation", "sdpa")
     if impl not in _MASKABLE:
@@ -247,19 +249,28 @@ def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, samplin
     check_draft(draft, model.config.vocab_size)
     num_kept = cache.get_seq_length() + len(pending)
     logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
-    root_row = len(pending) - 1
-    raw = logits[root_row:].clone() if logprobs >= 0 and allowed is not None else logits[root_row:]
+    verdict = judge(logits[len(pending) - 1 :], draft, sampling, allowed, logprobs)
+    keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
+    return verdict
+
+
+def judge(logits: torch.Tensor, draft: Draft, sampling: Sampling, allowed: Any = None,
+          logprobs: int = -1) -> Verdict:
+    """The verdict on `draft` from its verification pass's logits [1 + N, V] (row 0 predicts the
+    roots, row 1 + i node i's children), whatever engine computed them: the grammar's mask, the
+    accept walk, the model's guesses after the rejected children, the log-probabilities. The
+    logits are masked in place."""
+    raw = logits.clone() if logprobs >= 0 and allowed is not None else logits
     if allowed is not None:
-        mask_logits(logits[root_row:], allowed)
-    argmax = row_argmax(logits[root_row:]) if sampling.greedy else None  # the walk's and the guesses'
-    verdict = accept(logits, draft, root_row, sampling, argmax)
+        mask_logits(logits, allowed)
+    argmax = row_argmax(logits) if sampling.greedy else None  # the walk's and the guesses'
+    verdict = accept(logits, draft, 0, sampling, argmax)
     last = verdict.accepted_nodes[-1] if verdict.accepted_nodes else -1
     rejected = [i for i, parent in enumerate(draft.parents) if parent == last]
     if rejected:
         guesses = ([argmax[1 + i] for i in rejected] if argmax is not None
-                   else row_argmax(logits[[root_row + 1 + i for i in rejected]]))
+                   else row_argmax(logits[[1 + i for i in rejected]]))
         verdict.guesses = list(dict.fromkeys(guesses))
-    keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
     if logprobs >= 0:
         verdict.logprobs = token_logprobs(raw[[0] + [1 + i for i in verdict.accepted_nodes]], verdict.tokens, logprobs)
     return verdict

@@ -21,6 +21,9 @@ def specx_test_home(tmp_path_factory) -> Path:
 def _specx_home(tmp_path_factory, monkeypatch):
     # Never write caches into the user's home from tests; share one per session (tokenizer cache).
     monkeypatch.setenv("SPECX_HOME", str(specx_test_home(tmp_path_factory)))
+    # The tests written for the transformers engine keep it (their references are its numerics);
+    # tests/test_llamacpp.py asks for llama.cpp with --backend / LlamaModel.
+    monkeypatch.setenv("SPECX_BACKEND", "transformers")
 
 
 @pytest.fixture(scope="session")

@@ -97,7 +97,8 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
     if STOCK in methods and stock_model is None:
         raise ValueError(f"method {STOCK} needs stock_model")
     runs = {m: MethodRun() for m in methods}
-    prefixes = {m: PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
+    llama = getattr(model, "engine", None) == "llama.cpp"  # a core.llamacpp.LlamaModel: no prefix cache
+    prefixes = {m: PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and not llama else None for m in methods}
     acceptance = AcceptanceModel()  # what the drafts are worth, learned from the verdicts across prompts
     threads = thread_tuner(model)  # specx's passes choose the thread count; the other methods run on its choice
     with torch.inference_mode():
@@ -108,7 +109,15 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 t0 = time.perf_counter()
                 prefilled = prefixes[method].seconds if prefixes[method] is not None else 0.0
                 missed = prefixes[method].miss_tokens if prefixes[method] is not None else 0
-                if method == "specx":
+                if llama:  # one KV sequence, shared by the methods: each call prefills its whole prompt
+                    model.keep(0)
+                if llama and method != "specx":
+                    if method != "plain":
+                        raise ValueError(f"method {method} runs on transformers; on llama.cpp: plain and specx")
+                    from specx.core.llamacpp import greedy
+
+                    out = greedy(model, prompt, max_new_tokens, [] if eos_token_id is None else [eos_token_id])
+                elif method == "specx":
                     out = []
                     for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
                                          eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,

@@ -1,0 +1,174 @@
+"""specx on llama.cpp against llama.cpp's own decoding: text-to-SQL over the Spider schemas.
+
+One run, the same prompts, the methods taking turns request by request (a machine that slows down
+weighs on all alike), greedy, at most --max-new-tokens each:
+
+- `llama.cpp`: llama-cpp-python's own `Llama.generate` (plain decoding), with the KV cache type
+  specx uses (Q8_0: see core/llamacpp.py for why); every other output is compared with its.
+- `llama.cpp f16`: the same with llama.cpp's default F16 KV cache (speed only; its tokens may differ).
+- `llama.cpp prompt lookup`: llama-cpp-python's stock `LlamaPromptLookupDecoding` draft model.
+- `specx llama.cpp`: specx's decode loop on llama.cpp (suffix drafts, learned cost, guard).
+- `specx transformers`: specx on its transformers engine (the built-in model de-quantized to float32).
+
+    .venv/bin/python examples/llamacpp_bench.py --requests 24 --json
+    .venv/bin/python examples/llamacpp_bench.py --shots 0
+
+Each call starts from an empty KV cache (every method prefills its whole prompt, timed). Needs
+llama-cpp-python (make setup) and ../shared/agent-data/text2sql-spider-dail-spider2 (or --spider).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
+
+from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
+from specx.cli.output import progress  # noqa: E402
+from specx.core.cost import AcceptanceModel  # noqa: E402
+from specx.core.generate import generate, thread_tuner  # noqa: E402
+from specx.core.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
+from specx.core.model import builtin_gguf, load_model, load_tokenizer  # noqa: E402
+from specx.core.speculate import SuffixDrafter  # noqa: E402
+
+METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers")
+
+
+def stock_llama(path: Path, threads: int, cache_type: str, lookup: bool):
+    """llama-cpp-python's own Llama, as a user would make it (flash attention on, as specx runs it)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    return Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+                 type_k=CACHE_TYPES[cache_type], type_v=CACHE_TYPES[cache_type], verbose=False,
+                 draft_model=LlamaPromptLookupDecoding() if lookup else None)
+
+
+def stock_generate(llm, prompt: list[int], max_new_tokens: int, eos: int) -> list[int]:
+    llm.reset()  # an empty KV cache, as every method here starts
+    out: list[int] = []
+    for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        out.append(int(tok))
+        if tok == eos or len(out) == max_new_tokens:
+            break
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=4, help="requests run first, untimed")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--shots", type=int, default=3, help="earlier question/SQL pairs in each prompt")
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (specx may choose 1 when faster)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    if not (args.spider / "spider_dev.json").is_file():
+        sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        sys.exit(f"error: unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    say = lambda message: print(message, file=sys.stderr)  # noqa: E731
+    path = builtin_gguf("smollm2-135m")
+    tok = load_tokenizer("smollm2-135m", specx_home() / "models")
+    eos = tok.eos_token_id
+    texts = spider_prompts(args.spider, args.warmup + args.requests, args.shots)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+
+    runners, costs = {}, []
+    if "llama.cpp" in methods:
+        llm = stock_llama(path, args.threads, "q8_0", False)
+        runners["llama.cpp"] = lambda p, llm=llm: stock_generate(llm, p, args.max_new_tokens, eos)
+    if "llama.cpp f16" in methods:
+        llm16 = stock_llama(path, args.threads, "f16", False)
+        runners["llama.cpp f16"] = lambda p: stock_generate(llm16, p, args.max_new_tokens, eos)
+    if "llama.cpp prompt lookup" in methods:
+        lookup = stock_llama(path, args.threads, "q8_0", True)
+        runners["llama.cpp prompt lookup"] = lambda p: stock_generate(lookup, p, args.max_new_tokens, eos)
+    steps: dict[str, list[int]] = {m: [] for m in methods}
+
+    def specx_runner(name, net, cost, threads):
+        drafter, acceptance = SuffixDrafter(max_spec_factor=4.0), AcceptanceModel()
+
+        def run(prompt):
+            if getattr(net, "engine", None) == "llama.cpp":
+                net.keep(0)
+            out, n = [], 0
+            for step in generate(net, prompt, drafter, args.max_new_tokens, eos, cost=cost, acceptance=acceptance,
+                                 threads=threads):
+                out += step.new_tokens
+                n += 1
+            steps[name].append(n)
+            return out
+        return run
+
+    if "specx llama.cpp" in methods:
+        net = LlamaModel(path, threads=args.threads)
+        cost = model_cost(net, "smollm2-135m", say)
+        costs.append(cost)
+        runners["specx llama.cpp"] = specx_runner("specx llama.cpp", net, cost, thread_tuner(net, say))
+    if "specx transformers" in methods:
+        import torch
+
+        torch.set_grad_enabled(False)
+        hf, _ = load_model("smollm2-135m", specx_home() / "models")
+        cost = model_cost(hf, "smollm2-135m", say)
+        costs.append(cost)
+        runners["specx transformers"] = specx_runner("specx transformers", hf, cost, thread_tuner(hf, say))
+
+    outputs = {m: [] for m in methods}
+    seconds = {m: [] for m in methods}
+    say(f"running {', '.join(methods)} over {len(prompts)} requests ({args.warmup} untimed), taking turns ...")
+    with progress() as bar:
+        task = bar.add_task("requests x methods", total=len(prompts) * len(methods))
+        for i, prompt in enumerate(prompts):
+            for m in methods:
+                t0 = time.perf_counter()
+                out = runners[m](prompt)
+                elapsed = time.perf_counter() - t0
+                outputs[m].append(out)
+                seconds[m].append(elapsed)
+                bar.advance(task)
+    for cost in costs:
+        keep_cost(cost)
+    timed = range(args.warmup, len(prompts))
+    ref = "llama.cpp" if "llama.cpp" in methods else methods[0]
+    rows = {}
+    for m in methods:
+        tokens = sum(len(outputs[m][i]) for i in timed)
+        secs = sum(seconds[m][i] for i in timed)
+        rows[m] = {"tokens_per_s": tokens / secs if secs else 0.0, "tokens": tokens, "seconds": secs,
+                   "identical_calls": sum(outputs[m][i] == outputs[ref][i] for i in timed), "calls": len(timed)}
+        if steps[m]:
+            rows[m]["tokens_per_step"] = tokens / sum(steps[m][i] for i in timed)
+    base = rows[ref]["tokens_per_s"]
+    for m in methods:
+        rows[m]["vs_llama_cpp"] = rows[m]["tokens_per_s"] / base if base else 0.0
+        per_call = [len(outputs[m][i]) / seconds[m][i] / (len(outputs[ref][i]) / seconds[ref][i])
+                    for i in timed if seconds[m][i] and seconds[ref][i] and outputs[ref][i]]
+        rows[m]["median_call_ratio"] = statistics.median(per_call) if per_call else 0.0
+    if args.json:
+        print(json.dumps({"methods": rows, "requests": args.requests, "warmup": args.warmup, "shots": args.shots,
+                          "max_new_tokens": args.max_new_tokens, "threads": args.threads, "reference": ref}, indent=2))
+        return
+    print(f"{'method':<26}{'tokens/s':>10}{'vs ' + ref:>14}{'per call':>10}{'tokens/step':>13}{'identical':>11}")
+    for m, r in rows.items():
+        print(f"{m:<26}{r['tokens_per_s']:>10.1f}{r['vs_llama_cpp']:>13.2f}x{r['median_call_ratio']:>9.2f}x"
+              f"{r.get('tokens_per_step', float('nan')):>13.2f}{r['identical_calls']:>6}/{r['calls']}")
+    print(f"text-to-SQL {args.shots}-shot, {args.requests} timed requests; tokens/s include each prompt's prefill; "
+          f"per call: the median of the calls' ratios; identical: outputs equal to {ref}'s")
+
+
+if __name__ == "__main__":
+    main()
