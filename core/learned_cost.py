@@ -18,7 +18,8 @@ break this (timing noise) are kept but never acted on.
 
 The guard: whatever the estimates say, the steps that carried drafts are checked against plain
 decoding's time per token, measured in the same passes (each pass's time over g says what a
-one-token pass costs at that moment). When drafts stop paying, the draft size is capped, halved
+one-token pass costs at that moment), or by plain steps a moment before (the anchors, the guard's
+own plain steps), whichever is cheaper: the guard errs toward plain decoding. When drafts stop paying, the draft size is capped, halved
 at each losing window down to zero (plain decoding), and probed again later, more rarely each
 time it loses.
 
@@ -52,6 +53,7 @@ GUARD_STEPS = 12  # steps with a draft per verdict of the guard
 LOSING = 1.0  # time per token with drafts / plain's above this: drafts are losing
 WINNING = 0.95  # ... below this: they pay, and a cap may grow back
 PROBE_STEPS = 32  # plain steps before drafts are tried again (doubled each time they lose, to 1024)
+PLAIN_FRESH_S = 2.0  # plain steps this recent tell the guard what plain decoding costs now
 ANCHOR_PASSES = 32  # at most this many passes in a row with drafts: then one plain pass (see max_draft)
 FIRST_ANCHORS = 16  # ... and every 4th pass until this many one-token passes were paired with others
 
@@ -96,6 +98,7 @@ class LearnedCost:
         self._steps = self._drafted = 0
         self._plain_steps = 0
         self._probe = PROBE_STEPS
+        self._one, self._one_at = 0.0, -math.inf  # recent plain steps' seconds (their mean) and when
         if state is not None:
             self._restore(state)
         self._snapshot = self._build()
@@ -186,14 +189,22 @@ class LearnedCost:
         `verify_seconds` of the step's `step_seconds` (drafting, sizing and learning included)
         and emitted `num_out` tokens. Plain decoding would have spent one one-token pass per
         token; this pass says what that costs now: verify_seconds / shape(num_tokens)."""
+        now = time.monotonic()
         if num_tokens <= 1:
             if self.cap == 0:
                 self._plain_steps += 1
+            if step_seconds > 0 and math.isfinite(step_seconds):  # a plain step, measured whole
+                fresh = now - self._one_at <= PLAIN_FRESH_S
+                self._one = step_seconds if not fresh else self._one + LOAD_WEIGHT * (step_seconds - self._one)
+                self._one_at = now
             return
         if not (verify_seconds > 0 and math.isfinite(step_seconds)):
             return
+        per_token = verify_seconds / self.shape(num_tokens, context)
+        if now - self._one_at <= PLAIN_FRESH_S:  # plain steps measured a moment ago: the cheaper says
+            per_token = min(per_token, self._one)
         self._spent += step_seconds
-        self._plain += max(num_out, 1) * verify_seconds / self.shape(num_tokens, context)
+        self._plain += max(num_out, 1) * per_token
         self._steps += 1
         self._drafted += num_tokens - 1
         if self._steps >= GUARD_STEPS:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specx.core.cost import ForwardCost
-from specx.core.learned_cost import SIZES, LearnedCost, _sane
+from specx.core.learned_cost import GUARD_STEPS, SIZES, LearnedCost, _sane
 from specx.core.threads import ThreadTuner
 
 SHIPPED_LIKE = ForwardCost((1, 8, 16, 32, 64), (0.031, 0.035, 0.047, 0.077, 0.127))  # flat-ish (AVX-512)
@@ -193,3 +193,15 @@ def test_a_linear_curve_is_learned_from_drafted_passes_and_the_anchors_they_leav
     for n in (2, 4, 8):
         assert cost.shape(n, 400) == pytest.approx(n ** 0.9, rel=0.25), n
     assert cost.anchors >= 16
+
+
+def test_the_guard_believes_plain_steps_measured_a_moment_ago_over_a_curve_that_flatters_drafts():
+    """A curve that says 4 tokens cost what one does (a prior not yet corrected), on an engine
+    where they cost 3x: the passes alone would call 2-token-per-step drafts a win; the plain steps
+    between them say they lose, and the guard caps them."""
+    cost = LearnedCost(ForwardCost((1, 4, 64), (0.01, 0.01, 0.01)))
+    for _ in range(4):
+        cost.observe_step(1, 300, 0.010, 0.010, 1)  # plain steps: 10 ms a token
+        for _ in range(GUARD_STEPS):
+            cost.observe_step(4, 300, 0.030, 0.030, 2)  # drafted: 15 ms a token
+    assert cost.cap is not None and cost.cap < 4
