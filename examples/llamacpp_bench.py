@@ -167,8 +167,9 @@ def main() -> None:
         return
     print(f"{'method':<26}{'tokens/s':>10}{'vs ' + ref:>14}{'per call':>10}{'tokens/step':>13}{'identical':>11}")
     for m, r in rows.items():
+        per_step = f"{r['tokens_per_step']:>13.2f}" if "tokens_per_step" in r else f"{'-':>13}"
         print(f"{m:<26}{r['tokens_per_s']:>10.1f}{r['vs_llama_cpp']:>13.2f}x{r['median_call_ratio']:>9.2f}x"
-              f"{r.get('tokens_per_step', float('nan')):>13.2f}{r['identical_calls']:>6}/{r['calls']}")
+              f"{per_step}{r['identical_calls']:>6}/{r['calls']}")
     print(f"text-to-SQL {args.shots}-shot, {args.requests} timed requests; tokens/s include each prompt's prefill; "
           f"per call: the median of the calls' ratios; identical: outputs equal to {ref}'s")
 
