@@ -11,7 +11,7 @@ cost-aware size). Every output is checked identical to constrained plain decodin
 schema-valid. The first `--warmup` requests run untimed (first passes are slow; specx's global
 index starts empty).
 
-    .venv/bin/python examples/structured_bench.py [--requests 24] [--json]
+    .venv/bin/python examples/structured_bench.py [--requests 24] [--backend llama.cpp] [--json]
 
 Needs ../shared/agent-data/text2sql-spider-dail-spider2 (or --spider FOLDER).
 """
@@ -31,7 +31,7 @@ from specx.core.cost import AcceptanceModel
 from specx.core.decode import DecodeStats
 from specx.core.generate import generate
 from specx.core.grammar import Vocabulary, json_schema_grammar
-from specx.core.model import load_model
+from specx.core.model import BACKENDS, load_backend
 from specx.core.prefix_cache import PrefixCache
 from specx.core.speculate import SuffixDrafter
 
@@ -82,13 +82,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="requests run first, untimed")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
+    parser.add_argument("--backend", default="transformers", choices=BACKENDS,
+                        help="what runs the built-in model (llama.cpp: its GGUF as it ships)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not (args.spider / "spider_dev.json").is_file():
         sys.exit(f"error: no Spider data in {args.spider} (give --spider FOLDER with spider_dev.json)")
     torch.set_grad_enabled(False)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    net, tok = load_model("smollm2-135m", specx_home() / "models")
+    net, tok = load_backend("smollm2-135m", specx_home() / "models", args.backend)
     cost = model_cost(net, "smollm2-135m", say)
     vocabulary = Vocabulary(tok, net.config.vocab_size, tok.eos_token_id)
     grammar = json_schema_grammar(SCHEMA)
@@ -122,7 +124,8 @@ def main() -> None:
     for name, row in rows.items():
         row["speedup_vs_constrained_plain"] = row["tokens_per_s"] / rows["constrained_plain"]["tokens_per_s"]
         row["identical"] = sum(a == b for a, b in zip(outputs[name], outputs["constrained_plain"]))
-    report = {"requests": args.requests, "warmup": args.warmup, "schema": SCHEMA, "methods": rows,
+    report = {"requests": args.requests, "warmup": args.warmup, "backend": getattr(net, "engine", "transformers"),
+              "schema": SCHEMA, "methods": rows,
               "example_output": tok.decode(outputs["specx"][0])}
     if args.json:
         print(json.dumps(report, indent=2))
