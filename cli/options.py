@@ -60,14 +60,14 @@ BackendOpt = Annotated[str, typer.Option(
 def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
     """The model's forward-pass cost (core.learned_cost.LearnedCost), learned from the passes it runs:
     nothing is timed at start. It starts from what earlier runs learned for this model, dtype,
-    kernels and machine (kept in $SPECX_HOME/cost; `relearn`: forgotten), else from the shipped cpu
-    curve's shape; `keep_cost` saves it."""
+    kernels and machine (kept in $SPECX_HOME/cost; `relearn`: forgotten), else from a shipped curve's
+    shape (the cpu curve; for a model on llama.cpp, llama.cpp's); `keep_cost` saves it."""
     import hashlib
     import json
     import platform
 
     from specx.core.learned_cost import LearnedCost
-    from specx.core.predict import builtin_curves
+    from specx.core.predict import CURVES_DIR, builtin_curves, load_cost_curve
 
     cpu = platform.processor()
     try:
@@ -81,6 +81,8 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
 
         key = {"model": model, "engine": "llama.cpp", "file": net.digest(), "cache_type": net.cache_type,
                "llama_cpp": version("llama-cpp-python")} | machine
+        # a pass costs nearly in proportion to its tokens there
+        prior = load_cost_curve(CURVES_DIR / "llamacpp.json", "llama.cpp").cost
     else:
         import torch
 
@@ -89,14 +91,9 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
                "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
                "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
                "kernels": list(getattr(net, "specx_kernels", [])), "torch": torch.__version__} | machine
+        prior = builtin_curves()["cpu"].cost
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = specx_home() / "cost" / f"learned-{digest}.json"
-    if key.get("engine") == "llama.cpp":  # a pass costs nearly in proportion to its tokens there
-        from specx.core.predict import CURVES_DIR, load_cost_curve
-
-        prior = load_cost_curve(CURVES_DIR / "llamacpp.json", "llama.cpp").cost
-    else:
-        prior = builtin_curves()["cpu"].cost
     cost = None
     if path.exists() and not relearn:
         try:

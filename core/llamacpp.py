@@ -108,7 +108,6 @@ class LlamaModel:
         self.config = SimpleNamespace(vocab_size=self.vocab_size, max_position_embeddings=self.n_ctx,
                                       model_type=self.description.split()[0] if self.description else "gguf")
         self.cached: list[int] = []
-        self.passes = 0
         self.hit_tokens = 0  # prompt tokens found in the cache by LlamaVerifier.start (as PrefixCache counts them)
 
     def close(self) -> None:
@@ -173,7 +172,6 @@ class LlamaModel:
             if code != 0:
                 self.keep(pos0)
                 raise LlamaError(f"llama_decode failed ({code}) on {len(chunk)} tokens at position {pos0}")
-            self.passes += 1
             self.cached.extend(chunk)
             if wanted:
                 rows.append(np.ctypeslib.as_array(lib.llama_get_logits(self.ctx),

@@ -295,13 +295,11 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
         raise ModelError(f"llama.cpp runs GGUF files; {model!r} is not one (use --backend transformers)")
     if backend == "llama.cpp" or (backend == "auto" and gguf and llamacpp.available()):
         path = builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()
-        if not path.is_file():
-            raise ModelError(f"no such GGUF file: {path}")
-        tokenizer = load_tokenizer(model, cache_dir)
         try:
-            return llamacpp.LlamaModel(path, threads=threads), tokenizer
+            net = llamacpp.LlamaModel(path, threads=threads)  # a missing file is its error, named
         except llamacpp.LlamaError as exc:
             raise ModelError(str(exc)) from None
+        return net, load_tokenizer(model, cache_dir)
     return load_model(model, cache_dir, dtype=dtype)
 
 
