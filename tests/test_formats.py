@@ -192,7 +192,7 @@ def test_openhands_runtime_list_with_repr_metadata() -> None:
 def test_openhands_completion_log_folder_and_files() -> None:
     folder = FIXTURES / "openhands_logs"
     calls, errors = read_all(folder)
-    first = Call(str(folder), 0, "Hi!\n<execute_bash>\necho hi\n", prompt_text="SYSTEM: be brief\n----------\nUSER: say hi\n",
+    first = Call(folder.name, 0, "Hi!\n<execute_bash>\necho hi\n", prompt_text="SYSTEM: be brief\n----------\nUSER: say hi\n",
                  meta={"log_number": 1})  # fmt: skip
     assert calls[0] == first
     assert (calls[1].position, calls[1].output_text) == (1, "Done.\n<finish></finish>")

@@ -272,6 +272,29 @@ def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
     assert "Traceback" not in server.log()
 
 
+def test_a_grammar_that_fails_mid_generation_gets_a_400_naming_the_param(server):
+    """Issue 31, case 2: a schema that compiles, whose second property's regex the grammar library
+    cannot build once decoding reaches it. The answer is a 400 naming the param (a stream ends with
+    an error event), counted as such in /metrics, and the server goes on."""
+    bomb = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2},
+                                             "b": {"type": "string", "pattern": "^(a{1000}){1000}$"}},
+            "required": ["a", "b"], "additionalProperties": False}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Give a and b as JSON."}], "max_tokens": 40,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "ab", "schema": bomb}}}
+    before = server.metrics().get('specx_requests_total{endpoint="chat.completions",status="400"}', 0)
+    status, answer = post(server.url + "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and answer["error"]["param"] == "response_format.json_schema.schema", answer
+    assert "failed during generation" in answer["error"]["message"] and len(answer["error"]["message"]) < 1000
+    assert server.metrics()['specx_requests_total{endpoint="chat.completions",status="400"}'] == before + 1
+    events = server.client().chat.completions.create(**{**body, "stream": True})
+    import openai
+
+    with pytest.raises(openai.APIError, match="failed during generation"):
+        list(events)
+    assert ask(server.client(), "Name a fruit.", 4).choices[0].message.content  # still serving
+    assert "Traceback" not in server.log()
+
+
 @pytest.mark.slow
 def test_models_health_metrics(server):
     assert [m.id for m in server.client().models.list().data] == [MODEL]

@@ -104,3 +104,23 @@ def test_two_ingests_creating_one_store_at_once_both_succeed(tmp_path, tokenizer
             assert proc.returncode == 0, err
         with Store(db) as store:
             assert store.db.execute("SELECT count(*) FROM calls").fetchone()[0] == 12
+
+
+def test_a_log_folder_typed_two_ways_is_one_set_of_sessions(tmp_path, tokenizer, monkeypatch):
+    """Case 11: OpenHands completion logs ingested as `logs` into one store and by their absolute
+    path into another; merged, nothing is new (their session ids were the folder as typed)."""
+    from specx.store.ingest import ingest
+    from specx.store.merge import merge
+
+    logs = tmp_path / "logs" / "CodeActAgent" / "task"
+    logs.mkdir(parents=True)
+    for n in range(1, 4):
+        (logs / f"prompt_{n:03d}.log").write_text(f"prompt {n}: fix the bug in module {n}")
+        (logs / f"response_{n:03d}.log").write_text(f"I will open module_{n}.py and edit line {n}.")
+    monkeypatch.chdir(tmp_path)
+    for name, typed in (("a", Path("logs")), ("b", tmp_path / "logs")):
+        with Store(tmp_path / f"{name}.db") as store:
+            assert ingest(store, [typed], tokenizer).new_calls == 3
+    with Store(tmp_path / "a.db") as dest, Store(tmp_path / "b.db") as src:
+        report = merge(dest, src)
+    assert (report.new_calls, report.known_calls) == (0, 3)

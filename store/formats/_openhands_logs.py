@@ -97,7 +97,7 @@ def read(path: Path) -> Iterator[Call | ParseError]:
             continue
         num_ok += 1
         yield Call(
-            session_id=str(folder),
+            session_id=folder.name,  # the source's real path scopes it: how the path was typed must not matter
             position=numbers.index(number),
             output_text=output,
             prompt_text=prompt,
