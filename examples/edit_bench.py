@@ -44,10 +44,12 @@ def task_text(path: str, start: str, lines: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default=None, help="weights dtype: float32, bfloat16 (default: float32 on CPU, "
+                        "bfloat16 on a GPU; lossless holds in float32)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    net, tok = load_model("smollm2-135m", specx_home() / "models")
+    net, tok = load_model("smollm2-135m", specx_home() / "models", dtype=args.dtype)
     cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr))
     requests = []
     for path, start, lines, old, new in TASKS:

@@ -133,6 +133,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4, help="user turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto", help="weights dtype of the servers started here (auto: float32 "
+                        "on CPU, bfloat16 on a GPU; lossless holds in float32)")
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--db", type=Path, help="start both servers from a copy of this store (default: empty)")
     parser.add_argument("--spec-url", help="use this running server (speculation on) instead of starting one")
@@ -149,7 +151,7 @@ def main() -> None:
             server = None
             if url is None:
                 print(f"starting specx serve {' '.join(flags)}...", file=sys.stderr)
-                server = LocalServer(["--model", args.model, *flags], args.db, Path(tmp))
+                server = LocalServer(["--model", args.model, "--dtype", args.dtype, *flags], args.db, Path(tmp))
                 url = server.url
             try:
                 client = OpenAI(base_url=url, api_key=args.api_key, max_retries=0, timeout=600)

@@ -84,13 +84,15 @@ def main() -> None:
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--backend", default="transformers", choices=BACKENDS,
                         help="what runs the built-in model (llama.cpp: its GGUF as it ships)")
+    parser.add_argument("--dtype", default=None, help="weights dtype on transformers: float32, bfloat16 "
+                        "(default: float32 on CPU, bfloat16 on a GPU; lossless holds in float32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if not (args.spider / "spider_dev.json").is_file():
         sys.exit(f"error: no Spider data in {args.spider} (give --spider FOLDER with spider_dev.json)")
     torch.set_grad_enabled(False)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    net, tok = load_backend("smollm2-135m", specx_home() / "models", args.backend)
+    net, tok = load_backend("smollm2-135m", specx_home() / "models", args.backend, dtype=args.dtype)
     cost = model_cost(net, "smollm2-135m", say)
     vocabulary = Vocabulary(tok, net.config.vocab_size, tok.eos_token_id)
     grammar = json_schema_grammar(SCHEMA)
