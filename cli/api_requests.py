@@ -11,11 +11,11 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from starlette.responses import JSONResponse
+from specx.core.decode.grammar import GrammarError, json_schema_grammar
+from specx.core.serve.worker import GenerationRequest
+from specx.core.serve.tools import call_grammar
 
-from specx.core.grammar import GrammarError, json_schema_grammar
-from specx.core.serving import GenerationRequest
-from specx.core.tools import call_grammar
+from .api_errors import ApiError
 
 if TYPE_CHECKING:
     from .api_tokens import Tokenizers
@@ -28,20 +28,6 @@ MAX_MESSAGES_FIELDS_CHARS = 1024 * 1024  # all messages' fields other than conte
 PREDICTION_CHARS_PER_TOKEN = 16  # a prediction longer than this many characters per context token is refused unread
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to what fits
-
-
-class ApiError(Exception):
-    """A request the API refuses, as OpenAI reports it."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status, headers=headers)
 
 
 def parse_request(body: Any, endpoint: str, model_names: list[str], context_length: int,

@@ -10,9 +10,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from specx.core.decode import TokenLogprob
-from specx.core.serving import Choice, GenerationRequest, Stats
-from specx.core.tools import ToolCall, call_marker, parse_tool_calls
+from specx.core.decode.loop import TokenLogprob
+from specx.core.serve.metrics import Stats
+from specx.core.serve.worker import Choice, GenerationRequest
+from specx.core.serve.tools import ToolCall, call_marker, parse_tool_calls
 
 Decode = Callable[[int], str]
 
@@ -92,7 +93,7 @@ def finish_reason(reason: str, calls: list[ToolCall]) -> str:
 
 class HeldText:
     """A streamed chat answer that may turn into tool calls: text is sent until a call may start
-    (core.tools.call_marker, or a prefix of it at the end), then held; at the end the whole text
+    (core.serve.tools.call_marker, or a prefix of it at the end), then held; at the end the whole text
     is parsed, and what was held goes out as tool-call deltas, or as content if it held no call."""
 
     def __init__(self, req: GenerationRequest) -> None:

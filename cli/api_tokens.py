@@ -1,19 +1,19 @@
 """How a validated request meets the model: prompt tokens (chat template, tools) and grammars.
 
-`Tokenizers` holds the server's tokenizer, its grammar vocabulary (core.grammar) and its tool-call
-format (core.tools); api_requests.parse_request asks it for a request's tokens and grammar.
+`Tokenizers` holds the server's tokenizer, its grammar vocabulary (core.decode.grammar) and its tool-call
+format (core.serve.tools); api_requests.parse_request asks it for a request's tokens and grammar.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from specx.core.grammar import GrammarError
-from specx.core.serving import LockedTokenizer
-from specx.core.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
+from specx.core.decode.grammar import GrammarError
+from specx.core.serve.worker import LockedTokenizer
+from specx.core.serve.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
                               parser_for_template)
 
-from .api_requests import ApiError
+from .api_errors import ApiError
 
 
 class Tokenizers:
@@ -23,9 +23,9 @@ class Tokenizers:
                  tool_parser: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.vocabulary = vocabulary  # core.grammar.Vocabulary: grammars are checked against it
+        self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: grammars are checked against it
         template = getattr(getattr(tokenizer, "tokenizer", tokenizer), "chat_template", None)
-        self.renders_tools = self._renders_tools()  # False: tools go into the system prompt (core.tools)
+        self.renders_tools = self._renders_tools()  # False: tools go into the system prompt (core.serve.tools)
         self.tool_parser = tool_parser or parser_for_template(template if isinstance(template, str) else None)
 
     def _renders_tools(self) -> bool:
@@ -42,7 +42,7 @@ class Tokenizers:
                    add_generation_prompt: bool = True) -> tuple[list[int], list[dict[str, Any]], ToolChoice]:
         """(prompt tokens, functions, choice) of a chat with the request's `tools` and `tool_choice`
         (validated: ApiError names the param): through the template when it renders tools, else
-        with the tool schemas in the system prompt and the tool-call history as text (core.tools)."""
+        with the tool schemas in the system prompt and the tool-call history as text (core.serve.tools)."""
         try:
             functions = check_tools(tools)
             choice = check_tool_choice(tool_choice, functions)

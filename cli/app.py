@@ -15,7 +15,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import output
-from .bench_cmd import bench_app
 from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
@@ -31,7 +30,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-app.add_typer(bench_app, name="bench")
+
+
+def _add_plugin_commands() -> None:
+    """Sub-commands that other packages add through the `specx.commands` entry points: `specx bench`
+    is the measuring package's (specx.bench.command), so the commands here never import it."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group="specx.commands"):
+        app.add_typer(point.load(), name=point.name)
+
+
+_add_plugin_commands()
+
 
 @app.command()
 def ingest(
@@ -52,7 +63,7 @@ def ingest(
 
     Example: [bold]specx ingest ../shared/agent-data --json[/]
     """
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.formats import FORMATS
     from specx.store.ingest import Tokenizer, find_inputs, ingest as run_ingest
@@ -181,10 +192,9 @@ def replay_cmd(
     Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
     """
     from . import predict as predict_lib
-    from specx.bench import reference as reference_impl
-    from specx.bench import replay as replay_lib
+    from specx.core.predict import methods as replay_lib
     from specx.store.prompts import prompt_tokens
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import GROUPS, outside_sessions, select_calls
 
@@ -228,7 +238,7 @@ def replay_cmd(
     methods = ["specx"]
     if baselines:
         methods += (["specx_unmerged"] if merge else []) + ["global_only", "request_only", "prompt_lookup"]
-        if reference_impl.available():
+        if replay_lib.reference_available():
             methods.append("reference")
     with output.progress() as bar:
         task = bar.add_task("replay", total=len(calls) * len(methods))
@@ -274,14 +284,15 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window: int, max_tokens: int, warm: bool, baselines: bool,
                        json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0) -> None:
-    from specx.bench import replay as replay_lib
+    from specx.core.predict import methods as replay_lib
     from specx.store.prompts import model_prompts
-    from specx.core.model import load_backend, tokenizer_fingerprint
+    from specx.core.model.llamacpp import on_llamacpp
+    from specx.core.model.load import load_backend, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import outside_sessions, select_calls
 
     net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
-    llama = getattr(net, "engine", None) == "llama.cpp"
+    llama = on_llamacpp(net)
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
         if tokenizer_id is None:
@@ -331,13 +342,16 @@ app.command("serve")(serve_cmd)
 
 def main() -> None:
     """Console-script entry point: domain errors become one clear line and exit status 1."""
-    from specx.core.model import ModelError
-    from specx.core.tokens import SuffixIndexError
-    from specx.core.entropy import EntropyError
-    from specx.core.replay import ReplayMismatch
+    from specx.core.model.load import ModelError
+    from specx.core.index.tokens import SuffixIndexError
+    from specx.core.predict.entropy import EntropyError
+    from specx.core.predict.replay import ReplayMismatch
     from specx.store.db import StoreError
     from specx.store.formats import ParseError
 
+    from specx.core.numba_cache import prune
+
+    prune()  # the compiled kernels of older sources (never at import: see core/numba_cache.py)
     try:
         code = app(standalone_mode=False)
     except (SuffixIndexError, ModelError, ParseError, StoreError, ReplayMismatch, EntropyError, OSError) as exc:

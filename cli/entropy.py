@@ -63,9 +63,9 @@ def entropy_cmd(
     """
     import numpy as np
 
-    from specx.core.entropy import empirical_entropy
+    from specx.core.predict.entropy import empirical_entropy
     from . import predict as predict_lib
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import GROUPS, select_calls
 

@@ -61,14 +61,15 @@ def generate_cmd(
     import statistics
     import time
 
-    from specx.core.decode import DecodeStats
-    from specx.core.generate import generate, thread_tuner
-    from specx.core.model import load_backend, tokenizer_fingerprint, use_chat_template
-    from specx.core.speculate import SuffixDrafter
-    from specx.core.suffix_index import SuffixIndex
-    from specx.core.text import TextStream
-    from specx.core.grammar import GrammarError, Vocabulary
-    from specx.core.verify import tree_unsupported
+    from specx.core.decode.loop import DecodeStats
+    from specx.core.decode.generate import generate, thread_tuner
+    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.index.suffix_index import SuffixIndex
+    from specx.core.decode.text import TextStream
+    from specx.core.decode.grammar import GrammarError, Vocabulary
+    from specx.core.decode.verify import tree_unsupported
+    from specx.core.predict.compare import busy_note, steady
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
@@ -149,13 +150,13 @@ def generate_cmd(
         result["speedup"] = statistics.median(pairs) if pairs else None
         result["speedups"] = pairs
         result["identical"] = all(r["token_ids"] == plain["token_ids"] for r in runs["specx"] + runs["plain"])
-        result["steady"] = output.steady(rates)
+        result["steady"] = steady(rates)
         if not json_out:
             output.note(f"plain: {plain['tokens']} tokens in {plain['steps']} steps ({result['plain']['tokens_per_s']:.1f} "
                         f"tokens/s); speedup {result['speedup']:.2f}x (median of {len(pairs)} pairs, taking turns: "
                         f"{', '.join(f'{p:.2f}x' for p in pairs)}); identical output: "
                         f"{'yes' if result['identical'] else 'NO'}")
-            busy = output.busy_note("plain decoding", rates)
+            busy = busy_note("plain decoding", rates)
             if busy:
                 output.note(busy)
     if verbose and cost is not None and not json_out:
@@ -183,7 +184,7 @@ def _schema_grammar(value: str) -> str:
     import json
     from pathlib import Path
 
-    from specx.core.grammar import json_schema_grammar
+    from specx.core.decode.grammar import json_schema_grammar
 
     path = Path(value).expanduser()
     try:

@@ -58,7 +58,7 @@ BackendOpt = Annotated[str, typer.Option(
 
 
 def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
-    """The model's forward-pass cost (core.learned_cost.LearnedCost), learned from the passes it runs:
+    """The model's forward-pass cost (core.decode.learned_cost.LearnedCost), learned from the passes it runs:
     nothing is timed at start. It starts from what earlier runs learned for this model, dtype,
     kernels and machine (kept in $SPECX_HOME/cost; `relearn`: forgotten), else from a shipped curve's
     shape (the cpu curve; for a model on llama.cpp, llama.cpp's); `keep_cost` saves it."""
@@ -66,8 +66,9 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
     import json
     import platform
 
-    from specx.core.learned_cost import LearnedCost
-    from specx.core.predict import CURVES_DIR, builtin_curves, load_cost_curve
+    from specx.core.decode.learned_cost import LearnedCost
+    from specx.core.model.llamacpp import on_llamacpp
+    from specx.core.predict.estimate import CURVES_DIR, builtin_curves, load_cost_curve
 
     cpu = platform.processor()
     try:
@@ -76,7 +77,7 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
     except OSError:
         pass
     machine = {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform()}
-    if getattr(net, "engine", None) == "llama.cpp":  # a core.llamacpp.LlamaModel
+    if on_llamacpp(net):  # a core.model.llamacpp.LlamaModel
         from importlib.metadata import version
 
         key = {"model": model, "engine": "llama.cpp", "file": net.digest(), "cache_type": net.cache_type,

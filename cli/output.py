@@ -109,24 +109,6 @@ class LineProgress:
             self.advance(task)
 
 
-STEADY_SPREAD = 1.3  # fastest / slowest of repeated runs of one method beyond this: the machine was busy
-
-
-def steady(rates: Sequence[float]) -> bool:
-    """Whether repeated runs of one method (tokens/s) agree well enough for a timed figure."""
-    rates = [r for r in rates if r > 0]
-    return len(rates) < 2 or max(rates) / min(rates) <= STEADY_SPREAD
-
-
-def busy_note(method: str, rates: Sequence[float]) -> str | None:
-    """A warning when repeated runs of `method` (tokens/s) disagree: the machine was busy and a
-    speedup timed on it is not a stable figure (ratios of runs taken in turn still are, roughly)."""
-    rates = [r for r in rates if r > 0]
-    if steady(rates):
-        return None
-    return (f"the machine was busy: {method} ran at {min(rates):.1f} to {max(rates):.1f} tokens/s across its runs "
-            f"({max(rates) / min(rates):.1f}x apart); the speedup above is not a stable figure: run again when it is "
-            f"quieter, or compare more runs")
 
 
 def error(message: str) -> None:

@@ -1,7 +1,7 @@
-"""The predictor behind `specx entropy` and the projection behind `specx replay`: store to core.predict.
+"""The predictor behind `specx entropy` and the projection behind `specx replay`: store to core.predict.estimate.
 
 The prediction replays a sample of the selected calls with the history a full `specx replay`
-would give them (core/predict.py says why that is exact per call), with replay's default
+would give them (core/predict/estimate.py says why that is exact per call), with replay's default
 settings, so the two can be compared figure for figure.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import typer
 
-from specx.core.predict import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
+from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict_groups, projected_speedup, replay_sample)
-from specx.core.sampling import draw_stratified
+from specx.core.predict.sampling import draw_stratified
 from specx.store.prompts import iter_prompt_tokens
 from specx.store.selection import PromptMessages
 
@@ -76,7 +76,7 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
                       on_sample: Callable[[int], None] = lambda calls: None) -> dict[str, Any]:
     """{"overall": {...}, "groups": {key: {...}}, "sample": {...}} for `calls` (stored order);
     `on_sample(n)` once the n calls to replay are drawn, `on_call()` after each is replayed."""
-    from specx.bench import replay as replay_lib
+    from specx.core.predict import methods as replay_lib
 
     params = params or REPLAY_DEFAULTS
     started = time.perf_counter()
@@ -182,7 +182,7 @@ def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndar
     """`specx replay`'s projected speedups from its own replay of every call: {"overall": {curve:
     {...}}, "groups": {key: {curve: {...}}}}. Uses the replay's measured steps (specx and, when
     replayed, prompt lookup) for flat curves; replays with drafts cut to what pays for the others."""
-    from specx.bench import replay as replay_lib
+    from specx.core.predict import methods as replay_lib
 
     curve_steps = result.get("curve", {})
     specx_steps = [s for _, s in curve_steps["specx"]] if "specx" in curve_steps else None

@@ -1,5 +1,5 @@
 """`specx serve`: an OpenAI-compatible server that drafts from, and learns into, the suffix index
-(registered in app.py; the HTTP side is server.py, the serving engine core/serving.py, the store side store/served.ServedRecorder)."""
+(registered in app.py; the HTTP side is server.py, the serving engine core/serve/worker.py, the store side store/served.ServedRecorder)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .options import BackendOpt, DbOpt, keep_cost, model_cost, specx_home, store_path
-from specx.core.tools import PARSERS
+from specx.core.serve.tools import PARSERS
 
 
 def serve_cmd(
@@ -92,17 +92,17 @@ def serve_cmd(
                           max_spec_factor, vllm_arg or [])
     import uvicorn
 
-    from specx.core.generate import thread_tuner
-    from specx.core.grammar import Vocabulary
-    from specx.core.model import load_backend, tokenizer_fingerprint, use_chat_template
-    from specx.core.prefix_cache import PrefixCache
-    from specx.core.speculate import SuffixDrafter
-    from specx.core.verify import tree_unsupported
+    from specx.core.decode.generate import thread_tuner
+    from specx.core.decode.grammar import Vocabulary
+    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from specx.core.model.prefix_cache import PrefixCache
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.decode.verify import tree_unsupported
     from specx.store.db import Store
     from specx.store.index import index_for
 
-    from specx.core.metrics import Metrics
-    from specx.core.serving import LockedTokenizer, Worker
+    from specx.core.serve.metrics import Metrics
+    from specx.core.serve.worker import LockedTokenizer, Worker
     from specx.store.served import ServedRecorder
 
     from .server import Api
@@ -190,7 +190,7 @@ def serve_cmd(
 def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_key: str | None,
                names: list[str] | None, max_spec_tokens: int, max_spec_factor: float, extra: list[str]) -> None:
     """Replace this process with `vllm serve`, specx drafting (a thin convenience: same flags, same store)."""
-    from specx.core.model import BUILTIN, ModelError, load_model
+    from specx.core.model.load import BUILTIN, ModelError, load_model
 
     exe = shutil.which(vllm_bin)
     if exe is None:

@@ -4,7 +4,7 @@
     POST /tokenize   POST /detokenize   (vLLM's: a prompt or chat messages to token ids, and back)
 
 Requests are validated and tokenized (api_requests.py), then handed to the one model worker
-(core/serving.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
+(core/serve/worker.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": "..."}}
 """
@@ -30,10 +30,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api_requests import ApiError, parse_detokenize, parse_request, parse_tokenize
+from .api_errors import ApiError
+from .api_requests import parse_detokenize, parse_request, parse_tokenize
 from .api_tokens import Tokenizers
 from .api_responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
-from specx.core.serving import Choice, Job, Worker
+from specx.core.serve.worker import Choice, Job, Worker
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 log = logging.getLogger("specx.serve")
@@ -50,7 +51,7 @@ class Api:
         self.model_names = model_names
         self.api_key = api_key or None
         self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
-        self.tool_parser = tool_parser  # core.tools' format of tool calls (None: from the chat template)
+        self.tool_parser = tool_parser  # core.serve.tools' format of tool calls (None: from the chat template)
         self.created = int(time.time())
         self.stage = "starting"  # what loading is doing (GET /health says it until ready)
         self.worker: Worker | None = None  # set by ready(): until then every API call gets 503

@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Draft.sources bits: the request's own index, the global index of past outputs, the model's own
-# guess (core.decode adds the previous pass's guesses as roots: see core.decode.Verdict.guesses),
-# a client's prediction of the output (core.speculate.PredictionDrafter) and the tokens a grammar
-# forces (core.grammar.Constraint.forced)
+# guess (core.decode.loop adds the previous pass's guesses as roots: see core.decode.loop.Verdict.guesses),
+# a client's prediction of the output (core.decode.speculate.PredictionDrafter) and the tokens a grammar
+# forces (core.decode.grammar.Constraint.forced)
 REQUEST, GLOBAL, MODEL, PREDICTION, GRAMMAR = 1, 2, 4, 8, 16
 
 
@@ -21,7 +21,7 @@ class Draft:
     accepts it; score is their sum (expected accepted tokens); match_len is the length p of the
     context suffix the draft grew from. Optionally per node: sources[i], who proposed it
     (a bit mask: REQUEST, GLOBAL, MODEL), and match_lens[i], the match its index grew it from (a merged
-    draft's nodes come from different matches); core.cost.AcceptanceModel reads both.
+    draft's nodes come from different matches); core.decode.cost.AcceptanceModel reads both.
 
     >>> Draft([5, 6], [-1, 0], [0.5, 0.25], 0.75, 3).depths()
     [1, 2]
@@ -63,7 +63,7 @@ class Draft:
         return out
 
     def walk(self, choose: Callable[[int, int], int | None]) -> tuple[list[int], list[int]]:
-        """The accept walk, for the model's verifier (core.verify.accept) and for a recorded output
+        """The accept walk, for the model's verifier (core.decode.verify.accept) and for a recorded output
         (accepted_nodes): from the root, `choose(node, depth)` is the token chosen after `node` (-1:
         the root; depth: nodes passed so far); move to the child that carries it, else stop. Returns
         (tokens chosen, nodes passed): the last token is the bonus token unless `choose` gave None.

@@ -3,8 +3,8 @@
 text2sql_bench measures the methods on this machine. This script asks what the same requests
 would give on hardware whose forward-pass cost grows more slowly with the number of tokens
 verified (a GPU's curve is nearly flat for small trees). It decodes the requests plainly once,
-measures this machine's cost curve (core.cost.calibrate) and the prefill time, then replays the
-recorded outputs model-free (core.replay.replay_call with a cost curve) for each method:
+measures this machine's cost curve (core.decode.cost.calibrate) and the prefill time, then replays the
+recorded outputs model-free (core.predict.replay.replay_call with a cost curve) for each method:
 
 - prompt lookup: transformers' rule (the last 2-gram, else 1-gram, at its earliest occurrence;
   the 10 tokens after it), every draft verified whole;
@@ -38,14 +38,15 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core.cost import AcceptanceModel, ForwardCost, calibrate, subtree
+from specx.core.decode.calibrate import calibrate
+from specx.core.decode.cost import AcceptanceModel, ForwardCost, subtree
 from specx.core.draft import Draft
-from specx.core.decode import DecodeStats
-from specx.core.generate import generate
-from specx.core.model import load_model
-from specx.core.prefix_cache import PrefixCache
-from specx.core.replay import replay_call
-from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.decode.loop import DecodeStats
+from specx.core.decode.generate import generate
+from specx.core.model.load import load_model
+from specx.core.model.prefix_cache import PrefixCache
+from specx.core.predict.replay import replay_call
+from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402

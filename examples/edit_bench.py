@@ -3,7 +3,7 @@
 Each task asks the built-in model to rename one identifier in a short Python file and answer with
 the whole file; the prediction is the file as it was (what a code-editing agent sends). Greedy,
 three ways on the same requests: plain decoding, specx without the prediction (its request index
-still holds the file, from the prompt) and specx with it (core.speculate.PredictionDrafter first).
+still holds the file, from the prompt) and specx with it (core.decode.speculate.PredictionDrafter first).
 Every output is checked identical to plain decoding's.
 
     .venv/bin/python examples/edit_bench.py [--json]
@@ -20,19 +20,19 @@ from pathlib import Path
 import torch
 
 from specx.cli.options import model_cost, specx_home
-from specx.core.cost import AcceptanceModel
-from specx.core.decode import DecodeStats
-from specx.core.generate import generate
-from specx.core.model import load_model
-from specx.core.prefix_cache import PrefixCache
-from specx.core.serving import prediction_tokens
-from specx.core.speculate import PredictionDrafter, SuffixDrafter
+from specx.core.decode.cost import AcceptanceModel
+from specx.core.decode.loop import DecodeStats
+from specx.core.decode.generate import generate
+from specx.core.model.load import load_model
+from specx.core.model.prefix_cache import PrefixCache
+from specx.core.serve.worker import prediction_tokens
+from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 
 HERE = Path(__file__).resolve().parent
 # Files of this repository (MIT, ours), cut to a function or two each; (path, start line, lines, old, new).
-TASKS = [("core/sealed.py", "class Segment:", 35, "Segment", "Block"),
-         ("core/decode.py", "def add_guesses(", 22, "draft", "tree"),
-         ("core/cost.py", "def subtree(", 10, "keep", "mask"),
+TASKS = [("core/index/sealed.py", "class Segment:", 35, "Segment", "Block"),
+         ("core/decode/loop.py", "def add_guesses(", 22, "draft", "tree"),
+         ("core/decode/cost.py", "def subtree(", 10, "keep", "mask"),
          ("examples/quickstart.py", "past_outputs = [", 14, "past_outputs", "history")]
 
 

@@ -4,7 +4,7 @@ One run, the same prompts, the methods taking turns request by request (a machin
 weighs on all alike), greedy, at most --max-new-tokens each:
 
 - `llama.cpp`: llama-cpp-python's own `Llama.generate` (plain decoding), with the KV cache type
-  specx uses (Q8_0: see core/llamacpp.py for why); every other output is compared with its.
+  specx uses (Q8_0: see core/model/llamacpp.py for why); every other output is compared with its.
 - `llama.cpp f16`: the same with llama.cpp's default F16 KV cache (speed only; its tokens may differ).
 - `llama.cpp prompt lookup`: llama-cpp-python's stock `LlamaPromptLookupDecoding` draft model.
 - `specx llama.cpp`: specx's decode loop on llama.cpp (suffix drafts, learned cost, guard).
@@ -35,12 +35,13 @@ from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
 
 from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
 from specx.cli.output import progress  # noqa: E402
-from specx.core.cost import AcceptanceModel  # noqa: E402
-from specx.core.generate import generate, thread_tuner  # noqa: E402
-from specx.core.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
-from specx.core.model import builtin_gguf, load_model, load_tokenizer  # noqa: E402
-from specx.core.prefix_cache import PrefixCache  # noqa: E402
-from specx.core.speculate import SuffixDrafter  # noqa: E402
+from specx.core.decode.cost import AcceptanceModel  # noqa: E402
+from specx.core.decode.generate import generate, thread_tuner  # noqa: E402
+from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
+from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402
+from specx.core.model.prefix_cache import PrefixCache  # noqa: E402
+from specx.core.decode.speculate import SuffixDrafter  # noqa: E402
+from specx.core.model.llamacpp import on_llamacpp  # noqa: E402
 
 METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers")
 
@@ -104,7 +105,7 @@ def main() -> None:
     def specx_runner(name, net, cost, threads):
         drafter, acceptance = SuffixDrafter(max_spec_factor=4.0), AcceptanceModel()
 
-        prefixes = None if getattr(net, "engine", None) == "llama.cpp" else PrefixCache(8192)
+        prefixes = None if on_llamacpp(net) else PrefixCache(8192)
 
         def run(prompt):
             out, n = [], 0

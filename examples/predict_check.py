@@ -5,7 +5,7 @@ agent role (--agent); each model (--llm) and each log file or folder (--source) 
 --min-calls calls. Selections holding the same calls are reported once. For each, back to back
 in one process (the tokenizer loaded once, the compiled kernels warm):
 
-- predicted: what `specx entropy` predicts (core/predict.py): --sample-calls draws (default 200),
+- predicted: what `specx entropy` predicts (core/predict/estimate.py): --sample-calls draws (default 200),
   weighted (chance ~ sqrt of output length, the default) and every call alike, with the 95%
   interval; the seconds of the weighted prediction (outputs read, draws, prompts of the drawn
   calls rendered, the walk with the history);
@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 
 from specx.cli import predict as predict_lib
-from specx.bench import replay as replay_lib
+from specx.core.predict import methods as replay_lib
 from specx.store.prompts import prompt_tokens
 from specx.cli.options import specx_home
-from specx.core.entropy import empirical_entropy
-from specx.core.model import load_tokenizer, tokenizer_fingerprint
-from specx.core.sampling import combined_ratio, draw_stratified
+from specx.core.predict.entropy import empirical_entropy
+from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+from specx.core.predict.sampling import combined_ratio, draw_stratified
 from specx.store.db import Store
 from specx.store.selection import select_calls
 

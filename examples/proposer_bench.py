@@ -77,7 +77,7 @@ def drive(cache, prompts: list[list[int]], outputs: list[list[int]], k: int, dep
 
 def load(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
     from specx.store.prompts import prompt_tokens
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import select_calls
 
@@ -109,8 +109,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from specx.core.suffix_cache import SuffixCache
-    from specx.core.suffix_index import SuffixIndex
+    from specx.core.index.suffix_cache import SuffixCache
+    from specx.core.index.suffix_index import SuffixIndex
 
     makers = {"specx": lambda: SuffixCache(SuffixIndex(64), max_tree_depth=args.depth, linger_s=0.0)}
     try:

@@ -4,7 +4,7 @@ against specx under the same grammar.
 Each request is a chat over one Spider database: the schema and the answer format in the system
 message, three earlier questions on the same database answered as JSON (the turns an agent's
 history holds), then the new question. Every answer is decoded greedily under the JSON schema
-{"sql": string, "tables": [string], "columns": [string]} (core.grammar, llguidance), two ways on the same
+{"sql": string, "tables": [string], "columns": [string]} (core.decode.grammar, llguidance), two ways on the same
 requests: constrained plain decoding (one token a pass) and specx (suffix drafts from the
 request and from earlier answers, the grammar's forced tokens first, refused nodes pruned,
 cost-aware size). Every output is checked identical to constrained plain decoding's and
@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 from specx.cli.options import model_cost, specx_home
-from specx.core.cost import AcceptanceModel
-from specx.core.decode import DecodeStats
-from specx.core.generate import generate
-from specx.core.grammar import Vocabulary, json_schema_grammar
-from specx.core.model import BACKENDS, load_backend
-from specx.core.prefix_cache import PrefixCache
-from specx.core.speculate import SuffixDrafter
+from specx.core.decode.cost import AcceptanceModel
+from specx.core.decode.loop import DecodeStats
+from specx.core.decode.generate import generate
+from specx.core.decode.grammar import Vocabulary, json_schema_grammar
+from specx.core.model.load import BACKENDS, load_backend
+from specx.core.model.prefix_cache import PrefixCache
+from specx.core.decode.speculate import SuffixDrafter
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"

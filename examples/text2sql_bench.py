@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.bench.compare import STOCK, compare, summary
-from specx.core.cost import AcceptanceModel
-from specx.core.generate import generate
-from specx.core.model import load_model
-from specx.core.prefix_cache import PrefixCache
-from specx.core.speculate import SuffixDrafter
+from specx.core.predict.compare import STOCK, compare, summary
+from specx.core.decode.cost import AcceptanceModel
+from specx.core.decode.generate import generate
+from specx.core.model.load import load_model
+from specx.core.model.prefix_cache import PrefixCache
+from specx.core.decode.speculate import SuffixDrafter
 from specx.cli.options import keep_cost, model_cost, specx_home
 from specx.cli.output import progress
 
@@ -89,8 +89,8 @@ def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):
     """Seconds to prefill n prompt tokens into an empty cache (the median of `repeats`), as a curve."""
     import time
 
-    from specx.core.cost import ForwardCost
-    from specx.core.predict import CostCurve
+    from specx.core.decode.cost import ForwardCost
+    from specx.core.predict.estimate import CostCurve
 
     rng = np.random.default_rng(0)
     seconds = []
@@ -107,13 +107,13 @@ def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):
 
 
 def projection(prompts, outputs, history, timed, cost, prefill_cost, max_spec_factor, prefix_cache_tokens) -> dict:
-    """What `specx entropy` / `specx replay` project from the recorded outputs alone (core/predict.py):
+    """What `specx entropy` / `specx replay` project from the recorded outputs alone (core/predict/estimate.py):
     specx's speedup over plain decoding on the timed requests, model-free, with the history the run
     gave them, on the forward-cost curve this run learned (at the median context of the timed
     requests) and on the shipped cpu curve. `decoding`: the passes only, as `specx entropy` projects;
     `with_prefill`: plus one pass over each prompt's uncached tokens (the same for both methods)."""
-    from specx.core.cost import ForwardCost
-    from specx.core.predict import CostCurve, builtin_curves, projected_speedup, replay_sample
+    from specx.core.decode.cost import ForwardCost
+    from specx.core.predict.estimate import CostCurve, builtin_curves, projected_speedup, replay_sample
 
     positions = [i for i in range(len(prompts)) if timed(i)]
     context = int(np.median([len(prompts[i]) + len(outputs[i]) // 2 for i in positions]))
@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
     parser.add_argument("--cache", type=Path, default=specx_home() / "models", help="model cache ($SPECX_HOME/models)")
     parser.add_argument("--predict", action="store_true",
-                        help="also project specx's speedup from the plain outputs alone, model-free (core/predict.py), "
+                        help="also project specx's speedup from the plain outputs alone, model-free (core/predict/estimate.py), "
                              "beside the measured one")
     parser.add_argument("--relearn", action="store_true",
                         help="forget the forward-pass cost learned by earlier runs for this model, dtype and machine "
@@ -209,7 +209,7 @@ def main() -> None:
           "each prompt's prefill; identical: outputs equal to plain decoding's")
     if projected:
         specx = summary_["specx"]
-        print("projected from the outputs alone (model-free, core/predict.py), specx x plain decoding: "
+        print("projected from the outputs alone (model-free, core/predict/estimate.py), specx x plain decoding: "
               + ", ".join(f"{projected['with_prefill'][k]:.2f}x with the prefill ({projected['decoding'][k]:.2f}x "
                           f"decoding only) on the {k} curve" for k in projected["decoding"])
               + f"; measured {specx.get('speedup_vs_plain', 0):.2f}x ({specx.get('decode_speedup_vs_plain', 0):.2f}x "

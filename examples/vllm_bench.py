@@ -195,7 +195,7 @@ def bench(args: argparse.Namespace) -> dict:
 def stored_prompts(args: argparse.Namespace) -> list[list[int]]:
     """The prompts of stored calls (in stored order) as the served model's tokens: agents' own requests."""
     from specx.store.prompts import prompt_tokens
-    from specx.core.model import load_tokenizer, tokenizer_fingerprint
+    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
     from specx.store.selection import select_calls
 
@@ -275,7 +275,7 @@ def main() -> None:
 def builtin_model_folder() -> Path:
     """The built-in model as an HF folder (converted once from its GGUF, as specx does)."""
     from specx.cli.options import specx_home
-    from specx.core.model import DEFAULT_MODEL, load_model
+    from specx.core.model.load import DEFAULT_MODEL, load_model
 
     folder = specx_home() / "models" / DEFAULT_MODEL
     if not (folder / "model.safetensors").is_file():

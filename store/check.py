@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from specx.core.suffix_array import build_suffix_array
-from specx.core.tokens import SuffixIndexError
+from specx.core.index.suffix_array import build_suffix_array
+from specx.core.index.tokens import SuffixIndexError
 
 from .db import IndexState, Store, StoreError
 from .schema import health_problems, schema_problem

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from specx.core.suffix_index import SuffixIndex
+from specx.core.index.suffix_index import SuffixIndex
 
 from .db import IndexState, Store
 

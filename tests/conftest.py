@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from specx.core.model import warm_up_math
+from specx.core.model.load import warm_up_math
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_DATA = REPO.parent / "shared" / "agent-data"
@@ -29,14 +29,14 @@ def _specx_home(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def builtin_tokenizer(tmp_path_factory):
     """The built-in model's tokenizer (no weights: ~1 s from the tests' cache)."""
-    from specx.core.model import load_tokenizer
+    from specx.core.model.load import load_tokenizer
 
     return load_tokenizer("smollm2-135m", specx_test_home(tmp_path_factory) / "models")
 
 
 @pytest.fixture(scope="session")
 def builtin_vocabulary(builtin_tokenizer):
-    """The built-in tokenizer as llguidance reads it (core.grammar.Vocabulary)."""
-    from specx.core.grammar import Vocabulary
+    """The built-in tokenizer as llguidance reads it (core.decode.grammar.Vocabulary)."""
+    from specx.core.decode.grammar import Vocabulary
 
     return Vocabulary(builtin_tokenizer, len(builtin_tokenizer), builtin_tokenizer.eos_token_id)

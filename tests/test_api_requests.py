@@ -4,7 +4,8 @@ a fake tokenizer (characters as tokens) stands in for the model's, so these run 
 
 import pytest
 
-from specx.cli.api_requests import ApiError, parse_request
+from specx.cli.api_errors import ApiError
+from specx.cli.api_requests import parse_request
 from specx.cli.api_tokens import Tokenizers
 
 MODEL = "smollm2-135m"
@@ -116,7 +117,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 def test_tools_go_into_the_system_prompt_of_a_template_that_ignores_them():
-    from specx.core.tools import tools_system_prompt
+    from specx.core.serve.tools import tools_system_prompt
 
     req = parse(chat_body(tools=TOOLS), context=10_000)[0]
     fake = FakeTokenizer()

@@ -4,9 +4,10 @@ import random
 
 import pytest
 
-from specx.core.cost import ForwardCost, calibrate, size_draft, subtree
+from specx.core.decode.calibrate import calibrate
+from specx.core.decode.cost import ForwardCost, size_draft, subtree
 from specx.core.draft import Draft
-from specx.core.generate import generate, greedy_decode
+from specx.core.decode.generate import generate, greedy_decode
 
 from test_generate import FakeDrafter, all_right, wide_tree
 from test_verify import tiny_model
@@ -86,7 +87,7 @@ def test_a_longer_cache_makes_verified_tokens_dearer():
 
 
 def test_acceptance_model_starts_from_the_drafters_scores_and_learns_overconfidence():
-    from specx.core.cost import AcceptanceModel
+    from specx.core.decode.cost import AcceptanceModel
 
     model = AcceptanceModel(prior=2.0)
     draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.81, 0.729], 2.439, 3)
@@ -107,7 +108,7 @@ def test_acceptance_model_starts_from_the_drafters_scores_and_learns_overconfide
 
 
 def test_acceptance_model_tells_cells_apart_and_keeps_a_tree():
-    from specx.core.cost import AcceptanceModel
+    from specx.core.decode.cost import AcceptanceModel
     from specx.core.draft import GLOBAL, REQUEST
 
     model = AcceptanceModel(prior=2.0, window=64)
@@ -137,12 +138,12 @@ def test_acceptance_model_tells_cells_apart_and_keeps_a_tree():
 def test_check_curve_worked_cases():
     import doctest
 
-    import specx.core.cost
+    import specx.core.decode.cost
 
-    result = doctest.testmod(specx.core.cost)
+    result = doctest.testmod(specx.core.decode.cost)
     assert result.attempted >= 3 and result.failed == 0
-    from specx.core.cost import check_curve
-    from specx.core.predict import builtin_curves
+    from specx.core.decode.cost import check_curve
+    from specx.core.predict.estimate import builtin_curves
 
     assert check_curve(builtin_curves()["cpu"].cost) is None  # the shipped, measured curve is believable
     assert check_curve(ForwardCost((1, 2), (0.03, 0.03), 16, (0.03, 0.2), 64)) is not None  # the long curve too

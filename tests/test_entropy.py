@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specx.core.entropy import EntropyError, EntropyResult, empirical_entropy
+from specx.core.predict.entropy import EntropyError, EntropyResult, empirical_entropy
 
 
 def _bits(counter: Counter[int]) -> float:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specx.core.draft import Draft
-from specx.core.decode import Step, limit_depth
-from specx.core.generate import generate, greedy_decode
+from specx.core.decode.loop import Step, limit_depth
+from specx.core.decode.generate import generate, greedy_decode
 
 from test_verify import VOCAB, tiny_model
 
@@ -127,7 +127,7 @@ def test_drafts_crossing_eos_stop_at_eos(model64, make):
 
 @pytest.mark.parametrize("make", [all_right, deep_chain, wide_tree], ids=lambda m: m.__name__)
 def test_stop_strings_end_decoding_on_the_completing_token(model64, make):
-    from specx.core.text import TextStream
+    from specx.core.decode.text import TextStream
 
     class Letters:  # token t reads as one letter
         def decode(self, tokens, skip_special_tokens=True):
@@ -201,8 +201,8 @@ def test_bad_arguments(model64):
 
 @pytest.mark.slow
 def test_builtin_model_speculative_greedy_equals_plain():
-    from specx.core.model import load_model
-    from specx.core.speculate import SuffixDrafter
+    from specx.core.model.load import load_model
+    from specx.core.decode.speculate import SuffixDrafter
 
     # conftest points SPECX_HOME at a per-session folder (or SPECX_TEST_HOME, kept between runs):
     # the first load converts the GGUF (~30 s), later ones read the safetensors copy (< 1 s).
@@ -244,7 +244,7 @@ def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gi
     import subprocess
     import sys
 
-    from specx.core.model import load_model
+    from specx.core.model.load import load_model
 
     home = Path(os.environ["SPECX_HOME"])
     load_model("smollm2-135m", home / "models", device="cpu", kernels=False)  # converted once
@@ -274,7 +274,7 @@ def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gi
 
 
 def test_a_prediction_drafts_first_and_output_stays_plain_greedy():
-    from specx.core.speculate import PredictionDrafter, SuffixDrafter
+    from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 
     model = tiny_model()
     prompt = [3, 17, 42, 5, 9]
@@ -311,8 +311,8 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
 def test_a_sliding_window_model_verifies_linear_drafts_losslessly():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from specx.core.cost import calibrate
-    from specx.core.verify import tree_unsupported
+    from specx.core.decode.calibrate import calibrate
+    from specx.core.decode.verify import tree_unsupported
 
     config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,
@@ -340,7 +340,7 @@ def test_a_gguf_file_is_converted_once_and_again_when_it_changes(tmp_path, monke
 
     import transformers
 
-    from specx.core.model import builtin_gguf, converted_cache, load_model
+    from specx.core.model.load import builtin_gguf, converted_cache, load_model
 
     gguf = tmp_path / "model.gguf"
     shutil.copy(builtin_gguf("smollm2-135m"), gguf)

@@ -1,4 +1,4 @@
-"""Constrained decoding (core/grammar.py): speculative output under a grammar equals constrained
+"""Constrained decoding (core/decode/grammar.py): speculative output under a grammar equals constrained
 plain greedy decoding token for token, whatever the drafts; refused draft nodes are pruned."""
 
 import json
@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specx.core.draft import GRAMMAR, Draft
-from specx.core.generate import generate, greedy_decode
-from specx.core.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
+from specx.core.decode.generate import generate, greedy_decode
+from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
 
 from test_generate import MAKERS, FakeDrafter, collect
 
@@ -110,7 +110,7 @@ def test_bad_grammars_are_errors_that_say_why(builtin_vocabulary):
 
 
 def test_grammar_bit_has_its_own_acceptance_cell():
-    from specx.core.cost import AcceptanceModel
+    from specx.core.decode.cost import AcceptanceModel
 
     acceptance = AcceptanceModel()
     forced = Draft([1, 2], [-1, 0], [0.9, 0.8], 1.7, 0, [GRAMMAR] * 2, [0, 0])
@@ -123,8 +123,8 @@ def test_grammar_bit_has_its_own_acceptance_cell():
 
 @pytest.mark.slow
 def test_builtin_model_writes_schema_valid_json_every_time():
-    from specx.core.model import load_model
-    from specx.core.speculate import SuffixDrafter
+    from specx.core.model.load import load_model
+    from specx.core.decode.speculate import SuffixDrafter
 
     model, builtin_tokenizer = load_model("smollm2-135m", Path(os.environ["SPECX_HOME"]) / "models", device="cpu")
     builtin_vocabulary = Vocabulary(builtin_tokenizer, model.config.vocab_size, builtin_tokenizer.eos_token_id)

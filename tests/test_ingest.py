@@ -14,8 +14,8 @@ import pytest
 
 import brute
 from conftest import AGENT_DATA
-from specx.core.model import load_tokenizer, tokenizer_fingerprint
-from specx.core.suffix_index import SuffixIndex
+from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+from specx.core.index.suffix_index import SuffixIndex
 from specx.store.db import Store
 from specx.store.formats import Call, read_calls
 from specx.store.index import load_index
@@ -146,7 +146,7 @@ def test_persisted_index_loads_without_rebuild_and_counts_are_exact(tmp_path, to
             raise AssertionError("the index was rebuilt")
 
         monkeypatch.setattr(SuffixIndex, "build", no_build)
-        monkeypatch.setattr("specx.core.sealed.build_suffix_array", no_build)
+        monkeypatch.setattr("specx.core.index.sealed.build_suffix_array", no_build)
         index = load_index(store, tok_id)
         monkeypatch.undo()
         assert [s.tolist() for _, s in index.sequences()] == docs

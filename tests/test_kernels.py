@@ -1,4 +1,4 @@
-"""core.kernels (core.matmul, core.attention, core.kv_cache): the small-batch linear kernel is exact and batch-invariant, the grouped-query
+"""core.model.kernels (core.model.matmul, core.model.attention, core.model.kv_cache): the small-batch linear kernel is exact and batch-invariant, the grouped-query
 attention and the growing cache change nothing but speed, and an accelerated model still decodes
 speculatively token for token like plain greedy (transformers' own prompt lookup too)."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specx.core import attention, kernels, kv_cache, matmul
-from specx.core.generate import generate, greedy_decode
-from specx.core.verify import keep_accepted, tree_logits
+from specx.core.model import attention, kernels, kv_cache, matmul
+from specx.core.decode.generate import generate, greedy_decode
+from specx.core.decode.verify import keep_accepted, tree_logits
 
 from test_generate import MAKERS, FakeDrafter, collect
 from test_verify import VOCAB, prefilled, random_tree, tiny_model
@@ -118,7 +118,7 @@ def test_accelerated_speculative_greedy_equals_plain_greedy(fast32, make):
 def test_accelerated_model_under_transformers_generate(fast32):
     # transformers builds the masks for the registered attention as for sdpa: without that its
     # prompt lookup verified candidates against a cache cut to the candidates alone
-    from specx.bench.compare import hf_generate
+    from specx.core.predict.compare import hf_generate
 
     stock = tiny_model(torch.float32, seed=5)
     rng = random.Random(2)

@@ -1,5 +1,5 @@
-"""The forward-pass cost learned from the passes (core.learned_cost) and the thread count chosen
-from them (core.threads): simulated passes with a known cost and a load that changes, so that
+"""The forward-pass cost learned from the passes (core.decode.learned_cost) and the thread count chosen
+from them (core.model.threads): simulated passes with a known cost and a load that changes, so that
 nothing here depends on this machine's timing."""
 
 import json
@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from specx.core.cost import ForwardCost
-from specx.core.learned_cost import GUARD_STEPS, SIZES, LearnedCost, _sane
-from specx.core.threads import ThreadTuner
+from specx.core.decode.cost import ForwardCost
+from specx.core.decode.learned_cost import GUARD_STEPS, SIZES, LearnedCost, _sane
+from specx.core.model.threads import ThreadTuner
 
 SHIPPED_LIKE = ForwardCost((1, 8, 16, 32, 64), (0.031, 0.035, 0.047, 0.077, 0.127))  # flat-ish (AVX-512)
 STEEP = lambda n: 0.05 * (1 + 0.17 * (n - 1))  # noqa: E731  - steep (this AVX2 machine): 16 tokens ~3.5x one
@@ -151,7 +151,7 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
     equals plain greedy decoding token for token."""
     import torch
 
-    from specx.core.generate import generate, greedy_decode, set_threads, thread_tuner
+    from specx.core.decode.generate import generate, greedy_decode, set_threads, thread_tuner
     from test_generate import FakeDrafter, all_right, deep_chain, wide_tree
     from test_verify import tiny_model
 

@@ -1,4 +1,4 @@
-"""specx on llama.cpp (core/llamacpp.py): the built-in GGUF on llama-cpp-python, lossless against
+"""specx on llama.cpp (core/model/llamacpp.py): the built-in GGUF on llama-cpp-python, lossless against
 llama.cpp's own greedy decoding, and the server and the CLI on it."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup installs it)")
 
-from specx.core.llamacpp import LlamaModel, greedy  # noqa: E402
-from specx.core.model import builtin_gguf  # noqa: E402
+from specx.core.model.llamacpp import LlamaModel, greedy  # noqa: E402
+from specx.core.model.load import builtin_gguf  # noqa: E402
 
 # A table schema, then questions and SQL that repeat its names: drafts from the prompt are accepted,
 # and the prompts run past 512 KV cells (where llama.cpp's attention changes code path on F16 caches).
@@ -56,8 +56,8 @@ def test_rows_are_the_same_bits_however_the_tokens_are_batched(llama, prompts):
 
 
 def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, builtin_tokenizer):
-    from specx.core.generate import generate
-    from specx.core.speculate import SuffixDrafter
+    from specx.core.decode.generate import generate
+    from specx.core.decode.speculate import SuffixDrafter
 
     eos = builtin_tokenizer.eos_token_id
     drafter, accepted = SuffixDrafter(max_spec_factor=4.0), 0
@@ -73,7 +73,7 @@ def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, builtin
 
 
 def test_llamacpp_greedy_is_llama_cpp_pythons_own(llama, prompts, builtin_tokenizer):
-    """core.llamacpp.greedy (the reference above) writes what llama-cpp-python's Llama.generate writes."""
+    """core.model.llamacpp.greedy (the reference above) writes what llama-cpp-python's Llama.generate writes."""
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(builtin_gguf("smollm2-135m")), n_ctx=2048, n_threads=2, flash_attn=True,
@@ -90,9 +90,9 @@ def test_llamacpp_greedy_is_llama_cpp_pythons_own(llama, prompts, builtin_tokeni
 
 
 def test_grammar_logprobs_and_sampling_on_llamacpp(llama, prompts, builtin_tokenizer, builtin_vocabulary):
-    from specx.core.generate import generate
-    from specx.core.grammar import json_schema_grammar
-    from specx.core.speculate import SuffixDrafter
+    from specx.core.decode.generate import generate
+    from specx.core.decode.grammar import json_schema_grammar
+    from specx.core.decode.speculate import SuffixDrafter
 
     eos = builtin_tokenizer.eos_token_id
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -153,7 +153,7 @@ def test_cli_generate_and_serve_on_llamacpp(tmp_path):
 def test_specx_as_llama_cpp_pythons_draft_model_learns_and_persists(tmp_path, prompts, builtin_tokenizer):
     from llama_cpp import Llama
 
-    from specx.core.llama_draft import SpecxDraft
+    from specx.llama_draft import SpecxDraft
 
     eos = builtin_tokenizer.eos_token_id
     kw = dict(model_path=str(builtin_gguf("smollm2-135m")), n_ctx=2048, n_threads=2, flash_attn=True,

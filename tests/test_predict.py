@@ -1,4 +1,4 @@
-"""The predictor (core/predict.py): hand-worked estimates and curves, sampled replay == full replay
+"""The predictor (core/predict/estimate.py): hand-worked estimates and curves, sampled replay == full replay
 on a real store, and the commands' prediction, projection and bad input."""
 
 import json
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from conftest import AGENT_DATA
-from specx.core.cost import ForwardCost
-from specx.core.predict import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
+from specx.core.decode.cost import ForwardCost
+from specx.core.predict.estimate import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict, predict_groups, projected_speedup, replay_sample)
-from specx.core.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
-from specx.core.replay import replay
-from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.predict.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
+from specx.core.predict.replay import replay
+from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 
 from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
 
@@ -124,7 +124,7 @@ def test_cost_curve_files(tmp_path):
 
 
 def test_speedup_on_a_hand_made_call():
-    # core/replay.py's hand-worked call: the history [7, 8, 9], prompt [1], output [7, 8, 9, 5]:
+    # core/predict/replay.py's hand-worked call: the history [7, 8, 9], prompt [1], output [7, 8, 9, 5]:
     # specx takes 3 steps with drafts of 0, 1 and 0 tokens; prompt lookup finds nothing in [1, 7, ...]
     # that repeats: 4 steps, no drafts. On a curve where 2 tokens cost 1.5 (the one-node draft pays:
     # 2 tokens expected for 1.5, so sizing keeps it), specx's passes cost 1 + 1.5 + 1 = 3.5, plain
@@ -206,8 +206,8 @@ def test_allocate_spends_the_sample_and_no_more():
 
 
 def _call(index, group, tokens, steps):
-    from specx.core.predict import SampledCall
-    from specx.core.decode import DecodeStats
+    from specx.core.predict.estimate import SampledCall
+    from specx.core.decode.loop import DecodeStats
 
     return SampledCall(index, group, 0, DecodeStats(calls=1, tokens=tokens, steps=steps))
 
@@ -236,7 +236,7 @@ def _store_calls(tmp_path, tokenizer):  # noqa: F811
 
 def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokenizer):  # noqa: F811
     from specx.cli.predict import REPLAY_DEFAULTS
-    from specx.bench.replay import make_drafter
+    from specx.core.predict.methods import make_drafter
 
     calls, prompts, outputs = _store_calls(tmp_path, tokenizer)
     assert len(calls) > 20
@@ -362,10 +362,10 @@ def test_learning_curve_plot(tmp_path, db):
 def test_doctests_of_the_hand_worked_cases():
     import doctest
 
-    import specx.core.predict
-    import specx.core.sampling
+    import specx.core.predict.estimate
+    import specx.core.predict.sampling
 
-    for module in (specx.core.predict, specx.core.sampling):
+    for module in (specx.core.predict.estimate, specx.core.predict.sampling):
         result = doctest.testmod(module)
         assert result.attempted >= 2 and result.failed == 0, module.__name__
 

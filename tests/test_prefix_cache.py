@@ -1,4 +1,4 @@
-"""core.prefix_cache: prompts that share a prefix with an earlier one prefill only the rest, their KV
+"""core.model.prefix_cache: prompts that share a prefix with an earlier one prefill only the rest, their KV
 entries equal a whole prefill's, decoding through it (specx and transformers' own generate, prompt
 lookup included) equals plain greedy decoding, and the token budget holds."""
 
@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from specx.bench.compare import hf_generate
-from specx.core.generate import generate, greedy_decode
-from specx.core.kv_cache import cache_kwarg, new_cache
-from specx.core.prefix_cache import PrefixCache
+from specx.core.predict.compare import hf_generate
+from specx.core.decode.generate import generate, greedy_decode
+from specx.core.model.kv_cache import cache_kwarg, new_cache
+from specx.core.model.prefix_cache import PrefixCache
 
 from test_generate import MAKERS, FakeDrafter
 from test_verify import VOCAB, tiny_model
@@ -117,11 +117,11 @@ def test_zero_budget_and_other_caches():
 
 
 def test_compare_times_the_prefill_apart():
-    from specx.bench.compare import compare, summary
+    from specx.core.predict.compare import compare, summary
 
     model = tiny_model(torch.float64)
     prompts = agent_prompts(random.Random(5), 3)
-    from specx.core.speculate import SuffixDrafter
+    from specx.core.decode.speculate import SuffixDrafter
 
     drafter = SuffixDrafter()
     runs = compare(model, prompts, drafter, 12, None, ["plain", "specx"], prefix_cache_tokens=4096)

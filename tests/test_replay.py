@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import AGENT_DATA
-from specx.core.cost import ForwardCost
+from specx.core.decode.cost import ForwardCost
 from specx.core.draft import Draft
-from specx.core.replay import ReplayMismatch, replay, replay_call
-from specx.core.speculate import PromptLookupDrafter, SuffixDrafter
-from specx.core.suffix_index import SuffixIndex
+from specx.core.predict.replay import ReplayMismatch, replay, replay_call
+from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.index.suffix_index import SuffixIndex
 
 from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
 
@@ -23,7 +23,7 @@ def arr(*tokens):
 
 
 def test_hand_worked_replay_from_the_global_index():
-    # core/replay.py's docstring, step by step: global index [7, 8, 9]; prompt [1]; output [7, 8, 9, 5].
+    # core/predict/replay.py's docstring, step by step: global index [7, 8, 9]; prompt [1]; output [7, 8, 9, 5].
     drafter = SuffixDrafter(SuffixIndex.build([[7, 8, 9]]))
     trace = []
     stats = replay_call(drafter, arr(1), arr(7, 8, 9, 5), trace=trace)

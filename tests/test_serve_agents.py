@@ -26,9 +26,9 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Constrained plain greedy decoding with the same model, in this process: what the server must write."""
-    from specx.core.generate import greedy_decode
-    from specx.core.grammar import Vocabulary
-    from specx.core.model import load_model
+    from specx.core.decode.generate import greedy_decode
+    from specx.core.decode.grammar import Vocabulary
+    from specx.core.model.load import load_model
 
     model, tokenizer = load_model(MODEL, specx_test_home(tmp_path_factory) / "models", device="cpu")
     vocabulary = Vocabulary(tokenizer, model.config.vocab_size, tokenizer.eos_token_id)
@@ -51,7 +51,7 @@ def tokenize(server, messages):
 def test_parse_with_a_pydantic_model_is_schema_valid_and_lossless(server, reference):
     from pydantic import BaseModel
 
-    from specx.core.grammar import json_schema_grammar
+    from specx.core.decode.grammar import json_schema_grammar
 
     class Query(BaseModel):
         sql: str
@@ -273,7 +273,7 @@ def windowed_model(tmp_path_factory):
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from specx.core.model import load_tokenizer
+    from specx.core.model.load import load_tokenizer
 
     folder = tmp_path_factory.mktemp("gemma3-tiny")
     tokenizer = load_tokenizer(MODEL, specx_test_home(tmp_path_factory) / "models")

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import brute
 from specx.core.draft import GLOBAL, REQUEST, Draft
-from specx.core.speculate import SuffixDrafter
-from specx.core.suffix_index import SuffixIndex
+from specx.core.decode.speculate import SuffixDrafter
+from specx.core.index.suffix_index import SuffixIndex
 
 tokens = st.lists(st.integers(0, 3), max_size=14)
 params = st.fixed_dictionaries({

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specx.core.model import load_tokenizer, tokenizer_fingerprint
+from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.store.db import Store
 from specx.store.ingest import Tokenizer, ingest
 

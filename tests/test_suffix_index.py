@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brute
-from specx.core.suffix_array import SEP, build_suffix_array
-from specx.core.suffix_index import SuffixIndex
-from specx.core.tokens import SuffixIndexError
+from specx.core.index.suffix_array import SEP, build_suffix_array
+from specx.core.index.suffix_index import SuffixIndex
+from specx.core.index.tokens import SuffixIndexError
 
 tokens = st.lists(st.integers(0, 3), max_size=14)
 corpora = st.lists(tokens, max_size=6)
@@ -295,10 +295,10 @@ def test_large_segments_use_first_token_tables():
 def test_doctests_of_the_worked_examples():
     import doctest
 
-    import specx.core.decode
-    import specx.core.sealed
-    import specx.core.suffix_index
+    import specx.core.decode.loop
+    import specx.core.index.sealed
+    import specx.core.index.suffix_index
 
-    for module in (specx.core.sealed, specx.core.suffix_index, specx.core.decode):
+    for module in (specx.core.index.sealed, specx.core.index.suffix_index, specx.core.decode.loop):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module.__name__

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from specx.core.text import TextStream
+from specx.core.decode.text import TextStream
 
 
 class CharTokenizer:
@@ -69,7 +69,7 @@ def test_random_texts_match_a_direct_search():
 
 
 def test_multibyte_characters_are_never_split():
-    from specx.core.model import load_tokenizer
+    from specx.core.model.load import load_tokenizer
 
     tok = load_tokenizer()
     text = "naïve café — 数据库 ✓ 🙂 done"

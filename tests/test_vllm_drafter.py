@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 import brute
 from vllm_proposer import Batch, step
 from specx.core.draft import Draft
-from specx.core.suffix_cache import SuffixCache
-from specx.core.suffix_index import SuffixIndex
-from specx.core.tokens import SuffixIndexError
+from specx.core.index.suffix_cache import SuffixCache
+from specx.core.index.suffix_index import SuffixIndex
+from specx.core.index.tokens import SuffixIndexError
 
 
 # --------------------------------------------------------------------------- helpers
@@ -196,7 +196,7 @@ def test_better_path_is_the_best_path_of_the_union(a, b):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.booleans())
 def test_the_fused_step_equals_both_indexes_drafted_apart(seed, use_global):
-    # core.engine_step appends and drafts in one compiled call; here the same indexes, after the
+    # core.index.engine_step appends and drafts in one compiled call; here the same indexes, after the
     # call, drafted one by one and merged by Draft.better_path. Requests interleave, their regions
     # fill and move (the kernel's no-room retry), and tokens come one to several per step.
     rng = np.random.default_rng(seed)

@@ -56,11 +56,8 @@ class SpecxVllmError(RuntimeError):
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: inert unless SPECX_DB (or SPECX_PROPOSER_STATS) is set."""
-    if os.environ.get("SPECX_PROPOSER_STATS"):  # examples/vllm_bench.py times the proposers
-        from specx.bench.proposers import time_proposers
-
-        time_proposers(Path(os.environ["SPECX_PROPOSER_STATS"]))
+    """The `vllm.general_plugins` entry point: inert unless SPECX_DB is set. (Timing the proposers,
+    for examples/vllm_bench.py, is the measuring package's own plugin: specx.bench.proposers.)"""
     if not os.environ.get("SPECX_DB"):
         return
     check_vllm_version()
@@ -203,7 +200,7 @@ def _env_float(name: str, default: float) -> float:
 
 class EngineDrafter:
     """vLLM's `SuffixDecodingCache`, drafting from a specx store (see the module docstring): a
-    core.suffix_cache.SuffixCache over the store's global index, plus the store's writer.
+    core.index.suffix_cache.SuffixCache over the store's global index, plus the store's writer.
 
     vLLM constructs it in each worker with the suffix settings of `--speculative-config`; the
     rest comes from the environment and from vLLM's current config (model, tokenizer, rank).
@@ -214,9 +211,9 @@ class EngineDrafter:
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, *, tokenizer: Any = None,
                  model: str | None = None, rank: int | None = None) -> None:
-        from specx.core.model import load_tokenizer, tokenizer_fingerprint
-        from specx.core.suffix_cache import SuffixCache
-        from specx.core.suffix_index import SuffixIndex
+        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+        from specx.core.index.suffix_cache import SuffixCache
+        from specx.core.index.suffix_index import SuffixIndex
         from specx.store.db import Store
         from specx.store.index import MAX_DEPTH, index_for
         from specx.store.served import ServedWriter

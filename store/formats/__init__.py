@@ -5,51 +5,20 @@ format of a file from its content, never from the file name alone (the one excep
 completion-log folders are known by their `prompt_NNN.log` / `response_NNN.log` pairs);
 `read_calls(path)` detects and reads. `read` yields a `ParseError` for a malformed record and
 goes on with the rest of the file; it raises `ParseError` only when nothing in the file can be
-read (empty, not UTF-8, not valid or truncated JSON, or no readable line at all).
+read (empty, not UTF-8, not valid or truncated JSON, or no readable line at all). `Call` and
+`ParseError` are defined in `_call` (which the format modules import) and imported from here.
 """
 
 from __future__ import annotations
 
 import stat
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-
-@dataclass(frozen=True)
-class Call:
-    """One LLM call recovered from a log: what was asked and what the model wrote."""
-
-    session_id: str  # stable within the source: trajectory/instance/dialogue id
-    position: int  # order of the call within its session, from 0
-    output_text: str  # the model's own output (what speculation must predict)
-    prompt_messages: list[dict[str, Any]] | None = None  # OpenAI-style [{role, content}, ...]
-    prompt_text: str | None = None  # when the prompt is plain text rather than messages
-    agent: str | None = None  # role in a multi-agent workflow (Decomposer, Refiner, ...)
-    model: str | None = None
-    started_at: str | None = None  # ISO-8601 when present
-    ended_at: str | None = None
-    line: int | None = None  # 1-based line in the source file, for JSON Lines formats
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-class ParseError(ValueError):
-    """A record (or a whole file) that could not be read; names the file and, when known, the line."""
-
-    def __init__(self, path: str, message: str, line: int | None = None) -> None:
-        self.path = str(path)
-        self.line = line
-        self.message = message
-        where = f"{self.path}:{line}" if line is not None else self.path
-        super().__init__(f"{where}: {message}")
-
-
-# The format modules import Call and ParseError from this package, so they are imported only
-# once both exist.
-from . import aider, claude_code, jsonl_pairs, openai_chat, openhands, sql_lines, swe_agent, text2sql  # noqa: E402
-from ._source import read_head  # noqa: E402
+from . import aider, claude_code, jsonl_pairs, openai_chat, openhands, sql_lines, swe_agent, text2sql
+from ._call import Call, ParseError
+from ._source import read_head
 
 # Most specific first: detect() returns the first format whose sniffer claims the file. The
 # loose text heuristics (aider's header, SQL lines) come last.

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 
 _LOG_NAME = re.compile(r"(prompt|response)_(\d+)\.log")
 

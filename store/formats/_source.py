@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import ParseError
+from ._call import ParseError
 
 HEAD_BYTES = 64 * 1024
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 from ._source import head_text
 
 _STARTED = re.compile(r"^# aider chat started at (.+?)\s*$")

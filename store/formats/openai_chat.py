@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 from ._chat import prompt_message, render_output
 from ._source import head_lines, head_text, iter_json_lines, load_json, read_head
 

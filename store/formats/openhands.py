@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 from ._chat import content_text, render_output
 from ._openhands_logs import is_log_file, is_log_folder
 from ._openhands_logs import read as read_log_folder

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 from ._source import HEAD_BYTES, head_lines, head_text, iter_text_lines
 
 _KEYWORDS = "select|with|insert|update|delete|create|drop|alter|replace|values|explain|pragma"

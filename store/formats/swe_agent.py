@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 from ._chat import content_text
 from ._source import head_text, json_or_repr, load_json
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import Call, ParseError
+from ._call import Call, ParseError
 from ._source import head_text, json_or_repr, load_json
 
 _TURNS = re.compile(r'"turns"\s*:\s*\[')

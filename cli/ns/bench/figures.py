@@ -15,10 +15,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specx.core.suffix_index import SuffixIndex
+from specx.core.draft import Draft
+from specx.core.index.suffix_index import SuffixIndex
+from specx.core.predict.methods import reference_available, reference_module
+
 from .synthetic import synthetic_corpus
 
-from . import reference
 
 TARGETS = {  # issue: foundation and suffix index
     "bytes_per_token": ("<=", 16),
@@ -62,11 +64,11 @@ def bench_corpus(name: str, docs: list[np.ndarray], *, num_positions: int = 2000
               "positions": len(positions), "specx": _bench_specx(train, test, contexts, continuations,
                                                                 max_depth, max_spec_tokens)}
     result["reference"] = None
-    if with_reference and reference.available():
+    if with_reference and reference_available():
         on_step(f"{name}: reference build")
         # The reference matches at most len(context) - 1 tokens: give it one more token of context.
         ref_contexts = [np.ascontiguousarray(test[k][max(0, pos - max_depth - 1) : pos]) for k, pos in positions]
-        result["reference"] = reference.bench(train, test, ref_contexts, continuations, max_depth, max_spec_tokens)
+        result["reference"] = reference_figures(train, test, ref_contexts, continuations, max_depth, max_spec_tokens)
     return result
 
 
@@ -233,4 +235,49 @@ def bench_ingest(root: Path, workdir: Path, tokenizer: Any, on_step: Callable[[s
         "store_vs_logs": stats["disk_bytes"] / max(stats["raw_log_bytes"], 1),
         "store_vs_folder": stats["disk_bytes"] / max(folder_bytes, 1),
         "index_load_s": load_s,
+    }
+
+
+def reference_figures(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.ndarray],
+          continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
+    """The same figures as specx's, where the reference has them (it cannot save or load),
+    measured and summarised by the benchmark's own code, as specx's are."""
+    c = reference_module()
+    num_tokens = int(sum(len(d) for d in train))
+    t0 = time.perf_counter()
+    tree = c.SuffixTree(max_depth)
+    for i, doc in enumerate(train):
+        tree.extend_ndarray(i, np.ascontiguousarray(doc, dtype=np.int32))
+    build_s = time.perf_counter() - t0
+    resident = tree.estimate_memory()
+
+    def speculate(ctx: np.ndarray, tree_mode: bool) -> Draft:
+        # It matches at most len(context) - 1 tokens, so it gets one more token of context.
+        d = tree.speculate_ndarray(ctx, max_spec_tokens, 1.0, 0.0, 0.1, tree_mode)
+        return Draft(d.token_ids, d.parents, d.probs, d.score, d.match_len)
+
+    stats = {label: time_speculation(lambda ctx, t=tree_mode: speculate(ctx, t), contexts, continuations)
+             for label, tree_mode in (("", True), ("path_", False))}
+    live = c.SuffixTree(max_depth)
+    appended = 0
+    t0 = time.perf_counter()
+    for i, doc in enumerate(test):
+        for j in range(0, len(doc), 4):
+            live.extend(i, doc[j : j + 4].tolist())
+        appended += len(doc)
+    append_s = time.perf_counter() - t0
+    added = 0
+    t0 = time.perf_counter()
+    for i, doc in enumerate(test):
+        tree.extend_ndarray(len(train) + i, np.ascontiguousarray(doc, dtype=np.int32))
+        added += len(doc)
+    add_s = time.perf_counter() - t0
+    return {
+        "tokens": num_tokens,
+        "build_tokens_per_s": num_tokens / build_s,
+        "bytes_per_token": resident / max(num_tokens, 1),
+        "load_tokens_per_s": None,  # no persistence: rebuilt from tokens at every start
+        "append_us_per_token": 1e6 * append_s / max(appended, 1),
+        "add_us_per_token": 1e6 * add_s / max(added, 1),
+        **speculation_figures(stats[""], stats["path_"]),
     }

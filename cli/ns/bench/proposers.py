@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import multiprocessing.util
 import time
 from pathlib import Path
 from typing import Any
 
 from specx.vllm import after_import
+
+
+def register() -> None:
+    """The bench's `vllm.general_plugins` entry point: inert unless SPECX_PROPOSER_STATS (a file
+    path, set by examples/vllm_bench.py) is set."""
+    if os.environ.get("SPECX_PROPOSER_STATS"):
+        time_proposers(Path(os.environ["SPECX_PROPOSER_STATS"]))
 
 
 def time_proposers(path: Path) -> None:

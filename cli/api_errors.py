@@ -1,0 +1,23 @@
+"""`ApiError`: a request `specx serve` refuses, with the OpenAI-style error body and status it is sent as.
+
+Raised by request validation (api_requests.py), prompt tokenization (api_tokens.py) and the HTTP
+routes (server.py); its own module so that none of them has to import another for it.
+"""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+
+class ApiError(Exception):
+    """A request the API refuses, as OpenAI reports it."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
+        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status, headers=headers)

@@ -1,0 +1,173 @@
+"""`specx bench index`, `ingest` and `cost`: figures side by side in one run (specx.bench.figures measures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specx.cli import output
+from specx.cli.options import JsonOpt, default_agent_data, specx_home
+
+bench_app = typer.Typer(help="Benchmarks that print a table (or JSON) comparing side by side in one run.",
+                        no_args_is_help=True)
+
+
+@bench_app.command("index")
+def bench_index(
+    tokens: Annotated[int, typer.Option(min=1000, help="Size of the synthetic corpus, in tokens.")] = 1_000_000,
+    positions: Annotated[int, typer.Option(min=1, help="Held-out positions to draft at.")] = 2000,
+    logs: Annotated[Optional[Path], typer.Option(
+        help="Folder of agent logs to benchmark too (default: ../shared/agent-data when present).")] = None,
+    no_logs: Annotated[bool, typer.Option("--no-logs", help="Only the synthetic corpus.")] = False,
+    model: Annotated[str, typer.Option(help="Tokenizer for the logs: built-in name, HF folder or .gguf file.",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    reference: Annotated[bool, typer.Option(help="Also run ArcticInference's suffix tree when importable.")] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic corpus and the held-out split.")] = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Suffix-index figures: build and load speed, bytes per token, append and draft latency, accepted tokens.
+
+    Example: [bold]specx bench index --tokens 1000000 --json[/]
+    """
+    from . import figures as bench
+    from specx.core.predict.methods import reference_available, why_reference_unavailable
+    from specx.core.model.load import load_tokenizer
+
+    corpora = []
+    output.note(f"synthetic corpus: {tokens:,} tokens of templated JSON-like records (seed {seed})")
+    corpora.append(bench.bench_corpus("synthetic-json", bench.synthetic_docs(tokens, seed), num_positions=positions,
+                                      seed=seed, with_reference=reference, on_step=output.note))
+    root = None if no_logs else (logs or default_agent_data())
+    if logs is not None and not logs.is_dir():
+        raise typer.BadParameter(f"{logs} is not a folder", param_hint="--logs")
+    if root is not None:
+        tokenizer = load_tokenizer(model, specx_home() / "models")
+        docs, by_format = bench.agent_log_docs(root, tokenizer)
+        output.note(f"agent logs: {root} ({sum(by_format.values()):,} calls: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(by_format.items())) + ")")
+        corpora.append(bench.bench_corpus("agent-logs", docs, num_positions=positions, seed=seed,
+                                          with_reference=reference, on_step=output.note))
+    elif not no_logs:
+        output.note("agent logs: not found (pass --logs FOLDER); synthetic corpus only")
+    if reference and not reference_available():
+        output.note(f"reference: not importable ({why_reference_unavailable()}); specx figures only")
+    primary = corpora[0]["specx"]
+    result = {**primary, "targets_met": bench.check_targets(primary), "corpora": corpora, "machine": bench.machine()}
+    if json_out:
+        output.print_json(result)
+        return
+    _print_bench_table(corpora)
+
+
+@bench_app.command("ingest")
+def bench_ingest(
+    logs: Annotated[Optional[Path], typer.Argument(
+        help="Folder of agent logs (default: ../shared/agent-data when present).")] = None,
+    model: Annotated[str, typer.Option(help="Tokenizer: built-in name, HF folder or .gguf file.",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    json_out: JsonOpt = False,
+) -> None:
+    """Ingest a folder into a new store and again: seconds, calls added, store size vs the logs, index load.
+
+    Example: [bold]specx bench ingest ../shared/agent-data --json[/]
+    """
+    import tempfile
+
+    from . import figures as bench
+    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+    from specx.store.ingest import Tokenizer
+
+    root = logs or default_agent_data()
+    if root is None or not root.is_dir():
+        raise typer.BadParameter(f"{root or 'agent logs'} is not a folder", param_hint="LOGS")
+    tokenizer = Tokenizer(model, lambda: load_tokenizer(model, specx_home() / "models"), tokenizer_fingerprint)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = bench.bench_ingest(root, Path(tmp), tokenizer, on_step=output.note)
+    result["targets_met"] = {"ingest_s": result["ingest_s"] <= 60, "reingest_s": result["reingest_s"] <= 5,
+                             "reingest_new_calls": result["reingest_new_calls"] == 0,
+                             "store_vs_logs": result["store_vs_logs"] <= 0.25}
+    if json_out:
+        output.print_json({**result, "machine": bench.machine()})
+        return
+    targets = {"ingest_s": "<= 60", "reingest_s": "<= 5", "reingest_new_calls": "0", "store_vs_logs": "<= 0.25"}
+    output.print_table(f"ingest {root}", ["metric", "value", "target"],
+                       [[k, v, targets.get(k, "")] for k, v in result.items() if k != "targets_met"])
+
+
+@bench_app.command("cost")
+def bench_cost(
+    model: Annotated[str, typer.Option(help="Built-in name, HF folder or .gguf file.", envvar="SPECX_MODEL")]
+    = "smollm2-135m",
+    context: Annotated[int, typer.Option(min=1, help="Tokens in the cache the passes run on.")] = 128,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per size (the median is kept).")] = 5,
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")] = "auto",
+    out: Annotated[Optional[Path], typer.Option(help="Write the curve here, a file for `specx entropy "
+                                                     "--cost-curve` and `specx replay --cost-curve`.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What one verification pass over k tokens costs on this machine, relative to one token (plain decoding).
+
+    The forward-cost curve the prediction turns tokens per step into a speedup with: the shipped
+    `cpu` curve is this command's output for the built-in model on the development machine.
+
+    Example: [bold]specx bench cost --model my-model.gguf --out my-model.json[/]
+    """
+    import json
+
+    import torch
+
+    from specx.core.decode.calibrate import SIZES, calibrate
+    from specx.core.model.load import load_model
+
+    torch.set_grad_enabled(False)
+    output.note(f"loading {model}")
+    net, _ = load_model(model, specx_home() / "models", dtype=dtype)
+    output.note(f"timing passes over {', '.join(map(str, SIZES))} tokens on a {context}-token cache")
+    cost = calibrate(net, repeats=repeats, context=context, long_context=None)
+    from . import figures as bench
+
+    ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
+    machine = bench.machine()
+    curve = {"about": f"{model} ({str(net.dtype).removeprefix('torch.')}) on {machine['platform']}, "
+                      f"{machine['cpus']} CPUs ({torch.get_num_threads()} threads): milliseconds of one "
+                      f"verification pass over k tokens on a {context}-token cache, median of {repeats} "
+                      f"(`specx bench cost`)", "cost": ms}
+    if out is not None:
+        out.write_text(json.dumps(curve, indent=1) + "\n")
+        output.note(f"curve: {out}")
+    if json_out:
+        output.print_json(curve)
+        return
+    base = cost.seconds[0]
+    output.print_table(f"one verification pass, {model}", ["tokens", "ms", "relative to 1"],
+                       [[k, v, round(v / 1000 / base, 3)] for k, v in ms.items()],
+                       caption="lower is better; a flat curve (a large model on a GPU) makes every draft token free")
+
+
+def _print_bench_table(corpora: list[dict]) -> None:
+    from .figures import TARGETS
+
+    keys = ["tokens", "build_tokens_per_s", "bytes_per_token", "load_tokens_per_s", "append_us_per_token",
+            "add_us_per_token", "speculate_p50_us", "speculate_p99_us", "mean_accepted",
+            "path_speculate_p50_us", "path_mean_accepted"]
+    columns = ["metric"]
+    for c in corpora:
+        columns.append(f"specx {c['corpus']}")
+        if c["reference"] is not None:
+            columns.append(f"reference {c['corpus']}")
+    columns.append("target")
+    rows = []
+    for key in keys:
+        row = [key]
+        for c in corpora:
+            row.append(c["specx"].get(key))
+            if c["reference"] is not None:
+                row.append(c["reference"].get(key))
+        op_bound = TARGETS.get(key)
+        row.append(f"{op_bound[0]} {op_bound[1]:,}" if op_bound else "")
+        rows.append(row)
+    positions = ", ".join(f"{c['corpus']}: {c['positions']:,}" for c in corpora)
+    output.print_table(f"suffix index (held-out positions {positions}; max_spec_tokens 32, tree)", columns, rows,
+                       caption="higher is better for tokens_per_s and mean_accepted; lower for us and bytes")

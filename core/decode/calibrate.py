@@ -1,0 +1,65 @@
+"""Timing a model's verification passes over 1..n tokens: a measured ForwardCost (`specx bench cost`).
+
+Decoding never calls this (the cost is learned from the passes it runs: core.decode.learned_cost);
+it measures a curve to compare against, or to ship as a prior.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..draft import Draft
+from ..model.prefix_cache import PrefixCache
+from .cost import ForwardCost
+from .verify import tree_logits
+
+# On a CPU, core.model.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
+# a step function there, so both ends of each step are measured up to 25, where most drafts end
+# (interpolation between 5 and 8 is then flat, as the kernel is); beyond, a straight line between
+# the sizes measured; a GPU's flat curve needs none of it.
+SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 32, 48, 64)
+
+
+def calibrate(model: Any, sizes: Sequence[int] = SIZES, repeats: int = 3, context: int = 128,
+              max_size: int | None = None, long_context: int | None = 1024) -> ForwardCost:
+    """Time one verification pass over n tokens (a linear draft of n - 1 after one pending token)
+    on a cache of `context` tokens, and of `long_context` tokens (None: skip); the median of
+    `repeats` runs per size, after a warm-up. `max_size` drops larger sizes (a step never verifies
+    more than 1 + max draft tokens)."""
+    if max_size is not None:
+        sizes = [n for n in sizes if n <= max_size] or [1]
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if long_context is not None and limit and long_context + max(sizes) > limit:
+        long_context = None  # a model with a short context: one curve
+    short = _time_passes(model, sizes, repeats, context)
+    long = _time_passes(model, sizes, repeats, long_context) if long_context else None
+    return ForwardCost(tuple(int(s) for s in sizes), short, context, long, long_context or 0)
+
+
+def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -> tuple[float, ...]:
+    rng = np.random.default_rng(0)
+    vocab = int(model.config.vocab_size)
+    cache = PrefixCache(0).prefill(model, rng.integers(0, vocab, size=context).tolist())
+    seconds = []
+    # a GPU runs the pass asynchronously: wait for it (a step waits too, when it reads the logits)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        for n in sizes:
+            draft_tokens = rng.integers(0, vocab, size=n - 1).tolist()
+            draft = Draft(draft_tokens, list(range(-1, n - 2)), [1.0] * (n - 1), float(n - 1), 1)
+            runs = []
+            for r in range(repeats + 1):
+                sync()
+                t0 = time.perf_counter()
+                tree_logits(model, cache, [int(rng.integers(vocab))], draft)
+                sync()
+                if r:  # the first run warms up
+                    runs.append(time.perf_counter() - t0)
+                cache.crop(-n)
+            seconds.append(float(np.median(runs)))
+    return tuple(seconds)

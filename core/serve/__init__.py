@@ -1,0 +1,8 @@
+"""Serving: the worker thread that owns the model for `specx serve`, its metrics, tool calls.
+
+Owns: requests as they are decoded (`worker`: a bounded queue, one request at a time), what a
+request reports and the Prometheus metrics (`metrics`), OpenAI tool calls without HTTP (`tools`:
+validation, prompts, parsing, the grammar that forces calls). HTTP itself is cli/server.py's.
+
+May import: every other tower.
+"""

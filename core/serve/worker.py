@@ -1,0 +1,349 @@
+"""The thread that owns the model for `specx serve`: one request at a time, from a bounded queue.
+
+The HTTP side (server.py) validates a request, wraps it in a Job and submits it; a full queue
+raises queue.Full (HTTP 429). The worker decodes it with the same loop as `specx generate`
+(core.decode.generate with a SuffixDrafter over the global index) and sends events back to the event
+loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue:
+
+    ("delta", choice_index, text, tokens, logprobs)
+                                    new text, safe to show (stop strings held back), the tokens
+                                    decoded since the last delta and their TokenLogprobs (or None)
+    ("choice", Choice)              a choice finished
+    ("done", Stats)                 the request finished (after all choices)
+    ("error", status, message)      it failed
+
+A client that goes away sets `job.cancelled`; the worker checks it between verification steps
+and closes the decode loop, which ends the request without learning from it. A finished request
+has already entered the global index (the drafter's finish_request); the worker then hands it to
+its Recorder (the "request finished" hook: `specx serve` passes store.served.ServedRecorder,
+which stores it in one transaction) and now and then asks it to persist the index, so a
+restarted server drafts from everything it served. This module reads no store and no
+environment: what it needs is passed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from ..decode.cost import AcceptanceModel
+from ..decode.loop import DecodeStats, TokenLogprob
+from .metrics import Metrics, Stats
+from ..decode.generate import generate
+from ..decode.grammar import GrammarError
+from ..decode.speculate import PredictionDrafter
+from ..decode.text import TextStream
+from ..model.llamacpp import on_llamacpp
+
+log = logging.getLogger("specx.serve")
+
+PERSIST_EVERY = 16  # requests between index saves while busy (a save costs ~0.1 s per 350k tokens)
+PERSIST_IDLE_S = 10.0  # save after this long with unsaved requests and nothing queued
+
+
+@dataclass
+class GenerationRequest:
+    """A validated request: what to decode and how."""
+
+    id: str
+    endpoint: str  # "chat.completions" or "completions"
+    model: str  # the name the client asked for
+    prompt_ids: list[int]
+    max_tokens: int
+    prompt_messages: list[dict[str, Any]] | None = None  # chat
+    prompt_text: str | None = None  # completions
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
+    grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
+    grammar_param: str | None = None  # the request's param it came from (named when it fails)
+    logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
+    tool_parser: str | None = None  # the output may hold tool calls in this core.serve.tools format
+    tool_names: list[str] | None = None  # of the request's functions
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    stats: DecodeStats  # its steps, drafts and seconds
+    prediction_tokens: tuple[int, int] = (0, 0)  # of the prediction: (appeared in the output, did not)
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked
+
+
+class Job:
+    """A request on its way through the worker, and the channel its events come back on."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.enqueued = time.perf_counter()
+
+    def emit(self, *event: Any) -> None:
+        """Send an event to the event loop (from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+class LockedTokenizer:
+    """The tokenizer behind one lock: the event loop encodes prompts while the worker decodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.lock = threading.Lock()
+
+    def decode(self, *args: Any, **kwargs: Any) -> str:
+        with self.lock:
+            return self.tokenizer.decode(*args, **kwargs)
+
+    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
+        with self.lock:
+            return self.tokenizer.encode(*args, **kwargs)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+
+class Recorder(Protocol):
+    """Where finished requests go, called on the worker's thread only: `open` when the thread
+    starts, `record` after each answered request (True when it was stored), `persist` to save the
+    global index (every PERSIST_EVERY records and when idle; False: it failed, try again later),
+    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving."""
+
+    def open(self) -> None: ...
+
+    def record(self, request: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
+               ended_at: str) -> bool: ...
+
+    def persist(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class Worker:
+    """Owns the model; answers jobs one at a time and hands each finished one to `recorder`
+    (None: nothing is kept but the global index in memory). `debug`: log tracebacks."""
+
+    def __init__(self, net: Any, tokenizer: LockedTokenizer, global_index: Any, drafter: Any = None,
+                 cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None, prefix_cache: Any = None,
+                 recorder: Recorder | None = None, debug: bool = False, vocabulary: Any = None,
+                 threads: Any = None, save_cost: Callable[[], None] | None = None) -> None:
+        self.net = net
+        self.threads = threads  # core.model.threads.ThreadTuner: each pass's thread count, from the passes' times
+        self.save_cost = save_cost  # keeps what the learned cost has learned, with the index
+        self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: requests with a grammar decode under it
+        self.tokenizer = tokenizer
+        self.global_index = global_index
+        self.drafter = drafter
+        self.cost = cost if drafter is not None else None
+        self.prefix_cache = prefix_cache  # core.model.prefix_cache.PrefixCache shared by the requests (None: off)
+        self.recorder = recorder
+        self.debug = debug
+        self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
+        self.eos = tokenizer.tokenizer.eos_token_id
+        self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
+        self.metrics = metrics or Metrics()
+        self.metrics.queue_depth.set_function(self.jobs.qsize)
+        self.metrics.index_tokens.set_function(lambda: self.global_index.num_tokens)
+        self._stopping = threading.Event()
+        self._current: Job | None = None  # the job being decoded
+        self._thread: threading.Thread | None = None
+        self._unsaved = 0  # requests stored since the index was last persisted
+        self._saved_at = time.monotonic()
+
+    # ------------------------------------------------------------ the HTTP side
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; queue.Full when the queue is at its bound, RuntimeError when stopping."""
+        if self._stopping.is_set():
+            raise RuntimeError("the server is shutting down")
+        self.jobs.put_nowait(job)
+
+    # ------------------------------------------------------------ the worker thread
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="specx-worker", daemon=True)
+        self._thread.start()
+
+    def shutdown_begins(self) -> None:
+        """The server is going down (SIGTERM): take no more jobs and end the one being decoded at
+        its next step, with an error its client can see (a stream then ends properly)."""
+        self._stopping.set()
+        job = self._current
+        if job is not None:
+            job.cancelled.set()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish the running request, turn away the queued ones, persist the index."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        if self.recorder is not None:
+            self.recorder.open()  # on this thread: a store's connection belongs to the thread that opens it
+        try:
+            while True:
+                try:
+                    job = self.jobs.get(timeout=0.25)
+                except queue.Empty:
+                    if self._stopping.is_set():
+                        break
+                    if self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S:
+                        self._persist()
+                    continue
+                if self._stopping.is_set():
+                    job.emit("error", 503, "the server is shutting down")
+                    continue
+                self._current = job
+                try:
+                    self._answer(job)
+                finally:
+                    self._current = None
+                if self._unsaved >= PERSIST_EVERY:
+                    self._persist()
+        finally:
+            if self._unsaved:
+                self._persist()
+            if self.recorder is not None:
+                self.recorder.close()
+
+    def _answer(self, job: Job) -> None:
+        req = job.request
+        if job.cancelled.is_set():  # the client left while the request was queued
+            self.metrics.cancelled.inc()
+            log.info("%s %s cancelled while queued", req.id, req.endpoint)
+            return
+        started_at = _now()
+        t0 = time.perf_counter()
+        queue_seconds = t0 - job.enqueued
+        choices = []
+        # llama.cpp reuses its one KV sequence (core.model.llamacpp.LlamaModel counts the hits), transformers
+        # the prefix cache
+        counter = self.net if on_llamacpp(self.net) else self.prefix_cache
+        hits = counter.hit_tokens if counter is not None else 0
+        cached = 0
+        try:
+            for i in range(req.n):
+                choice = self._decode(job, i)
+                if i == 0 and counter is not None:  # the prompt as the first choice found it
+                    cached = counter.hit_tokens - hits
+                if choice is None and self._stopping.is_set():
+                    log.info("%s %s stopped after %.2f s: the server is shutting down", req.id, req.endpoint,
+                             time.perf_counter() - t0)
+                    job.emit("error", 503, "the server is shutting down: this answer was cut short; retry")
+                    return
+                if choice is None:
+                    self.metrics.cancelled.inc()
+                    log.info("%s %s cancelled after %.2f s: the client went away", req.id, req.endpoint,
+                             time.perf_counter() - t0)
+                    return
+                choices.append(choice)
+                job.emit("choice", choice)
+        except GrammarError as exc:  # a grammar that compiled but fails on the way (a regex too large to build)
+            log.info("%s %s refused mid-generation: the grammar of %s failed: %s", req.id, req.endpoint,
+                     req.grammar_param, exc)
+            job.emit("error", 400, f"Invalid '{req.grammar_param}': its grammar failed during generation: {exc}",
+                     req.grammar_param)
+            return
+        except Exception as exc:  # a bug or a model failure: answer 500 and keep serving
+            log.error("%s %s failed: %s: %s", req.id, req.endpoint, type(exc).__name__, exc,
+                      exc_info=self.debug)
+            job.emit("error", 500, f"generation failed: {type(exc).__name__}: {exc}")
+            return
+        decoded = DecodeStats()
+        for c in choices:
+            decoded.add(c.stats)
+        predicted = (sum(c.prediction_tokens[0] for c in choices), sum(c.prediction_tokens[1] for c in choices))
+        stats = Stats(len(req.prompt_ids), decoded, time.perf_counter() - t0, queue_seconds, cached, predicted)
+        self.metrics.observe(stats)
+        log.info("%s %s prompt=%d (cached %d) tokens=%d steps=%d accepted=%d (%.2f/step) tokens/s=%.1f seconds=%.2f "
+                 "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
+                 decoded.tokens, decoded.steps, decoded.accepted, decoded.accepted_per_step, stats.tokens_per_s,
+                 stats.seconds, stats.queue_seconds, ",".join(c.finish_reason for c in choices))
+        if self.recorder is not None and self.recorder.record(req, choices, stats, started_at, _now()):  # ~1 ms
+            self.metrics.stored.inc()  # the answer is durable when it arrives
+            self._unsaved += 1
+        job.emit("done", stats)
+
+    def _decode(self, job: Job, index: int) -> Choice | None:
+        """One choice, streamed as deltas; None when the client went away."""
+        req = job.request
+        text = TextStream(self.tokenizer, stop=req.stop)
+        drafter = self.drafter
+        if drafter is not None and req.prediction_ids:
+            drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
+        steps = generate(self.net, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
+                         eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                         seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
+                         acceptance=self.acceptance, prefix_cache=self.prefix_cache,
+                         constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
+                         logprobs=req.logprobs, threads=self.threads)
+        totals, tokens = DecodeStats(calls=1), []
+        logprobs: list[TokenLogprob] | None = [] if req.logprobs >= 0 else None
+        sent = 0  # tokens whose text went out in a delta
+        try:
+            for step in steps:
+                if job.cancelled.is_set():
+                    return None  # closing the loop below ends the request without learning
+                totals.add_step(step)
+                tokens += step.new_tokens
+                if logprobs is not None:
+                    logprobs += step.logprobs
+                piece = text.pop()
+                if piece:
+                    job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
+                    sent = len(tokens)
+        finally:
+            steps.close()
+        piece = text.pop(final=True)
+        if piece or (logprobs and sent < len(tokens)):
+            job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
+        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals,
+                      prediction_tokens(req.prediction_ids, tokens), logprobs)
+
+    def _persist(self) -> None:
+        self._saved_at = time.monotonic()
+        if self.save_cost is not None:
+            self.save_cost()
+        if self.recorder.persist():
+            self._unsaved = 0
+
+
+def prediction_tokens(prediction: list[int] | None, output: list[int]) -> tuple[int, int]:
+    """(tokens of the prediction that appear in the output, those that do not), as OpenAI counts
+    accepted and rejected prediction tokens: the matching blocks of the two token sequences.
+
+    >>> prediction_tokens([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6])
+    (4, 1)
+    """
+    if not prediction:
+        return 0, 0
+    blocks = difflib.SequenceMatcher(None, prediction, output, autojunk=False).get_matching_blocks()
+    accepted = sum(b.size for b in blocks)
+    return accepted, len(prediction) - accepted
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
