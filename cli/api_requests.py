@@ -12,8 +12,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from specx.core.decode.grammar import GrammarError, json_schema_grammar
-from specx.core.serve.worker import GenerationRequest
 from specx.core.serve.tools import call_grammar
+from specx.core.serve.worker import GenerationRequest
 
 from .api_errors import ApiError
 

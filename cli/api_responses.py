@@ -12,8 +12,8 @@ from typing import Any
 
 from specx.core.decode.loop import TokenLogprob
 from specx.core.serve.metrics import Stats
-from specx.core.serve.worker import Choice, GenerationRequest
 from specx.core.serve.tools import ToolCall, call_marker, parse_tool_calls
+from specx.core.serve.worker import Choice, GenerationRequest
 
 Decode = Callable[[int], str]
 

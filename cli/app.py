@@ -19,8 +19,8 @@ from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .serve import serve_cmd
 from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, model_cost, specx_home, store_path
+from .serve import serve_cmd
 
 app = typer.Typer(
     name="specx",
@@ -191,12 +191,12 @@ def replay_cmd(
     Example: [bold]specx replay --format swe-agent --plot swe.png[/]
     Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
     """
-    from . import predict as predict_lib
-    from specx.core.predict import methods as replay_lib
-    from specx.store.prompts import prompt_tokens
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+    from specx.core.predict import methods as replay_lib
     from specx.store.db import Store
+    from specx.store.prompts import prompt_tokens
     from specx.store.selection import GROUPS, outside_sessions, select_calls
+    from . import predict as predict_lib
 
     if by not in GROUPS:
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
@@ -284,11 +284,11 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window: int, max_tokens: int, warm: bool, baselines: bool,
                        json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0) -> None:
-    from specx.core.predict import methods as replay_lib
-    from specx.store.prompts import model_prompts
     from specx.core.model.llamacpp import on_llamacpp
     from specx.core.model.load import load_backend, tokenizer_fingerprint
+    from specx.core.predict import methods as replay_lib
     from specx.store.db import Store
+    from specx.store.prompts import model_prompts
     from specx.store.selection import outside_sessions, select_calls
 
     net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
@@ -342,8 +342,8 @@ app.command("serve")(serve_cmd)
 
 def main() -> None:
     """Console-script entry point: domain errors become one clear line and exit status 1."""
-    from specx.core.model.load import ModelError
     from specx.core.index.tokens import SuffixIndexError
+    from specx.core.model.load import ModelError
     from specx.core.predict.entropy import EntropyError
     from specx.core.predict.replay import ReplayMismatch
     from specx.store.db import StoreError

@@ -63,11 +63,11 @@ def entropy_cmd(
     """
     import numpy as np
 
-    from specx.core.predict.entropy import empirical_entropy
-    from . import predict as predict_lib
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+    from specx.core.predict.entropy import empirical_entropy
     from specx.store.db import Store
     from specx.store.selection import GROUPS, select_calls
+    from . import predict as predict_lib
 
     if by not in GROUPS:
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")

@@ -61,14 +61,14 @@ def generate_cmd(
     import statistics
     import time
 
-    from specx.core.decode.loop import DecodeStats
     from specx.core.decode.generate import generate, thread_tuner
-    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
-    from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.decode.text import TextStream
     from specx.core.decode.grammar import GrammarError, Vocabulary
+    from specx.core.decode.loop import collect
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.decode.text import TextStream
     from specx.core.decode.verify import tree_unsupported
+    from specx.core.index.suffix_index import SuffixIndex
+    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
     from specx.core.predict.compare import busy_note, steady
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
@@ -106,16 +106,14 @@ def generate_cmd(
             raise typer.BadParameter(str(exc), param_hint="--json-schema") from None
 
     def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
-        totals, tokens = DecodeStats(), []
         text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
         constraint = vocabulary.constraint(grammar) if grammar is not None else None
-        for step in generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
-                             constraint=constraint, threads=threads, learn=False, **sampling):
-            totals.add_step(step)
-            tokens += step.new_tokens
-            if stream:
-                output.stdout.out(text.pop(), end="", highlight=False)
+        run = collect(generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
+                               constraint=constraint, threads=threads, learn=False, **sampling),
+                      lambda step, so_far: output.stdout.out(text.pop(), end="", highlight=False) if stream else None)
+        assert run is not None
+        totals, tokens = run.stats, run.tokens
         if stream:
             output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0

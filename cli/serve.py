@@ -15,8 +15,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .options import BackendOpt, DbOpt, keep_cost, model_cost, specx_home, store_path
 from specx.core.serve.tools import PARSERS
+from .options import BackendOpt, DbOpt, keep_cost, model_cost, specx_home, store_path
 
 
 def serve_cmd(
@@ -94,10 +94,10 @@ def serve_cmd(
 
     from specx.core.decode.generate import thread_tuner
     from specx.core.decode.grammar import Vocabulary
-    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
-    from specx.core.model.prefix_cache import PrefixCache
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.verify import tree_unsupported
+    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from specx.core.model.prefix_cache import PrefixCache
     from specx.store.db import Store
     from specx.store.index import index_for
 

@@ -30,11 +30,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specx.core.serve.worker import Choice, Job, Worker
 from .api_errors import ApiError
 from .api_requests import parse_detokenize, parse_request, parse_tokenize
-from .api_tokens import Tokenizers
 from .api_responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
-from specx.core.serve.worker import Choice, Job, Worker
+from .api_tokens import Tokenizers
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 log = logging.getLogger("specx.serve")

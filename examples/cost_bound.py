@@ -40,13 +40,13 @@ import torch
 from specx.cli.options import specx_home
 from specx.core.decode.calibrate import calibrate
 from specx.core.decode.cost import AcceptanceModel, ForwardCost, subtree
-from specx.core.draft import Draft
-from specx.core.decode.loop import DecodeStats
 from specx.core.decode.generate import generate
+from specx.core.decode.loop import DecodeStats, collect
+from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.draft import Draft
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.predict.replay import replay_call
-from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
@@ -164,10 +164,9 @@ def main() -> None:
     outputs, prefill, prefixes = [], [], PrefixCache()
     print(f"decoding {len(prompts)} requests plainly ...", file=sys.stderr)
     for prompt in prompts:
-        totals, tokens, t0 = DecodeStats(), [], time.perf_counter()
-        for step in generate(net, prompt, None, args.max_new_tokens, tok.eos_token_id, prefix_cache=prefixes):
-            totals.add_step(step)
-            tokens += step.new_tokens
+        t0 = time.perf_counter()
+        run = collect(generate(net, prompt, None, args.max_new_tokens, tok.eos_token_id, prefix_cache=prefixes))
+        totals, tokens = run.stats, run.tokens
         outputs.append(tokens)
         prefill.append(time.perf_counter() - t0 - totals.draft_seconds - totals.verify_seconds)
 

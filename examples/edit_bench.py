@@ -21,12 +21,12 @@ import torch
 
 from specx.cli.options import model_cost, specx_home
 from specx.core.decode.cost import AcceptanceModel
-from specx.core.decode.loop import DecodeStats
 from specx.core.decode.generate import generate
+from specx.core.decode.loop import DecodeStats, collect
+from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.serve.worker import prediction_tokens
-from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 
 HERE = Path(__file__).resolve().parent
 # Files of this repository (MIT, ours), cut to a function or two each; (path, start line, lines, old, new).
@@ -68,12 +68,12 @@ def main() -> None:
         stats, seconds, outs, accepted = DecodeStats(), 0.0, [], 0
         acceptance = AcceptanceModel()  # shared by the requests, as the server shares it
         for prompt, prediction, limit in requests:
-            t0, out = time.perf_counter(), []
-            for step in generate(net, prompt, make(prediction), max_new_tokens=limit, eos_token_ids=tok.eos_token_id,
-                                 cost=cost if name != "plain" else None, acceptance=acceptance,
-                                 prefix_cache=PrefixCache(0)):
-                stats.add_step(step)
-                out += step.new_tokens
+            t0 = time.perf_counter()
+            run = collect(generate(net, prompt, make(prediction), max_new_tokens=limit, eos_token_ids=tok.eos_token_id,
+                                   cost=cost if name != "plain" else None, acceptance=acceptance,
+                                   prefix_cache=PrefixCache(0)))
+            stats.add(run.stats)
+            out = run.tokens
             seconds += time.perf_counter() - t0
             outs.append(out)
             accepted += prediction_tokens(prediction, out)[0]

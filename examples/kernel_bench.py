@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core.model import matmul
 from specx.core.decode.calibrate import calibrate
+from specx.core.model import matmul
 from specx.core.model.load import load_model
 
 ROWS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 48, 64)

@@ -37,11 +37,11 @@ from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
 from specx.cli.output import progress  # noqa: E402
 from specx.core.decode.cost import AcceptanceModel  # noqa: E402
 from specx.core.decode.generate import generate, thread_tuner  # noqa: E402
-from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
+from specx.core.decode.loop import collect  # noqa: E402
+from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel, on_llamacpp  # noqa: E402
 from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402
 from specx.core.model.prefix_cache import PrefixCache  # noqa: E402
 from specx.core.decode.speculate import SuffixDrafter  # noqa: E402
-from specx.core.model.llamacpp import on_llamacpp  # noqa: E402
 
 METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers")
 
@@ -108,13 +108,10 @@ def main() -> None:
         prefixes = None if on_llamacpp(net) else PrefixCache(8192)
 
         def run(prompt):
-            out, n = [], 0
-            for step in generate(net, prompt, drafter, args.max_new_tokens, eos, cost=cost, acceptance=acceptance,
-                                 threads=threads, prefix_cache=prefixes):
-                out += step.new_tokens
-                n += 1
-            steps[name].append(n)
-            return out
+            run = collect(generate(net, prompt, drafter, args.max_new_tokens, eos, cost=cost, acceptance=acceptance,
+                                   threads=threads, prefix_cache=prefixes))
+            steps[name].append(run.stats.steps)
+            return run.tokens
         return run
 
     if "specx llama.cpp" in methods:

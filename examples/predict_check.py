@@ -40,13 +40,13 @@ from typing import Any
 import numpy as np
 
 from specx.cli import predict as predict_lib
-from specx.core.predict import methods as replay_lib
-from specx.store.prompts import prompt_tokens
 from specx.cli.options import specx_home
-from specx.core.predict.entropy import empirical_entropy
 from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+from specx.core.predict import methods as replay_lib
+from specx.core.predict.entropy import empirical_entropy
 from specx.core.predict.sampling import combined_ratio, draw_stratified
 from specx.store.db import Store
+from specx.store.prompts import prompt_tokens
 from specx.store.selection import select_calls
 
 

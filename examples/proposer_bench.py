@@ -76,9 +76,9 @@ def drive(cache, prompts: list[list[int]], outputs: list[list[int]], k: int, dep
 
 
 def load(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
-    from specx.store.prompts import prompt_tokens
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
+    from specx.store.prompts import prompt_tokens
     from specx.store.selection import select_calls
 
     tokenizer = load_tokenizer(args.model)

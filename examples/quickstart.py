@@ -3,9 +3,9 @@
     .venv/bin/python examples/quickstart.py
 """
 
-from specx.core.model.load import load_tokenizer
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.index.suffix_index import SuffixIndex
+from specx.core.model.load import load_tokenizer
 
 past_outputs = [
     '{"name": "execute_sql", "arguments": {"query": "SELECT name FROM singer WHERE age > 30"}}',

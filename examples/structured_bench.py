@@ -28,12 +28,12 @@ import torch
 
 from specx.cli.options import model_cost, specx_home
 from specx.core.decode.cost import AcceptanceModel
-from specx.core.decode.loop import DecodeStats
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import Vocabulary, json_schema_grammar
+from specx.core.decode.loop import DecodeStats, collect
+from specx.core.decode.speculate import SuffixDrafter
 from specx.core.model.load import BACKENDS, load_backend
 from specx.core.model.prefix_cache import PrefixCache
-from specx.core.decode.speculate import SuffixDrafter
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"
@@ -106,12 +106,12 @@ def main() -> None:
     for name, method in methods.items():
         stats, seconds, outs, acceptance = DecodeStats(), 0.0, [], AcceptanceModel()
         for i, prompt in enumerate(prompts):
-            t0, out, request = time.perf_counter(), [], DecodeStats()
-            for step in generate(net, prompt, method, max_new_tokens=args.max_new_tokens, eos_token_ids=tok.eos_token_id,
-                                 cost=cost if method is not None else None, acceptance=acceptance,
-                                 prefix_cache=PrefixCache(0), constraint=vocabulary.constraint(grammar)):
-                request.add_step(step)
-                out += step.new_tokens
+            t0 = time.perf_counter()
+            run = collect(generate(net, prompt, method, max_new_tokens=args.max_new_tokens,
+                                   eos_token_ids=tok.eos_token_id, cost=cost if method is not None else None,
+                                   acceptance=acceptance, prefix_cache=PrefixCache(0),
+                                   constraint=vocabulary.constraint(grammar)))
+            out, request = run.tokens, run.stats
             if i >= args.warmup:
                 stats.add(request)
                 seconds += time.perf_counter() - t0

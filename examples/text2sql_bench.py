@@ -27,14 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.core.predict.compare import STOCK, compare, summary
-from specx.core.decode.cost import AcceptanceModel
-from specx.core.decode.generate import generate
-from specx.core.model.load import load_model
-from specx.core.model.prefix_cache import PrefixCache
-from specx.core.decode.speculate import SuffixDrafter
 from specx.cli.options import keep_cost, model_cost, specx_home
 from specx.cli.output import progress
+from specx.core.decode.cost import AcceptanceModel
+from specx.core.decode.generate import generate
+from specx.core.decode.loop import collect
+from specx.core.decode.speculate import SuffixDrafter
+from specx.core.model.load import load_model
+from specx.core.model.prefix_cache import PrefixCache
+from specx.core.predict.compare import STOCK, compare, summary
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"
@@ -72,8 +73,8 @@ def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache
     answers = []
     with progress() as bar:
         for prompt in bar.track(prompts, description=f"history: specx serves {len(prompts)} earlier requests"):
-            answers.append([t for step in generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost,
-                                                    acceptance=acceptance, prefix_cache=prefixes) for t in step.new_tokens])
+            answers.append(collect(generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost,
+                                            acceptance=acceptance, prefix_cache=prefixes)).tokens)
     return answers
 
 

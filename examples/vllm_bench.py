@@ -194,9 +194,9 @@ def bench(args: argparse.Namespace) -> dict:
 
 def stored_prompts(args: argparse.Namespace) -> list[list[int]]:
     """The prompts of stored calls (in stored order) as the served model's tokens: agents' own requests."""
-    from specx.store.prompts import prompt_tokens
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.db import Store
+    from specx.store.prompts import prompt_tokens
     from specx.store.selection import select_calls
 
     tokenizer = load_tokenizer(args.model)

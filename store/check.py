@@ -28,8 +28,8 @@ from specx.core.index.suffix_array import build_suffix_array
 from specx.core.index.tokens import SuffixIndexError
 
 from .db import IndexState, Store, StoreError
-from .schema import health_problems, schema_problem
 from .index import load_persisted
+from .schema import health_problems, schema_problem
 
 TABLES = ("sources", "sessions", "packs", "messages", "calls", "tokenizers", "tokens", "indexes", "index_chunks")
 MAX_LISTED = 20  # problems named per check; the rest are counted

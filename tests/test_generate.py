@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specx.core.draft import Draft
-from specx.core.decode.loop import Step, limit_depth
 from specx.core.decode.generate import generate, greedy_decode
+from specx.core.decode.loop import Step, limit_depth
+from specx.core.draft import Draft
 
 from test_verify import VOCAB, tiny_model
 
@@ -201,8 +201,8 @@ def test_bad_arguments(model64):
 
 @pytest.mark.slow
 def test_builtin_model_speculative_greedy_equals_plain():
-    from specx.core.model.load import load_model
     from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.model.load import load_model
 
     # conftest points SPECX_HOME at a per-session folder (or SPECX_TEST_HOME, kept between runs):
     # the first load converts the GGUF (~30 s), later ones read the safetensors copy (< 1 s).

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specx.core.draft import GRAMMAR, Draft
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
+from specx.core.draft import GRAMMAR, Draft
 
 from test_generate import MAKERS, FakeDrafter, collect
 
@@ -123,8 +123,8 @@ def test_grammar_bit_has_its_own_acceptance_cell():
 
 @pytest.mark.slow
 def test_builtin_model_writes_schema_valid_json_every_time():
-    from specx.core.model.load import load_model
     from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.model.load import load_model
 
     model, builtin_tokenizer = load_model("smollm2-135m", Path(os.environ["SPECX_HOME"]) / "models", device="cpu")
     builtin_vocabulary = Vocabulary(builtin_tokenizer, model.config.vocab_size, builtin_tokenizer.eos_token_id)

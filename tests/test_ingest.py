@@ -14,8 +14,8 @@ import pytest
 
 import brute
 from conftest import AGENT_DATA
-from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.core.index.suffix_index import SuffixIndex
+from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.store.db import Store
 from specx.store.formats import Call, read_calls
 from specx.store.index import load_index

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specx.core.model import attention, kernels, kv_cache, matmul
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.verify import keep_accepted, tree_logits
+from specx.core.model import attention, kernels, kv_cache, matmul
 
 from test_generate import MAKERS, FakeDrafter, collect
 from test_verify import VOCAB, prefilled, random_tree, tiny_model

@@ -13,9 +13,9 @@ from conftest import AGENT_DATA
 from specx.core.decode.cost import ForwardCost
 from specx.core.predict.estimate import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                 predict, predict_groups, projected_speedup, replay_sample)
-from specx.core.predict.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
-from specx.core.predict.replay import replay
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.predict.replay import replay
+from specx.core.predict.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
 
 from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
 
@@ -206,8 +206,8 @@ def test_allocate_spends_the_sample_and_no_more():
 
 
 def _call(index, group, tokens, steps):
-    from specx.core.predict.estimate import SampledCall
     from specx.core.decode.loop import DecodeStats
+    from specx.core.predict.estimate import SampledCall
 
     return SampledCall(index, group, 0, DecodeStats(calls=1, tokens=tokens, steps=steps))
 
@@ -216,9 +216,9 @@ def _call(index, group, tokens, steps):
 
 
 def _store_calls(tmp_path, tokenizer):  # noqa: F811
-    from specx.store.prompts import prompt_tokens
     from specx.store.db import Store
     from specx.store.ingest import ingest
+    from specx.store.prompts import prompt_tokens
     from specx.store.selection import select_calls
 
     sources = [good_logs(tmp_path)]
@@ -273,9 +273,9 @@ def test_prompts_tokenized_in_a_thread_from_a_snapshot_equal_prompt_tokens(tmp_p
     chunks, in a thread) is prompt_tokens' result, item for item, and the thread's error reaches
     the reader."""
     from specx.cli.predict import Prefetched
-    from specx.store.prompts import iter_prompt_tokens, prompt_tokens
     from specx.store.db import Store
     from specx.store.ingest import ingest
+    from specx.store.prompts import iter_prompt_tokens, prompt_tokens
     from specx.store.selection import PromptMessages, select_calls
 
     with Store(tmp_path / "s.db") as store:
@@ -357,17 +357,6 @@ def test_learning_curve_plot(tmp_path, db):
     assert curve and [h for h, _ in curve] == sorted(h for h, _ in curve) and all(t >= 1 for _, t in curve)
     res = run("entropy", "--db", db, "--no-predict", "--plot", str(plot))
     assert res.returncode == 2 and "--no-predict" in res.stderr
-
-
-def test_doctests_of_the_hand_worked_cases():
-    import doctest
-
-    import specx.core.predict.estimate
-    import specx.core.predict.sampling
-
-    for module in (specx.core.predict.estimate, specx.core.predict.sampling):
-        result = doctest.testmod(module)
-        assert result.attempted >= 2 and result.failed == 0, module.__name__
 
 
 def test_bad_input_is_one_clear_line(tmp_path, db):

@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from specx.core.predict.compare import hf_generate
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.model.kv_cache import cache_kwarg, new_cache
 from specx.core.model.prefix_cache import PrefixCache
+from specx.core.predict.compare import hf_generate
 
 from test_generate import MAKERS, FakeDrafter
 from test_verify import VOCAB, tiny_model

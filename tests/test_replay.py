@@ -10,10 +10,10 @@ import pytest
 
 from conftest import AGENT_DATA
 from specx.core.decode.cost import ForwardCost
-from specx.core.draft import Draft
-from specx.core.predict.replay import ReplayMismatch, replay, replay_call
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.draft import Draft
 from specx.core.index.suffix_index import SuffixIndex
+from specx.core.predict.replay import ReplayMismatch, replay, replay_call
 
 from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
 
@@ -106,9 +106,9 @@ def test_replay_groups_and_totals():
 
 @pytest.mark.skipif(not AGENT_DATA.is_dir(), reason="needs ../shared/agent-data")
 def test_every_stored_output_is_rebuilt(tmp_path, tokenizer):  # noqa: F811
-    from specx.store.prompts import prompt_tokens
     from specx.store.db import Store
     from specx.store.ingest import ingest
+    from specx.store.prompts import prompt_tokens
     from specx.store.selection import select_calls
 
     with Store(tmp_path / "all.db") as store:

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brute
-from specx.core.draft import GLOBAL, REQUEST, Draft
 from specx.core.decode.speculate import SuffixDrafter
+from specx.core.draft import GLOBAL, REQUEST, Draft
 from specx.core.index.suffix_index import SuffixIndex
 
 tokens = st.lists(st.integers(0, 3), max_size=14)

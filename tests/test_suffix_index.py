@@ -290,15 +290,3 @@ def test_large_segments_use_first_token_tables():
     dropped = index.evict(budget)
     assert index.nbytes <= budget and dropped > 0
     check_against_brute(index, pats)
-
-
-def test_doctests_of_the_worked_examples():
-    import doctest
-
-    import specx.core.decode.loop
-    import specx.core.index.sealed
-    import specx.core.index.suffix_index
-
-    for module in (specx.core.index.sealed, specx.core.index.suffix_index, specx.core.decode.loop):
-        result = doctest.testmod(module)
-        assert result.attempted >= 1 and result.failed == 0, module.__name__

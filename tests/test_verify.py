@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from specx.core.decode.verify import Sampling, accept, check_draft, process_logits, tree_logits, verify
 from specx.core.draft import Draft
 from specx.core.model.kv_cache import cache_kwarg
-from specx.core.decode.verify import Sampling, accept, check_draft, process_logits, tree_logits, verify
 
 VOCAB = 97
 

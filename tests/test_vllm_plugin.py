@@ -12,8 +12,8 @@ import pytest
 from vllm_proposer import Batch, step
 from specx import vllm as plugin
 from specx.core.model.load import tokenizer_fingerprint
-from specx.store.db import Store
 from specx.store.calls import insert_tokens
+from specx.store.db import Store
 from specx.store.served import SERVED_FORMAT, ServedRequest, ServedWriter
 
 

@@ -41,9 +41,9 @@ class SpecxDraft(LlamaDraftModel):
     def __init__(self, db: str | Path | None = None, tokenizer: str = "smollm2-135m", max_draft: int = 8,
                  learn: bool = True) -> None:
         from specx.core.decode.loop import best_path
-        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
         from specx.core.decode.speculate import SuffixDrafter
         from specx.core.index.suffix_index import SuffixIndex
+        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 
         self._best_path = best_path
         tok = load_tokenizer(tokenizer)

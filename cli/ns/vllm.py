@@ -211,9 +211,9 @@ class EngineDrafter:
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, *, tokenizer: Any = None,
                  model: str | None = None, rank: int | None = None) -> None:
-        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
         from specx.core.index.suffix_cache import SuffixCache
         from specx.core.index.suffix_index import SuffixIndex
+        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
         from specx.store.db import Store
         from specx.store.index import MAX_DEPTH, index_for
         from specx.store.served import ServedWriter

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from .cost import AcceptanceModel, ForwardCost
-from .loop import Step, Verdict, decode
 from ..draft import Draft
-from .learned_cost import LearnedCost
-from .speculate import Drafter
-from ..model.threads import ThreadTuner
-from .verify import Sampling, mask_logits, tree_unsupported, verify
 from ..model.llamacpp import on_llamacpp
+from ..model.threads import ThreadTuner
+from .cost import AcceptanceModel, ForwardCost
+from .learned_cost import LearnedCost
+from .loop import Step, Verdict, decode
+from .speculate import Drafter
+from .verify import Sampling, mask_logits, tree_unsupported, verify
 
 
 class ModelVerifier:

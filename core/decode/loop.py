@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
 from ..draft import GRAMMAR, MODEL, Draft, check_draft
+from ..model.threads import ThreadTuner
+from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
 from .learned_cost import LearnedCost
 from .speculate import Drafter
-from ..model.threads import ThreadTuner
 
 
 @dataclass
@@ -135,6 +135,45 @@ class DecodeStats:
             "draft_us_per_token": 1e6 * self.draft_seconds / max(self.tokens, 1),
             "update_us_per_token": 1e6 * self.update_seconds / max(self.tokens, 1),
         }
+
+
+@dataclass
+class Decoded:
+    """A decode run to its end (`collect`): its tokens, their logprobs (when the steps carry them),
+    and its statistics."""
+
+    tokens: list[int]
+    stats: DecodeStats
+    logprobs: list[TokenLogprob] | None = None
+
+
+def collect(steps: Iterator[Step], on_step: Callable[[Step, Decoded], bool | None] | None = None,
+            logprobs: bool = False) -> Decoded | None:
+    """Run a decode (`decode`'s or `generate`'s steps) to its end, adding up its tokens, logprobs
+    and statistics: the one loop every caller needs. `on_step(step, so_far)` runs after each step is
+    added (stream its text, time it, ...); when it returns False the decode is closed (its output
+    not learned) and None comes back.
+
+    >>> class Sevens:  # a verifier whose model writes 7 after anything
+    ...     finished, linear, vocab_size = False, True, None
+    ...     def start(self, prompt): pass
+    ...     def verify(self, draft): return Verdict([7], [])
+    >>> run = collect(decode(Sevens(), [1, 2], max_new_tokens=3))
+    >>> run.tokens, run.stats.steps, run.stats.calls
+    ([7, 7, 7], 3, 1)
+    """
+    run = Decoded([], DecodeStats(calls=1), [] if logprobs else None)
+    try:
+        for step in steps:
+            run.stats.add_step(step)
+            run.tokens += step.new_tokens
+            if run.logprobs is not None:
+                run.logprobs += step.logprobs
+            if on_step is not None and on_step(step, run) is False:
+                return None
+    finally:
+        steps.close()  # type: ignore[attr-defined]
+    return run
 
 
 def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from ..model.attention import ATTENTION
-from .loop import TokenLogprob, Verdict
 from ..draft import Draft, check_draft
+from ..model.attention import ATTENTION
 from ..model.llamacpp import on_llamacpp
+from .loop import TokenLogprob, Verdict
 
 # Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.model.attention's); flash
 # kernels only know causal/padding masks and flex attention wants a BlockMask.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .suffix_array import SEP, narrow
 from ..numba_cache import configure as configure_numba_cache
+from .suffix_array import SEP, narrow
 
 configure_numba_cache()  # before any kernel here is decorated
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..numba_cache import configure as configure_numba_cache
 from .children import children_bound, node_children_into
 from .suffix_array import forward_ranges_into, prefix_narrow
-from ..numba_cache import configure as configure_numba_cache
 
 configure_numba_cache()  # before any kernel here is decorated
 

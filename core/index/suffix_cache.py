@@ -44,8 +44,8 @@ import numpy as np
 
 from ..draft import Draft
 from .engine_step import StepArgs, draft_path
-from .suffix_index import SuffixIndex, check_speculate_args
 from .suffix_array import SORT_DEPTH, first_out_of_range
+from .suffix_index import SuffixIndex, check_speculate_args
 from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 OnFinish = Callable[[Hashable, np.ndarray, np.ndarray], None]

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..draft import Draft
-from .children import node_children
 from . import index_format
+from .children import node_children
 from .expand import speculate_index
 from .live import LiveArena
 from .sealed import Sealed

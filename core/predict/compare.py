@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from ..decode.cost import AcceptanceModel, ForwardCost
 from ..decode.generate import generate, thread_tuner
-from ..decode.loop import DecodeStats
+from ..decode.loop import DecodeStats, collect
 from ..model.kv_cache import cache_kwarg, new_cache
 from ..model.llamacpp import on_llamacpp
 from ..model.prefix_cache import PrefixCache
@@ -119,12 +119,11 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
 
                     out = greedy(model, prompt, max_new_tokens, [] if eos_token_id is None else [eos_token_id])
                 elif method == "specx":
-                    out = []
-                    for step in generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
-                                         eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
-                                         prefix_cache=prefixes[method], threads=threads):
-                        totals.add_step(step)
-                        out += step.new_tokens
+                    decoded = collect(generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
+                                               eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
+                                               prefix_cache=prefixes[method], threads=threads))
+                    assert decoded is not None
+                    out, totals = decoded.tokens, decoded.stats
                 elif method == STOCK:
                     out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True,
                                       prefix_cache=prefixes[method])

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from ..decode.cost import AcceptanceModel, ForwardCost
-from ..decode.loop import DecodeStats, Verdict, decode
-from ..draft import Draft
+from ..decode.loop import DecodeStats, Decoded, Step, Verdict, collect, decode
 from ..decode.speculate import Drafter
+from ..draft import Draft
 
 
 class ReplayMismatch(RuntimeError):
@@ -101,17 +101,21 @@ def replay_call(drafter: Drafter, prompt: np.ndarray, output: np.ndarray, learn:
     """
     out = output.tolist()
     timed = _Timed(drafter)
-    stats = DecodeStats(calls=1)
     context = len(prompt)
-    verifier = RecordedVerifier(out)
-    for step in decode(verifier, prompt, timed, cost=cost if size else None, acceptance=acceptance, learn=learn):
-        stats.add_step(step)
+
+    def simulate(step: Step, run: Decoded) -> None:
+        nonlocal context
         if cost is not None:
-            stats.pass_seconds += cost(1 + step.draft_size, context)
-            stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step.new_tokens)))
+            run.stats.pass_seconds += cost(1 + step.draft_size, context)
+            run.stats.plain_seconds += sum(cost(1, context + i) for i in range(len(step.new_tokens)))
         context += len(step.new_tokens)
         if trace is not None:
             trace.append((step.draft_size, step.accepted))
+
+    run = collect(decode(RecordedVerifier(out), prompt, timed, cost=cost if size else None, acceptance=acceptance,
+                         learn=learn), simulate)
+    assert run is not None  # `simulate` never stops it
+    stats = run.stats
     stats.update_seconds += timed.seconds
     if stats.tokens != len(out):
         raise ReplayMismatch(f"replay rebuilt {stats.tokens} tokens of a {len(out)}-token recording")

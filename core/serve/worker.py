@@ -35,13 +35,13 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from ..decode.cost import AcceptanceModel
-from ..decode.loop import DecodeStats, TokenLogprob
-from .metrics import Metrics, Stats
 from ..decode.generate import generate
 from ..decode.grammar import GrammarError
+from ..decode.loop import DecodeStats, Decoded, TokenLogprob, collect
 from ..decode.speculate import PredictionDrafter
 from ..decode.text import TextStream
 from ..model.llamacpp import on_llamacpp
+from .metrics import Metrics, Stats
 
 log = logging.getLogger("specx.serve")
 
@@ -300,27 +300,26 @@ class Worker:
                          acceptance=self.acceptance, prefix_cache=self.prefix_cache,
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
                          logprobs=req.logprobs, threads=self.threads)
-        totals, tokens = DecodeStats(calls=1), []
-        logprobs: list[TokenLogprob] | None = [] if req.logprobs >= 0 else None
         sent = 0  # tokens whose text went out in a delta
-        try:
-            for step in steps:
-                if job.cancelled.is_set():
-                    return None  # closing the loop below ends the request without learning
-                totals.add_step(step)
-                tokens += step.new_tokens
-                if logprobs is not None:
-                    logprobs += step.logprobs
-                piece = text.pop()
-                if piece:
-                    job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
-                    sent = len(tokens)
-        finally:
-            steps.close()
+
+        def stream(step: Any, run: Decoded) -> bool:
+            nonlocal sent
+            if job.cancelled.is_set():
+                return False  # the decode is closed without learning
+            piece = text.pop()
+            if piece:
+                job.emit("delta", index, piece, run.tokens[sent:], None if run.logprobs is None else run.logprobs[sent:])
+                sent = len(run.tokens)
+            return True
+
+        run = collect(steps, stream, logprobs=req.logprobs >= 0)
+        if run is None:
+            return None
+        tokens, logprobs = run.tokens, run.logprobs
         piece = text.pop(final=True)
         if piece or (logprobs and sent < len(tokens)):
             job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
-        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), totals,
+        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), run.stats,
                       prediction_tokens(req.prediction_ids, tokens), logprobs)
 
     def _persist(self) -> None:

@@ -31,9 +31,9 @@ def bench_index(
 
     Example: [bold]specx bench index --tokens 1000000 --json[/]
     """
-    from . import figures as bench
-    from specx.core.predict.methods import reference_available, why_reference_unavailable
     from specx.core.model.load import load_tokenizer
+    from specx.core.predict.methods import reference_available, why_reference_unavailable
+    from . import figures as bench
 
     corpora = []
     output.note(f"synthetic corpus: {tokens:,} tokens of templated JSON-like records (seed {seed})")
@@ -75,9 +75,9 @@ def bench_ingest(
     """
     import tempfile
 
-    from . import figures as bench
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.store.ingest import Tokenizer
+    from . import figures as bench
 
     root = logs or default_agent_data()
     if root is None or not root.is_dir():
