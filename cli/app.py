@@ -247,33 +247,30 @@ def replay_cmd(
     if curves:
         with output.progress() as bar:
             task = bar.add_task("projection", total=len(calls))
-            projection = predict_lib.project_replay(calls, prompts, outputs, warm_tokens, params, by, curves, result,
-                                                    on_call=lambda: bar.advance(task))
-        result["projected_speedup"] = projection["overall"]
-        result["cost_curves"] = predict_lib.curves_json(curves)
-        for group in result["groups"]:
-            group["projected_speedup"] = projection["groups"][group["key"]]
+            result.projection = predict_lib.project_replay(calls, prompts, outputs, warm_tokens, params, by, curves,
+                                                           result, on_call=lambda: bar.advance(task))
+        result.cost_curves = predict_lib.curves_json(curves)
     if plot_file is not None:
         replay_lib.plot(result, plot_file)
         output.note(f"plot: {plot_file}")
+    data = result.to_json()
     if json_out:
-        output.print_json({k: v for k, v in result.items() if k not in ("curve", "accepted_hist")}
-                          | {"accepted_hist": result["accepted_hist"]})
+        output.print_json(data)
         return
     keys = ["calls", "output_tokens", "steps", "tokens_per_step", "accepted_per_step", "acceptance_rate",
             "mean_draft_size", "draft_us_per_token", "update_us_per_token"]
     output.print_table(f"replay by {by} (specx, {'tree' if tree else 'path'} drafts)", [by] + keys,
-                       [[g["key"]] + [g[k] for k in keys] for g in result["groups"]]
-                       + [["overall"] + [result["overall"][k] for k in keys]], caption=_REPLAY_CAPTION)
-    if result["baselines"]:
-        rows = [["specx"] + [result["overall"][k] for k in keys]]
-        rows += [[name] + [stats[k] for k in keys] for name, stats in result["baselines"].items()]
+                       [[g["key"]] + [g[k] for k in keys] for g in data["groups"]]
+                       + [["overall"] + [data["overall"][k] for k in keys]], caption=_REPLAY_CAPTION)
+    if data["baselines"]:
+        rows = [["specx"] + [data["overall"][k] for k in keys]]
+        rows += [[name] + [stats[k] for k in keys] for name, stats in data["baselines"].items()]
         output.print_table("methods on the same calls", ["method"] + keys, rows, caption=_REPLAY_CAPTION)
     if curves:
         output.print_table(f"projected speedup of specx by {by} (cost curve: x plain decoding / x prompt lookup)",
                            [by] + [c.name for c in curves],
                            [[row["key"]] + [predict_lib.speedups_cell(row["projected_speedup"][c.name]) for c in curves]
-                            for row in result["groups"] + [{"key": "overall"} | result]],
+                            for row in data["groups"] + [{"key": "overall"} | data]],
                            caption="higher is better; drafts cut to what pays on curves that are not flat "
                                    "(docs/predict.md)")
 
@@ -318,18 +315,18 @@ def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window:
                                              methods, max_tokens, cost, on_call=lambda: bar.advance(task),
                                              prefix_cache_tokens=prefix_cache_tokens)
     keep_cost(cost, output.note)
-    result["model"] = model
-    result["backend"] = getattr(net, "engine", "transformers")
-    result["dtype"] = net.cache_type + " KV cache" if llama else str(net.dtype).removeprefix("torch.")
-    if result.get("busy"):
-        output.note(result["busy"])
+    result.model, result.backend = model, getattr(net, "engine", "transformers")
+    result.dtype = net.cache_type + " KV cache" if llama else str(net.dtype).removeprefix("torch.")
+    if result.comparison.busy:
+        output.note(result.comparison.busy)
+    data = result.to_json()
     if json_out:
-        output.print_json(result)
+        output.print_json(data)
         return
     keys = ["tokens_per_s", "speedup_vs_plain", "speedup_vs_prompt_lookup", "tokens", "seconds", "identical_calls",
             "tokens_per_step", "accepted_per_step"]
     output.print_table(f"replay through {model}: {len(calls)} calls, greedy", ["method"] + keys,
-                       [[name] + [row.get(k) for k in keys] for name, row in result["methods"].items()],
+                       [[name] + [row.get(k) for k in keys] for name, row in data["methods"].items()],
                        caption="higher tokens_per_s and speedup are better; identical_calls should equal calls")
 
 

@@ -11,18 +11,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import typer
 
 from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
-                                predict_groups, projected_speedup, replay_sample)
+                                         predict_groups, projected_speedup, replay_sample)
 from specx.core.predict.sampling import draw_stratified
 from specx.store.prompts import iter_prompt_tokens
 from specx.store.selection import PromptMessages
 
 from . import output
+
+if TYPE_CHECKING:
+    from specx.core.predict.methods import MethodReplays
 
 # `specx replay`'s defaults (model-free): what the prediction predicts (tests check they agree).
 REPLAY_DEFAULTS = {"max_spec_tokens": 32, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_depth": 64,
@@ -177,14 +180,14 @@ def plot(prediction: dict[str, Any], by: str, path: Path) -> None:
 
 
 def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndarray], warm: list[np.ndarray],
-                   params: dict[str, Any], by: str, curves: Sequence[CostCurve], result: dict[str, Any],
+                   params: dict[str, Any], by: str, curves: Sequence[CostCurve], result: MethodReplays,
                    on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """`specx replay`'s projected speedups from its own replay of every call: {"overall": {curve:
     {...}}, "groups": {key: {curve: {...}}}}. Uses the replay's measured steps (specx and, when
     replayed, prompt lookup) for flat curves; replays with drafts cut to what pays for the others."""
     from specx.core.predict import methods as replay_lib
 
-    curve_steps = result.get("curve", {})
+    curve_steps = {m: r.curve for m, r in result.results.items()}  # a core.predict.methods.MethodReplays
     specx_steps = [s for _, s in curve_steps["specx"]] if "specx" in curve_steps else None
     lookup_steps = [s for _, s in curve_steps["prompt_lookup"]] if "prompt_lookup" in curve_steps else None
     groups = [c.group(by) for c in calls]

@@ -131,8 +131,9 @@ def check(store: Store, tok: Any, tokenizer_id: int, name: str, calls: list, arg
     outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
     full = replay_lib.run_replay(calls, prompts, outputs, [], dict(predict_lib.REPLAY_DEFAULTS), "format", ["specx"])
     row["replay_seconds"] = time.perf_counter() - t0
-    row["tokens"] = full["overall"]["output_tokens"]
-    row["replayed"] = truth = full["overall"]["tokens_per_step"]
+    overall = full.to_json()["overall"]
+    row["tokens"] = overall["output_tokens"]
+    row["replayed"] = truth = overall["tokens_per_step"]
     row["time_ratio"] = row["predict_seconds_weighted"] / row["replay_seconds"]
     for sampling in ("weighted", "calls"):
         row[f"error_{sampling}"] = row[f"predicted_{sampling}"] / truth - 1

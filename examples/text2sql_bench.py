@@ -189,14 +189,14 @@ def main() -> None:
                        stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens,
                        on_call=lambda: bar.advance(task))
     summed = summary(runs, timed)
-    summary_ = summed["methods"]
+    summary_ = summed.to_json()["methods"]
     keep_cost(cost)
     projected = None
     if args.predict and "plain" in runs and "specx" in runs:
         projected = projection(prompts, runs["plain"].outputs, history, timed, cost, prefill_curve(net),
                                args.max_spec_factor, args.prefix_cache_tokens)
     if args.json:
-        print(json.dumps({"methods": summary_, "steady": summed["steady"], "projected": projected, "requests": args.requests, "warmup": args.warmup, "history": args.history,
+        print(json.dumps({"methods": summary_, "steady": summed.steady, "projected": projected, "requests": args.requests, "warmup": args.warmup, "history": args.history,
                           "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
                           "dtype": str(net.dtype).removeprefix("torch."),
@@ -216,8 +216,8 @@ def main() -> None:
               + f"; measured {specx.get('speedup_vs_plain', 0):.2f}x ({specx.get('decode_speedup_vs_plain', 0):.2f}x "
                 f"past the prefill); prompt tokens prefilled: {projected['prefill_tokens']:,} simulated, "
                 f"{summary_['plain']['prefill_tokens']:,} measured")
-    if summed["busy"]:
-        print(f"warning: {summed['busy']}")
+    if summed.busy:
+        print(f"warning: {summed.busy}")
     shown = "specx" if "specx" in runs else methods[0]
     print(f"example output ({shown}):", repr(tok.decode(runs[shown].outputs[-1])[:200]))
 

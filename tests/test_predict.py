@@ -12,7 +12,7 @@ import pytest
 from conftest import AGENT_DATA
 from specx.core.decode.cost import ForwardCost
 from specx.core.predict.estimate import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
-                                predict, predict_groups, projected_speedup, replay_sample)
+                                         predict, predict_groups, projected_speedup, replay_sample)
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.predict.replay import replay
 from specx.core.predict.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from specx.core.serve.tools import (PARSERS, ToolCall, ToolChoice, ToolsError, call_grammar, call_marker, check_tool_choice,
-                              check_tools, messages_for_plain_template, parse_tool_calls, parser_for_template,
-                              tools_system_prompt)
+                                    check_tools, messages_for_plain_template, parse_tool_calls, parser_for_template,
+                                    tools_system_prompt)
 
 
 WEATHER = {"type": "function", "function": {

@@ -7,7 +7,7 @@ alike. specx's drafter keeps its global index across prompts: every output it pr
 the index at once, as when serving.
 
     runs = compare(model, prompts, drafter, max_new_tokens=64, eos_token_id=tok.eos_token_id)
-    summary(runs)["methods"]["specx"]["speedup_vs_plain"]
+    summary(runs).methods["specx"].speedup_vs["plain"]
 """
 
 from __future__ import annotations
@@ -148,50 +148,83 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
     return runs
 
 
-def _decoding_seconds(row: dict[str, Any] | None) -> float | None:
+def _decoding_seconds(row: MethodFigures) -> float | None:
     """Seconds past the prefix cache's prefills (None without one: the prefill is not timed apart)."""
-    if not row or not row["prefill_seconds"]:
+    if not row.prefill_seconds:
         return None
-    return row["seconds"] - row["prefill_seconds"]
+    return row.seconds - row.prefill_seconds
 
 
-def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i: True) -> dict[str, Any]:
-    """{"methods": {name: {tokens_per_s, tokens, seconds, identical_calls, calls, speedup_vs_plain, ...}}, "steady"}.
+@dataclass
+class MethodFigures:
+    """One method's figures over the timed prompts of a comparison (`summary`)."""
 
-    identical_calls counts the timed prompts whose output equals plain decoding's token for token.
-    call_tokens_per_s: each timed call's tokens/s past its prefill; `steady` is False when plain
-    decoding's calls spread so widely (`steady` on their middle half) that the machine
-    was busy and the speedups are not stable figures; `busy` then says so in words.
-    """
+    tokens_per_s: float
+    tokens: int
+    seconds: float
+    calls: int
+    prefill_seconds: float
+    prefill_tokens: int
+    call_tokens_per_s: list[float]  # each timed call's tokens/s past its prefill
+    identical_calls: int | None  # outputs equal to plain decoding's token for token (None: plain not run)
+    speedup_vs: dict[str, float] = field(default_factory=dict)  # base method -> this one's tokens/s over its
+    decode_speedup_vs: dict[str, float] = field(default_factory=dict)  # the same, past each prompt's prefill
+    steps: int | None = None  # specx only: its verification passes and what they carried
+    tokens_per_step: float | None = None
+    accepted_per_step: float | None = None
+    drafted_per_step: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        row = {k: v for k, v in self.__dict__.items() if k not in ("speedup_vs", "decode_speedup_vs")}
+        row = {k: v for k, v in row.items() if v is not None or k == "identical_calls"}
+        return row | {f"speedup_vs_{b}": v for b, v in self.speedup_vs.items()} | {
+            f"decode_speedup_vs_{b}": v for b, v in self.decode_speedup_vs.items()}
+
+
+@dataclass
+class Comparison:
+    """`summary`'s result: each method's figures; `steady` is False when plain decoding's calls
+    spread so widely (`steady` on their middle half) that the machine was busy and the speedups are
+    not stable figures; `busy` then says so in words."""
+
+    methods: dict[str, MethodFigures]
+    steady: bool
+    busy: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"methods": {name: row.to_json() for name, row in self.methods.items()}, "steady": self.steady,
+                "busy": self.busy}
+
+
+def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i: True) -> Comparison:
+    """Each method's figures over the prompts where `timed(i)`, speedups against plain decoding and
+    prompt lookup when they ran, and whether the machine was steady enough to trust them."""
     reference = runs["plain"].outputs if "plain" in runs else None
-    methods: dict[str, dict[str, Any]] = {}
+    methods: dict[str, MethodFigures] = {}
     for name, run in runs.items():
         idx = [i for i in range(len(run.outputs)) if timed(i)]
-        row: dict[str, Any] = {
-            "tokens_per_s": run.stats.tokens / run.seconds if run.seconds else 0.0,
-            "tokens": run.stats.tokens, "seconds": run.seconds, "calls": len(idx),
-            "prefill_seconds": run.prefill_seconds, "prefill_tokens": run.prefill_tokens,
-            "call_tokens_per_s": run.call_rates,
-            "identical_calls": None if reference is None else sum(run.outputs[i] == reference[i] for i in idx),
-        }
+        row = MethodFigures(run.stats.tokens / run.seconds if run.seconds else 0.0, run.stats.tokens, run.seconds,
+                            len(idx), run.prefill_seconds, run.prefill_tokens, run.call_rates,
+                            None if reference is None else sum(run.outputs[i] == reference[i] for i in idx))
         if name == "specx":
             st = run.stats
-            row |= {"steps": st.steps, "tokens_per_step": st.tokens / st.steps if st.steps else 0.0,
-                    "accepted_per_step": st.accepted_per_step,
-                    "drafted_per_step": st.drafted / st.steps if st.steps else 0.0}
+            row.steps, row.accepted_per_step = st.steps, st.accepted_per_step
+            row.tokens_per_step = st.tokens / st.steps if st.steps else 0.0
+            row.drafted_per_step = st.drafted / st.steps if st.steps else 0.0
         methods[name] = row
     for name, row in methods.items():
         for base in ("plain", "prompt_lookup"):
-            if base in methods and base != name and methods[base]["tokens_per_s"]:
-                row[f"speedup_vs_{base}"] = row["tokens_per_s"] / methods[base]["tokens_per_s"]
-            decoding, base_decoding = _decoding_seconds(row), _decoding_seconds(methods.get(base))
-            if base in methods and base != name and decoding and base_decoding:
-                # tokens per second spent past the prompt's prefill
-                row[f"decode_speedup_vs_{base}"] = (row["tokens"] / decoding) / (methods[base]["tokens"] / base_decoding)
+            if base not in methods or base == name:
+                continue
+            if methods[base].tokens_per_s:
+                row.speedup_vs[base] = row.tokens_per_s / methods[base].tokens_per_s
+            decoding, base_decoding = _decoding_seconds(row), _decoding_seconds(methods[base])
+            if decoding and base_decoding:  # tokens per second spent past the prompt's prefill
+                row.decode_speedup_vs[base] = (row.tokens / decoding) / (methods[base].tokens / base_decoding)
     plain = sorted(runs["plain"].call_rates) if "plain" in runs else []
     middle = plain[len(plain) // 4 : len(plain) - len(plain) // 4] or plain  # one slow call is not a busy machine
     busy = busy_note("plain decoding (the middle half of its calls)", middle)
-    return {"methods": methods, "steady": busy is None, "busy": busy}
+    return Comparison(methods, busy is None, busy)
 
 
 STEADY_SPREAD = 1.3  # fastest / slowest of repeated runs of one method beyond this: the machine was busy

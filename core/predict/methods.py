@@ -15,6 +15,7 @@ examples/build_reference.sh), so replay runs it when it is installed and says so
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from ..decode.speculate import PromptLookupDrafter, SuffixDrafter
 from ..draft import Draft
 from ..index.suffix_index import SuffixIndex
-from .compare import compare, summary
+from .compare import Comparison, compare, summary
 from .replay import ReplayResult, replay
 
 METHODS = ("specx", "specx_unmerged", "global_only", "request_only", "prompt_lookup", "reference")
@@ -48,11 +49,49 @@ def make_drafter(method: str, params: dict[str, Any]) -> Any:
     raise ValueError(f"unknown replay method {method!r}")
 
 
+@dataclass
+class MethodReplays:
+    """`run_replay`'s result: each method's replay of the same calls, in the order run; the first is
+    reported by group, the others are its baselines. `projection` (and the `cost_curves` it used)
+    is what `specx replay --project` adds: {"overall": {curve: ...}, "groups": {key: {curve: ...}}}."""
+
+    results: dict[str, ReplayResult]
+    params: dict[str, Any]
+    projection: dict[str, Any] | None = None
+    cost_curves: list[dict[str, Any]] | None = None
+
+    @property
+    def method(self) -> str:
+        return next(iter(self.results))
+
+    @property
+    def main(self) -> ReplayResult:
+        return self.results[self.method]
+
+    def to_json(self, curves: bool = False) -> dict[str, Any]:
+        """The replay as `specx replay --json` prints it (`curves`: with each call's tokens and steps)."""
+        projected = self.projection or {}
+        groups = [{"key": key, **stats.to_json()} for key, stats in sorted(self.main.groups.items())]
+        for group in groups if projected else []:
+            group["projected_speedup"] = projected["groups"][group["key"]]
+        out = {"method": self.method, "overall": self.main.overall.to_json(), "groups": groups,
+               "baselines": {m: r.overall.to_json() for m, r in self.results.items() if m != self.method},
+               "baseline_groups": {m: [{"key": k, **s.to_json()} for k, s in sorted(r.groups.items())]
+                                   for m, r in self.results.items() if m != self.method},
+               "params": self.params}
+        if projected:
+            out |= {"projected_speedup": projected["overall"], "cost_curves": self.cost_curves}
+        if curves:
+            out["curve"] = {m: r.curve for m, r in self.results.items()}
+        return out | {"accepted_hist": {m: dict(sorted(r.overall.accepted_hist.items()))
+                                        for m, r in self.results.items()}}
+
+
 def run_replay(calls: list[Any], prompts: list[np.ndarray], outputs: list[np.ndarray],
                warm: list[np.ndarray], params: dict[str, Any], by: str, methods: list[str],
-               on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """{"overall", "groups", "baselines", "params", "curve", "accepted_hist"} for the first method
-    (specx), the others as baselines, all on the same calls."""
+               on_call: Callable[[], None] = lambda: None) -> MethodReplays:
+    """Every method in `methods` replays the same calls (grouped by `by`), each after learning the
+    `warm` outputs; the first method is the one reported, the others its baselines."""
     results: dict[str, ReplayResult] = {}
     _warm_up(params)
     for method in methods:
@@ -63,19 +102,7 @@ def run_replay(calls: list[Any], prompts: list[np.ndarray], outputs: list[np.nda
             drafter.finish_request()
         stream = ((call.group(by), p, o) for call, p, o in zip(calls, prompts, outputs))
         results[method] = replay(stream, drafter, on_call=on_call)
-    main = results[methods[0]]
-    groups = [{"key": key, **stats.to_json()} for key, stats in sorted(main.groups.items())]
-    return {
-        "method": methods[0],
-        "overall": main.overall.to_json(),
-        "groups": groups,
-        "baselines": {m: r.overall.to_json() for m, r in results.items() if m != methods[0]},
-        "baseline_groups": {m: [{"key": k, **s.to_json()} for k, s in sorted(r.groups.items())]
-                            for m, r in results.items() if m != methods[0]},
-        "params": params,
-        "curve": {m: r.curve for m, r in results.items()},
-        "accepted_hist": {m: dict(sorted(r.overall.accepted_hist.items())) for m, r in results.items()},
-    }
+    return MethodReplays(results, params)
 
 
 def _warm_up(params: dict[str, Any]) -> None:
@@ -89,7 +116,7 @@ def _warm_up(params: dict[str, Any]) -> None:
         drafter.finish_request()
 
 
-def plot(result: dict[str, Any], path: Path, window: int = 50) -> None:
+def plot(result: MethodReplays, path: Path, window: int = 50) -> None:
     """Tokens per step against calls replayed (rolling over `window` calls), and accepted lengths."""
     import matplotlib
 
@@ -97,7 +124,7 @@ def plot(result: dict[str, Any], path: Path, window: int = 50) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for method, curve in result["curve"].items():
+    for method, curve in ((m, r.curve) for m, r in result.results.items()):
         tokens = np.array([c[0] for c in curve], dtype=float)
         steps = np.array([c[1] for c in curve], dtype=float)
         if not len(tokens):
@@ -110,24 +137,43 @@ def plot(result: dict[str, Any], path: Path, window: int = 50) -> None:
     left.set_title("learning curve")
     left.legend()
     left.grid(alpha=0.3)
-    hist = result["accepted_hist"][result["method"]]
+    hist = dict(sorted(result.main.overall.accepted_hist.items()))
     lengths = sorted(hist)
     total = sum(hist.values()) or 1
     right.bar(lengths, [hist[k] / total for k in lengths], color="tab:blue")
     right.set_xlabel("accepted draft tokens per step")
     right.set_ylabel("share of steps")
-    right.set_title(f"accepted length ({result['method']})")
+    right.set_title(f"accepted length ({result.method})")
     right.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+@dataclass
+class ModelReplay:
+    """`run_model_replay`'s result: the decoding methods compared on the stored calls' prompts.
+    The command line fills in what it loaded (`model`, `backend`, `dtype`)."""
+
+    comparison: Comparison
+    params: dict[str, Any]
+    calls: int
+    prompt_tokens: int
+    model: str | None = None
+    backend: str | None = None
+    dtype: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.comparison.to_json() | {"params": self.params, "calls": self.calls,
+                                            "prompt_tokens": self.prompt_tokens, "model": self.model,
+                                            "backend": self.backend, "dtype": self.dtype}
+
+
 def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: list[np.ndarray],
                      params: dict[str, Any], methods: list[str], max_tokens: int, cost: Any,
-                     on_call: Callable[[], None] = lambda: None, prefix_cache_tokens: int = 0) -> dict[str, Any]:
+                     on_call: Callable[[], None] = lambda: None, prefix_cache_tokens: int = 0) -> ModelReplay:
     """Plain decoding, transformers' prompt lookup and specx on the same prompts, with the model
-    (greedy); specx learns each output online. {"methods": {...}, "params": ...}."""
+    (greedy); specx learns each output online."""
     drafter = make_drafter("specx", params)
     for tokens in warm:
         drafter.global_index.add(tokens)
@@ -135,9 +181,8 @@ def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: l
     compare(net, [prompts[0][-16:]], None, 4, tokenizer.eos_token_id, ["plain"])  # first passes are slow
     runs = compare(net, prompts, drafter, max_tokens, tokenizer.eos_token_id, methods, cost=cost, on_call=on_call,
                    prefix_cache_tokens=prefix_cache_tokens)
-    return summary(runs) | {"params": params | {"max_tokens": max_tokens, "prefix_cache_tokens": prefix_cache_tokens},
-                            "calls": len(prompts),
-                            "prompt_tokens": sum(len(p) for p in prompts)}
+    return ModelReplay(summary(runs), params | {"max_tokens": max_tokens, "prefix_cache_tokens": prefix_cache_tokens},
+                       len(prompts), sum(len(p) for p in prompts))
 
 
 # ------------------------------------------------------------------ the reference, when importable

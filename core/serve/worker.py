@@ -308,7 +308,8 @@ class Worker:
                 return False  # the decode is closed without learning
             piece = text.pop()
             if piece:
-                job.emit("delta", index, piece, run.tokens[sent:], None if run.logprobs is None else run.logprobs[sent:])
+                job.emit("delta", index, piece, run.tokens[sent:],
+                         None if run.logprobs is None else run.logprobs[sent:])
                 sent = len(run.tokens)
             return True
 
