@@ -1,0 +1,134 @@
+"""The package's structure (issue 32): core/'s towers import one way, nothing imports in a cycle
+(imports inside functions and under TYPE_CHECKING included), the product never imports the
+measuring package, and no product file passes 400 lines. Read from the sources with `ast`."""
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# what each tower of core/ may import (besides itself); core.draft and core.numba_cache: anyone
+TOWERS = ["index", "model", "decode", "predict", "serve"]
+SHARED = {"specx.core.draft", "specx.core.numba_cache"}
+
+
+def modules() -> dict[str, Path]:
+    """Module name -> file, from pyproject's package-dir mapping (longest folder wins)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    folders = sorted(((ROOT / folder, name) for name, folder in config.items()), key=lambda x: -len(x[0].parts))
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        if any(part.startswith(".") or part in ("__pycache__", "build") for part in path.relative_to(ROOT).parts):
+            continue
+        for folder, package in folders:
+            if folder in path.parents or path.parent == folder:
+                rest = path.relative_to(folder).with_suffix("").parts
+                name = ".".join((package, *rest)).removesuffix(".__init__")
+                found.setdefault(name, path)
+                break
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of the package `name` imports, at any depth of its code."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    found = modules()
+    assert len(found) > 80 and "specx.core.decode.loop" in found  # the mapping was read
+    return {name: imports(name, path, set(found)) for name, path in found.items()}, found
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state and (found := visit(w)):
+                return found
+        stack.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(edges):
+        if v not in state and (found := visit(v)):
+            return found
+    return None
+
+
+def against_towers(edges: dict[str, set[str]]) -> list[str]:
+    """Imports of core/ modules that point against the towers' order."""
+    wrong = []
+    for name, targets in edges.items():
+        if not name.startswith("specx.core."):
+            continue
+        tower = name.split(".")[2]
+        allowed = TOWERS[: TOWERS.index(tower) + 1] if tower in TOWERS else []
+        for target in targets:
+            if target in SHARED or not target.startswith("specx.") or target == "specx.core":
+                continue
+            if not target.startswith("specx.core.") or target.split(".")[2] not in allowed:
+                wrong.append(f"{name} -> {target}")
+    return sorted(wrong)
+
+
+def test_no_import_cycle(graph):
+    cycle = find_cycle(graph[0])
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_towers_import_one_way(graph):
+    wrong = against_towers(graph[0])
+    assert not wrong, "imports against the towers' direction:\n" + "\n".join(wrong)
+
+
+def test_the_product_never_imports_the_bench(graph):
+    edges, _ = graph
+    wrong = [f"{m} -> {t}" for m, ts in edges.items() if not m.startswith("specx.bench")
+             for t in ts if t.startswith("specx.bench")]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_product_file_over_400_lines(graph):
+    _, found = graph
+    long = {name: n for name, path in found.items() if not name.startswith("specx.bench")
+            and (n := len(path.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+def test_the_checks_can_fail(graph):
+    """A planted import from the index into the decode loop is against the towers and closes a
+    cycle (the loop reaches the index through the drafters)."""
+    edges, _ = graph
+    planted = {k: set(v) for k, v in edges.items()}
+    planted["specx.core.index.suffix_index"].add("specx.core.decode.loop")
+    assert against_towers(planted) == ["specx.core.index.suffix_index -> specx.core.decode.loop"]
+    assert find_cycle(planted) is not None
