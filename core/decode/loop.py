@@ -213,25 +213,11 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
         guesses: list[int] = []  # the model's own guesses from the last pass (speculative decoding only)
         while (max_new_tokens is None or num_out < max_new_tokens) and not verifier.finished:
             start = clock()
-            draft = drafter.speculate() if drafter is not None else Draft()
-            if verifier.vocab_size is not None:
-                check_draft(draft, verifier.vocab_size)
-            if guesses:
-                draft = add_guesses(draft, guesses)
-            if constraint is not None and drafter is not None:
-                forced = constraint.forced()
-                if forced:
-                    draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
-            if verifier.linear:
-                draft = best_path(draft)
-            if max_new_tokens is not None:  # a step emits at most accepted + 1 tokens
-                draft = limit_depth(draft, max_new_tokens - num_out - 1)
             context = len(prompt) + num_out
-            if cost is not None:
-                draft = size_draft(draft, cost, 1, acceptance, context,
-                                   cost.max_draft() if isinstance(cost, LearnedCost) else None)
-            if constraint is not None:
-                draft = constraint.prune(draft)
+            draft = shape_draft(drafter.speculate() if drafter is not None else Draft(), verifier, guesses,
+                                constraint if drafter is not None else None, constraint,
+                                None if max_new_tokens is None else max_new_tokens - num_out, cost, acceptance,
+                                context)
             tag = threads.before_pass() if threads is not None else None
             drafted = clock()
             verdict = verifier.verify(draft)
@@ -265,6 +251,45 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
     finally:
         if drafter is not None:
             drafter.finish_request(learned)
+
+
+def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcing: Any, constraint: Any,
+                tokens_left: int | None, cost: ForwardCost | LearnedCost | None, acceptance: AcceptanceModel | None,
+                context: int) -> Draft:
+    """The drafter's tree, made into what the verifier runs this pass. Each change is optional and
+    they run in this order, for the reason given:
+
+    1. checked: every token must be an id the model has (`check_draft`), before anything builds on it;
+    2. the model's guesses from the last pass join as roots (`add_guesses`): before the cuts below,
+       so that they compete with the drafter's nodes;
+    3. the tokens the grammar forces lead the tree (`forcing`: speculative decoding only), the draft
+       below them: before the best path is taken, so that the path runs through them;
+    4. a verifier that takes linear drafts gets the best path (`best_path`): once every node is in;
+    5. no node deeper than the tokens left (`limit_depth`: a step emits at most accepted + 1): before
+       sizing, which must not pay for nodes that cannot be output;
+    6. cut to the size that pays on the cost curve (`size_draft`), with each node's chance from
+       `acceptance`: after every change of shape, as it weighs the tree the verifier would run;
+    7. the nodes the grammar refuses pruned (`constraint.prune`): last, as it walks the grammar
+       over every node, on the smallest tree.
+    """
+    if verifier.vocab_size is not None:
+        check_draft(draft, verifier.vocab_size)
+    if guesses:
+        draft = add_guesses(draft, guesses)
+    if forcing is not None:
+        forced = forcing.forced()
+        if forced:
+            draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
+    if verifier.linear:
+        draft = best_path(draft)
+    if tokens_left is not None:
+        draft = limit_depth(draft, tokens_left - 1)
+    if cost is not None:
+        draft = size_draft(draft, cost, 1, acceptance, context,
+                           cost.max_draft() if isinstance(cost, LearnedCost) else None)
+    if constraint is not None:
+        draft = constraint.prune(draft)
+    return draft
 
 
 def _learn_step(cost: Any, threads: ThreadTuner | None, tag: Any, num_tokens: int, context: int,
