@@ -6,7 +6,7 @@ three ways on the same requests: plain decoding, specx without the prediction (i
 still holds the file, from the prompt) and specx with it (core.decode.speculate.PredictionDrafter first).
 Every output is checked identical to plain decoding's.
 
-    .venv/bin/python examples/edit_bench.py [--json]
+    .venv/bin/python examples/edit_bench.py [--backend llama.cpp] [--json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from specx.core.decode.cost import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
-from specx.core.model.load import load_model
+from specx.core.model.load import BACKENDS, load_backend
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.serve.worker import prediction_tokens
 
@@ -46,10 +46,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default=None, help="weights dtype: float32, bfloat16 (default: float32 on CPU, "
                         "bfloat16 on a GPU; lossless holds in float32)")
+    parser.add_argument("--backend", default="transformers", choices=BACKENDS,
+                        help="what runs the built-in model (llama.cpp: its GGUF as it ships)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    net, tok = load_model("smollm2-135m", specx_home() / "models", dtype=args.dtype)
+    net, tok = load_backend("smollm2-135m", specx_home() / "models", args.backend, dtype=args.dtype)
     cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr))
     requests = []
     for path, start, lines, old, new in TASKS:
@@ -86,7 +88,7 @@ def main() -> None:
     for name, row in rows.items():
         row["speedup_vs_plain"] = row["tokens_per_s"] / rows["plain"]["tokens_per_s"]
         row["identical"] = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
-    report = {"tasks": len(requests), "methods": rows,
+    report = {"tasks": len(requests), "backend": getattr(net, "engine", "transformers"), "methods": rows,
               "example_output": tok.decode(outputs["plain"][0])[:300]}
     if args.json:
         print(json.dumps(report, indent=2))
