@@ -214,10 +214,12 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
         while (max_new_tokens is None or num_out < max_new_tokens) and not verifier.finished:
             start = clock()
             context = len(prompt) + num_out
-            draft = shape_draft(drafter.speculate() if drafter is not None else Draft(), verifier, guesses,
-                                constraint if drafter is not None else None, constraint,
+            cap = cost.max_draft() if isinstance(cost, LearnedCost) else None
+            # a step the learned cost keeps plain drafts nothing (sizing would cut it all: exact)
+            proposed = drafter.speculate() if drafter is not None and cap != 0 else Draft()
+            draft = shape_draft(proposed, verifier, guesses, constraint if drafter is not None else None, constraint,
                                 None if max_new_tokens is None else max_new_tokens - num_out, cost, acceptance,
-                                context)
+                                context, cap)
             tag = threads.before_pass() if threads is not None else None
             drafted = clock()
             verdict = verifier.verify(draft)
@@ -255,7 +257,7 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
 
 def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcing: Any, constraint: Any,
                 tokens_left: int | None, cost: ForwardCost | LearnedCost | None, acceptance: AcceptanceModel | None,
-                context: int) -> Draft:
+                context: int, max_nodes: int | None = None) -> Draft:
     """The drafter's tree, made into what the verifier runs this pass. Each change is optional and
     they run in this order, for the reason given:
 
@@ -268,7 +270,8 @@ def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcin
     5. no node deeper than the tokens left (`limit_depth`: a step emits at most accepted + 1): before
        sizing, which must not pay for nodes that cannot be output;
     6. cut to the size that pays on the cost curve (`size_draft`), with each node's chance from
-       `acceptance`: after every change of shape, as it weighs the tree the verifier would run;
+       `acceptance`, at most `max_nodes` (the learned cost's guard): after every change of shape,
+       as it weighs the tree the verifier would run;
     7. the nodes the grammar refuses pruned (`constraint.prune`): last, as it walks the grammar
        over every node, on the smallest tree.
     """
@@ -285,8 +288,7 @@ def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcin
     if tokens_left is not None:
         draft = limit_depth(draft, tokens_left - 1)
     if cost is not None:
-        draft = size_draft(draft, cost, 1, acceptance, context,
-                           cost.max_draft() if isinstance(cost, LearnedCost) else None)
+        draft = size_draft(draft, cost, 1, acceptance, context, max_nodes)
     if constraint is not None:
         draft = constraint.prune(draft)
     return draft
