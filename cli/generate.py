@@ -111,7 +111,7 @@ def generate_cmd(
         constraint = vocabulary.constraint(grammar) if grammar is not None else None
         run = collect(generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
                                constraint=constraint, threads=threads, learn=False, **sampling),
-                      lambda step, so_far: output.stdout.out(text.pop(), end="", highlight=False) if stream else None)
+                      (lambda step, so_far: output.stdout.out(text.pop(), end="", highlight=False)) if stream else None)
         assert run is not None
         totals, tokens = run.stats, run.tokens
         if stream:

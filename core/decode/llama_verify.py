@@ -37,8 +37,6 @@ class LlamaVerifier:
         self.pending = [prompt[-1]]
 
     def verify(self, draft: Any) -> Any:
-        from ..decode.verify import judge
-
         allowed = self.constraint.allowed(draft) if self.constraint is not None else None
         num_kept = len(self.model.cached) + len(self.pending)
         rows = self.model.forward(self.pending + list(draft.token_ids), logits_from=len(self.pending) - 1)

@@ -24,6 +24,7 @@ from .suffix_array import forward_ranges_into, prefix_narrow
 
 configure_numba_cache()  # before any kernel here is decorated
 
+
 @njit(cache=True, nogil=True, inline="always")
 def _grow1(a: np.ndarray, n: int) -> np.ndarray:
     if n <= len(a):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from ..numba_cache import configure as configure_numba_cache
 
 configure_numba_cache()  # before any kernel here is decorated

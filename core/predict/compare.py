@@ -188,8 +188,11 @@ class Comparison:
     not stable figures; `busy` then says so in words."""
 
     methods: dict[str, MethodFigures]
-    steady: bool
     busy: str | None
+
+    @property
+    def steady(self) -> bool:
+        return self.busy is None
 
     def to_json(self) -> dict[str, Any]:
         return {"methods": {name: row.to_json() for name, row in self.methods.items()}, "steady": self.steady,
@@ -224,7 +227,7 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
     plain = sorted(runs["plain"].call_rates) if "plain" in runs else []
     middle = plain[len(plain) // 4 : len(plain) - len(plain) // 4] or plain  # one slow call is not a busy machine
     busy = busy_note("plain decoding (the middle half of its calls)", middle)
-    return Comparison(methods, busy is None, busy)
+    return Comparison(methods, busy)
 
 
 STEADY_SPREAD = 1.3  # fastest / slowest of repeated runs of one method beyond this: the machine was busy

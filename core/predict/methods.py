@@ -68,8 +68,8 @@ class MethodReplays:
     def main(self) -> ReplayResult:
         return self.results[self.method]
 
-    def to_json(self, curves: bool = False) -> dict[str, Any]:
-        """The replay as `specx replay --json` prints it (`curves`: with each call's tokens and steps)."""
+    def to_json(self) -> dict[str, Any]:
+        """The replay as `specx replay --json` prints it."""
         projected = self.projection or {}
         groups = [{"key": key, **stats.to_json()} for key, stats in sorted(self.main.groups.items())]
         for group in groups if projected else []:
@@ -81,8 +81,6 @@ class MethodReplays:
                "params": self.params}
         if projected:
             out |= {"projected_speedup": projected["overall"], "cost_curves": self.cost_curves}
-        if curves:
-            out["curve"] = {m: r.curve for m, r in self.results.items()}
         return out | {"accepted_hist": {m: dict(sorted(r.overall.accepted_hist.items()))
                                         for m, r in self.results.items()}}
 
@@ -124,9 +122,9 @@ def plot(result: MethodReplays, path: Path, window: int = 50) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for method, curve in ((m, r.curve) for m, r in result.results.items()):
-        tokens = np.array([c[0] for c in curve], dtype=float)
-        steps = np.array([c[1] for c in curve], dtype=float)
+    for method, run in result.results.items():
+        tokens = np.array([c[0] for c in run.curve], dtype=float)
+        steps = np.array([c[1] for c in run.curve], dtype=float)
         if not len(tokens):
             continue
         kernel = np.ones(min(window, len(tokens)))
@@ -137,7 +135,7 @@ def plot(result: MethodReplays, path: Path, window: int = 50) -> None:
     left.set_title("learning curve")
     left.legend()
     left.grid(alpha=0.3)
-    hist = dict(sorted(result.main.overall.accepted_hist.items()))
+    hist = result.main.overall.accepted_hist
     lengths = sorted(hist)
     total = sum(hist.values()) or 1
     right.bar(lengths, [hist[k] / total for k in lengths], color="tab:blue")

@@ -239,7 +239,7 @@ def bench_ingest(root: Path, workdir: Path, tokenizer: Any, on_step: Callable[[s
 
 
 def reference_figures(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.ndarray],
-          continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
+                      continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
     """The same figures as specx's, where the reference has them (it cannot save or load),
     measured and summarised by the benchmark's own code, as specx's are."""
     c = reference_module()
