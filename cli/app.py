@@ -16,6 +16,7 @@ import typer
 
 from . import output
 from .check import check_cmd
+from .engines import engines_cmd, resolve_backend
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
@@ -288,7 +289,7 @@ def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window:
     from specx.store.prompts import model_prompts
     from specx.store.selection import outside_sessions, select_calls
 
-    net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
+    net, tok = load_backend(model, specx_home() / "models", resolve_backend(model, backend, output.note), dtype=dtype)
     llama = on_llamacpp(net)
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
@@ -335,6 +336,7 @@ app.command("check")(check_cmd)
 app.command("merge")(merge_cmd)
 app.command("generate")(generate_cmd)
 app.command("serve")(serve_cmd)
+app.command("engines")(engines_cmd)
 
 
 def main() -> None:

@@ -72,7 +72,9 @@ def generate_cmd(
     from specx.core.predict.compare import busy_note, steady
 
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
-    net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
+    from .engines import resolve_backend
+
+    net, tok = load_backend(model, specx_home() / "models", resolve_backend(model, backend, output.note), dtype=dtype)
     output.note(f"backend: {getattr(net, 'engine', 'transformers')}")
     if not raw or chat_template is not None:
         use_chat_template(tok, chat_template, model)

@@ -10,6 +10,7 @@ import shutil
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -105,6 +106,7 @@ def serve_cmd(
     from specx.core.serve.worker import LockedTokenizer, Worker
     from specx.store.served import ServedRecorder
 
+    from .engines import resolve_backend, trial_possible
     from .server import Api
 
     handler = logging.StreamHandler(sys.stderr)
@@ -125,7 +127,8 @@ def serve_cmd(
         try:
             api.stage = f"loading {model}"
             log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
-            net, tok = load_backend(model, specx_home() / "models", backend, dtype=dtype)
+            engine = resolve_backend(model, backend, log.info)
+            net, tok = load_backend(model, specx_home() / "models", engine, dtype=dtype)
             log.info("backend: %s", getattr(net, "engine", "transformers"))
             use_chat_template(tok, chat_template, model)
             context_length = int(net.config.max_position_embeddings)
@@ -158,6 +161,9 @@ def serve_cmd(
             log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
                      ", ".join(names), host, port, "on" if speculate else "off", f"{global_index.num_tokens:,}",
                      path)
+            if speculate and backend == "auto" and trial_possible(model):
+                threading.Thread(target=_engine_trials, args=(model, path, engine, metrics, log, api),
+                                 name="specx-engine-trial", daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - reported after the server stops, as main reports it
             failed.append(exc)
             log.error("could not start: %s", exc)
@@ -185,6 +191,46 @@ def serve_cmd(
             api.worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
     if failed:
         raise failed[0]
+
+
+def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging.Logger, api: Any) -> None:
+    """Which engine runs specx fastest here: `specx engines` in a child process at low priority, when
+    no choice was made on this machine, and again once if the served workload's tokens per step
+    move far from the trial's (the evidence changed). The choice is kept for the next start."""
+    from specx.core.predict.engines import Choice
+
+    from .engines import REVISIT_MIN_STEPS, REVISIT_RATIO, kept_choice_for, start_trial
+
+    def run(why: str) -> Choice | None:
+        log.info("engine trial: %s: measuring specx on each engine in a background process (niced); the "
+                 "choice is kept for the next start", why)
+        child = start_trial(model, db)
+        out, err = child.communicate()
+        try:
+            choice = Choice.from_json(json.loads(out)["choice"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("engine trial failed (exit %s): %s", child.returncode,
+                        (err.strip().splitlines() or ["no output"])[-1][:300])
+            return None
+        log.info("engine trial: %s%s", choice.line(), "" if choice.engine == engine else
+                 f"; this server runs on {engine}: the next start runs on {choice.engine}")
+        return choice
+
+    choice = kept_choice_for(model)
+    if choice is None:
+        choice = run("no engine choice was measured on this machine")
+        if choice is None:
+            return
+    while True:  # the evidence: the served requests' steps (a daemon thread: it ends with the server)
+        time.sleep(30)
+        steps = metrics._steps
+        if steps >= REVISIT_MIN_STEPS and choice.tokens_per_step > 0:
+            live = 1 + metrics._accepted / steps
+            ratio = live / choice.tokens_per_step
+            if not 1 / REVISIT_RATIO <= ratio <= REVISIT_RATIO:
+                run(f"the served requests write {live:.2f} tokens per step against {choice.tokens_per_step:.2f} "
+                    f"in the trial")
+                return
 
 
 def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_key: str | None,

@@ -9,6 +9,12 @@ weighs on all alike), greedy, at most --max-new-tokens each:
 - `llama.cpp prompt lookup`: llama-cpp-python's stock `LlamaPromptLookupDecoding` draft model.
 - `specx llama.cpp`: specx's decode loop on llama.cpp (suffix drafts, learned cost, guard).
 - `specx transformers`: specx on its transformers engine (the built-in model de-quantized to float32).
+- `specx auto`: specx on the engine `--backend auto` picks here (`specx engines`' kept choice, else
+  the prior: cli/engines.py), with caches of its own: what `specx serve` with no option runs.
+
+The header names the CPU and its instruction sets: which engine wins depends on them (docs/llamacpp.md).
+`--store DB` takes the prompts from a store instead (the agent's own, e.g. SWE-agent turns of
+2-8k tokens with `--source swe --min-prompt-tokens 2000`): long prompts, where prefill counts.
 
     .venv/bin/python examples/llamacpp_bench.py --requests 24 --json
     .venv/bin/python examples/llamacpp_bench.py --shots 0
@@ -33,17 +39,21 @@ sys.path.insert(0, str(HERE))
 
 from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
 
+from specx.cli.engines import llama_build, resolve_backend  # noqa: E402
 from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
 from specx.cli.output import progress  # noqa: E402
 from specx.core.decode.cost import AcceptanceModel  # noqa: E402
 from specx.core.decode.generate import generate, thread_tuner  # noqa: E402
 from specx.core.decode.loop import collect  # noqa: E402
+from specx.core.model import cpu  # noqa: E402
 from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel, on_llamacpp  # noqa: E402
 from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402
 from specx.core.model.prefix_cache import PrefixCache  # noqa: E402
 from specx.core.decode.speculate import SuffixDrafter  # noqa: E402
 
-METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers")
+METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers",
+           "specx auto")
+N_CTX = 8192  # the built-in model's trained context: long agent prompts fit
 
 
 def stock_llama(path: Path, threads: int, cache_type: str, lookup: bool):
@@ -51,7 +61,7 @@ def stock_llama(path: Path, threads: int, cache_type: str, lookup: bool):
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    return Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+    return Llama(model_path=str(path), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads, flash_attn=True,
                  type_k=CACHE_TYPES[cache_type], type_v=CACHE_TYPES[cache_type], verbose=False,
                  draft_model=LlamaPromptLookupDecoding() if lookup else None,
                  logits_all=lookup)  # a draft model needs it in 0.3.36 (else it fails past n_batch tokens)
@@ -66,6 +76,30 @@ def stock_generate(llm, prompt: list[int], max_new_tokens: int, eos: int) -> lis
     return out
 
 
+def store_prompts(args: argparse.Namespace, tok) -> list[list[int]]:
+    """The latest stored calls' prompts as the model reads them (chat template), at least
+    --min-prompt-tokens long, cut to their last --max-prompt-tokens."""
+    from specx.core.model.load import tokenizer_fingerprint
+    from specx.store.db import Store
+    from specx.store.prompts import model_prompts
+    from specx.store.selection import select_calls
+
+    with Store(args.store) as store:
+        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
+        if tokenizer_id is None:
+            sys.exit(f"error: {args.store} holds no tokens of the built-in model's tokenizer")
+        calls = select_calls(store, tokenizer_id, sources=[args.source] if args.source else None)
+        prompts: list[list[int]] = []
+        for i in range(len(calls) - 1, -1, -16):  # newest first, 16 calls a batch
+            _, found = model_prompts(store, tok, calls[max(0, i - 15): i + 1], args.max_prompt_tokens + 1)
+            prompts = [p[-args.max_prompt_tokens:] for p in found if len(p) >= args.min_prompt_tokens] + prompts
+            if len(prompts) >= args.warmup + args.requests:
+                break
+    if len(prompts) < args.warmup + args.requests:
+        sys.exit(f"error: {len(prompts)} prompts of at least {args.min_prompt_tokens} tokens in {args.store}")
+    return prompts[-(args.warmup + args.requests):]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
@@ -75,9 +109,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (specx may choose 1 when faster)")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--spider", type=Path, default=DEFAULT_SPIDER)
+    parser.add_argument("--store", type=Path, help="take the prompts from this store (its latest calls) instead")
+    parser.add_argument("--source", help="with --store: only calls whose source path holds this")
+    parser.add_argument("--min-prompt-tokens", type=int, default=0, help="with --store: only prompts this long")
+    parser.add_argument("--max-prompt-tokens", type=int, default=7900, help="with --store: prompts cut to this")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    if not (args.spider / "spider_dev.json").is_file():
+    if args.store is None and not (args.spider / "spider_dev.json").is_file():
         sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in METHODS]
@@ -87,8 +125,16 @@ def main() -> None:
     path = builtin_gguf("smollm2-135m")
     tok = load_tokenizer("smollm2-135m", specx_home() / "models")
     eos = tok.eos_token_id
-    texts = spider_prompts(args.spider, args.warmup + args.requests, args.shots)
-    prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+    if args.store is not None:
+        prompts = store_prompts(args, tok)
+        workload = f"{args.store} ({args.source or 'all sources'}), prompts of {min(map(len, prompts)):,}-" \
+                   f"{max(map(len, prompts)):,} tokens"
+    else:
+        texts = spider_prompts(args.spider, args.warmup + args.requests, args.shots)
+        prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+        workload = f"text-to-SQL {args.shots}-shot"
+    print(f"{cpu.model_name()}: {' '.join(cpu.instruction_sets()) or 'no AVX2'}; llama-cpp-python "
+          f"{(llama_build() or {}).get('llama_cpp')}; {workload}", file=sys.stderr)
 
     runners, costs = {}, []
     if "llama.cpp" in methods:
@@ -115,7 +161,7 @@ def main() -> None:
         return run
 
     if "specx llama.cpp" in methods:
-        net = LlamaModel(path, threads=args.threads)
+        net = LlamaModel(path, n_ctx=N_CTX, threads=args.threads)
         cost = model_cost(net, "smollm2-135m", say)
         costs.append(cost)
         runners["specx llama.cpp"] = specx_runner("specx llama.cpp", net, cost, thread_tuner(net, say))
@@ -127,6 +173,18 @@ def main() -> None:
         cost = model_cost(hf, "smollm2-135m", say)
         costs.append(cost)
         runners["specx transformers"] = specx_runner("specx transformers", hf, cost, thread_tuner(hf, say))
+    if "specx auto" in methods:
+        engine = resolve_backend("smollm2-135m", "auto", say)
+        if engine == "llama.cpp":
+            net = LlamaModel(path, n_ctx=N_CTX, threads=args.threads)
+        else:
+            import torch
+
+            torch.set_grad_enabled(False)
+            net, _ = load_model("smollm2-135m", specx_home() / "models")
+        cost = model_cost(net, "smollm2-135m", say)
+        costs.append(cost)
+        runners["specx auto"] = specx_runner("specx auto", net, cost, thread_tuner(net, say))
 
     outputs = {m: [] for m in methods}
     seconds = {m: [] for m in methods}
@@ -160,7 +218,8 @@ def main() -> None:
                     for i in timed if seconds[m][i] and seconds[ref][i] and outputs[ref][i]]
         rows[m]["median_call_ratio"] = statistics.median(per_call) if per_call else 0.0
     if args.json:
-        print(json.dumps({"methods": rows, "requests": args.requests, "warmup": args.warmup, "shots": args.shots,
+        print(json.dumps({"cpu": cpu.model_name(), "isa": cpu.instruction_sets(), "workload": workload,
+                          "methods": rows, "requests": args.requests, "warmup": args.warmup, "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "threads": args.threads, "reference": ref}, indent=2))
         return
     print(f"{'method':<26}{'tokens/s':>10}{'vs ' + ref:>14}{'per call':>10}{'tokens/step':>13}{'identical':>11}")
@@ -168,7 +227,7 @@ def main() -> None:
         per_step = f"{r['tokens_per_step']:>13.2f}" if "tokens_per_step" in r else f"{'-':>13}"
         print(f"{m:<26}{r['tokens_per_s']:>10.1f}{r['vs_llama_cpp']:>13.2f}x{r['median_call_ratio']:>9.2f}x"
               f"{per_step}{r['identical_calls']:>6}/{r['calls']}")
-    print(f"text-to-SQL {args.shots}-shot, {args.requests} timed requests; tokens/s include each prompt's prefill; "
+    print(f"{workload}, {args.requests} timed requests; tokens/s include each prompt's prefill; "
           f"per call: the median of the calls' ratios; identical: outputs equal to {ref}'s")
 
 
