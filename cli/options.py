@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from collections.abc import Callable
@@ -96,12 +97,22 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = specx_home() / "cost" / f"learned-{digest}.json"
     cost = None
-    if path.exists() and not relearn:
+    if not relearn:  # what an earlier run kept; a file that cannot be used is set aside, with one line
+        from specx.core.kept import Unusable, read_kept_json, set_aside
+
         try:
-            cost = LearnedCost(prior, say, json.loads(path.read_text())["state"])
-            say(f"forward-pass cost: as learned by earlier runs ({cost.passes} passes; {path})")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            say(f"forward-pass cost: cannot use {path} ({exc}): starting from the shipped curve's shape")
+            doc = read_kept_json(path)  # a regular file of at most core.kept.MAX_BYTES, else Unusable
+            if doc is not None:
+                if not isinstance(doc, dict) or "state" not in doc:
+                    raise Unusable("holds no learned state")
+                cost = LearnedCost(prior, say, doc["state"])  # ValueError for a state it cannot believe
+                say(f"forward-pass cost: as learned by earlier runs ({cost.passes} passes; {path})")
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with a kept file, a start goes on without it
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            aside = set_aside(path)
+            where = f"set aside as {aside.name}" if aside is not None else "it could not be set aside"
+            say(f"forward-pass cost: cannot use {path} ({why}): {where}; starting from the shipped curve's shape")
+            cost = LearnedCost(prior, say)
     if cost is None:
         cost = LearnedCost(prior, say)
         say("forward-pass cost: starting from the shipped curve's shape; learned from the passes as they run")
@@ -110,16 +121,19 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
 
 
 def keep_cost(cost: Any, say: Callable[[str], None] = lambda message: None) -> None:
-    """Save what `cost` (from model_cost) has learned, for the next run on this model and machine."""
+    """Save what `cost` (from model_cost) has learned, for the next run on this model and machine
+    (written beside it and renamed into place; nothing is left behind when that fails)."""
     import json
 
     path = getattr(cost, "kept_at", None)
     if path is None or not cost.passes:
         return
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"key": cost.key, "state": cost.state()}, default=str))
         tmp.replace(path)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         say(f"forward-pass cost: cannot keep it in {path} ({exc})")
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

@@ -4,7 +4,9 @@ nothing here depends on this machine's timing."""
 
 import json
 import math
+import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -205,3 +207,148 @@ def test_the_guard_believes_plain_steps_measured_a_moment_ago_over_a_curve_that_
         for _ in range(GUARD_STEPS):
             cost.observe_step(4, 300, 0.030, 0.030, 2)  # drafted: 15 ms a token
     assert cost.cap is not None and cost.cap < 4
+
+
+# --------------------------------------------------------------------------- the kept file (issue 39)
+
+def _learned_state() -> dict:
+    cost = LearnedCost(SHIPPED_LIKE)
+    busy_passes(cost, STEEP, passes=100)
+    return json.loads(json.dumps(cost.state()))
+
+
+def test_a_kept_state_no_machine_gives_is_refused_with_a_value_error():
+    """Issue 39, cases 2-3: a state of the wrong type, counts past a float, or a load far outside
+    any machine's (exp(-1e6) seconds made every request 500 with ZeroDivisionError) is refused as
+    ValueError, never accepted or raised as something the caller does not expect."""
+    state = _learned_state()
+    bad = [[1, 2], "state", {**state, "passes": float("inf")}, {**state, "passes": -3}, {**state, "anchors": True},
+           {**state, "passes": 10 ** 400}, {**state, "load": -1e6}, {**state, "load": 1e6}, {**state, "load": "0"},
+           {**state, "g": [[1e300] * len(SIZES)] * 2}, {**state, "counts": [["x"] * len(SIZES)] * 2},
+           {**state, "sizes": 7}, {**state, "contexts": None}, {k: v for k, v in state.items() if k != "g"}]
+    for value in bad:
+        with pytest.raises(ValueError):
+            LearnedCost(SHIPPED_LIKE, state=value)
+    # the edges of the believable: a one-token pass of 1e-7 s and of 1000 s
+    for load in (math.log(1e-7) + 1e-9, math.log(1e3) - 1e-9):
+        assert LearnedCost(SHIPPED_LIKE, state={**state, "load": load})(1, 128) > 0
+
+
+def _deep_brackets(path, good):
+    path.write_text("[" * 100_000)
+
+
+def _passes_past_a_float(path, good):
+    path.write_text(json.dumps(good).replace(f'"passes": {good["state"]["passes"]}', '"passes": 1e400'))
+
+
+DAMAGED = {  # how a kept cost file can be damaged, and how to damage it
+    "a list as its state": lambda path, good: path.write_text(json.dumps({**good, "state": [1, 2]})),
+    "passes past a float": _passes_past_a_float,
+    "100k brackets": _deep_brackets,
+    "a load of -1e6": lambda path, good: path.write_text(
+        json.dumps({**good, "state": {**good["state"], "load": -1e6}})),
+    "more than a MiB": lambda path, good: path.write_text(json.dumps(good) + " " * (1 << 20)),
+    "a symlink to /dev/zero": lambda path, good: path.symlink_to("/dev/zero"),
+    "a FIFO": lambda path, good: os.mkfifo(path),
+    "a directory": lambda path, good: path.mkdir(),
+}
+
+
+def _model_cost(net, said, timeout=60.0):
+    """cli.options.model_cost in a thread that must end within `timeout` s (a FIFO once hung it)."""
+    from specx.cli.options import model_cost
+
+    out = []
+    thread = threading.Thread(target=lambda: out.append(model_cost(net, "tiny", said.append)), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "model_cost did not return: it is reading a kept file that never ends"
+    assert out, "model_cost raised (see the thread's traceback above)"
+    return out[0]
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on(damage, tmp_path, monkeypatch):
+    """Issue 39, cases 2-4: whatever stands where the learned cost is kept, a start goes on from
+    the shipped curve, sets the thing aside under a name that says so (one line naming it and
+    why), and the next keep writes a good file in its place."""
+    from specx.cli.options import keep_cost
+    from test_verify import tiny_model
+
+    monkeypatch.setenv("SPECX_HOME", str(tmp_path))
+    net = tiny_model()
+    said: list[str] = []
+    cost = _model_cost(net, said)
+    busy_passes(cost, STEEP, passes=100)
+    keep_cost(cost)
+    path = cost.kept_at
+    good = json.loads(path.read_text())
+    assert _model_cost(net, said).passes == cost.passes  # a good file is used
+    path.unlink()
+    DAMAGED[damage](path, good)
+    said.clear()
+    again = _model_cost(net, said)
+    assert again.passes == 0 and again(1, 128) > 0  # the shipped curve's shape
+    assert not os.path.lexists(path)
+    aside = list(path.parent.glob(f"{path.name}.unusable-*"))
+    assert len(aside) == 1, list(path.parent.iterdir())
+    mentions = [line for line in said if str(path) in line]
+    assert len(mentions) == 1 and "cannot use" in mentions[0] and aside[0].name in mentions[0], said
+    assert "\n" not in mentions[0] and len(mentions[0]) < 400
+    if damage == "a symlink to /dev/zero":
+        assert aside[0].is_symlink()  # the link was set aside, not its target
+    busy_passes(again, STEEP, passes=20)
+    keep_cost(again)
+    assert _model_cost(net, said).passes == again.passes
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monkeypatch):
+    """Issue 39, case 2: a directory where the cost is kept left a learned-*.PID.tmp behind."""
+    from specx.cli.options import keep_cost
+    from test_verify import tiny_model
+
+    monkeypatch.setenv("SPECX_HOME", str(tmp_path))
+    cost = _model_cost(tiny_model(), [])
+    busy_passes(cost, STEEP, passes=20)
+    cost.kept_at.parent.mkdir(parents=True, exist_ok=True)
+    cost.kept_at.mkdir()
+    said: list[str] = []
+    keep_cost(cost, said.append)
+    assert len(said) == 1 and "cannot keep" in said[0]
+    assert sorted(p.name for p in cost.kept_at.parent.iterdir()) == [cost.kept_at.name]
+
+
+def test_a_kept_file_is_read_with_a_bound_and_never_from_a_device_or_fifo(tmp_path):
+    from specx.core.kept import Unusable, check_kept, check_kept_folder, read_kept, read_kept_json
+
+    assert read_kept(tmp_path / "none") is None and not check_kept(tmp_path / "none")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    assert read_kept_json(tmp_path / "dangling") is None
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert read_kept_json(tmp_path / "ok.json") == {"a": 1}
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    assert read_kept(tmp_path / "big", max_bytes=101) == b"x" * 101
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    for name, why in (("big", "more than"), ("fifo", "FIFO"), ("zero", "character device"), (".", "directory")):
+        with pytest.raises(Unusable, match=why):
+            read_kept(tmp_path / name, max_bytes=100)
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(b"{}" * 100)
+    (folder / "config.json").write_text("{}")
+    assert check_kept_folder(folder, max_bytes=100, limits={"tokenizer.json": 200})
+    assert not check_kept_folder(tmp_path / "none")
+    with pytest.raises(Unusable, match="its tokenizer.json is 200 bytes"):
+        check_kept_folder(folder, max_bytes=100)
+    os.mkfifo(folder / "special_tokens_map.json")
+    with pytest.raises(Unusable, match="its special_tokens_map.json is a FIFO"):
+        check_kept_folder(folder, max_bytes=100, limits={"tokenizer.json": 200})
+    with pytest.raises(Unusable, match="a file, not a folder"):
+        check_kept_folder(tmp_path / "ok.json")
+    for text, why in (("[" * 100_000, "too deep"), ("{", "not JSON"), (b"\xff", "UTF-8")):
+        (tmp_path / "bad").write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(Unusable, match=why):
+            read_kept_json(tmp_path / "bad")

@@ -238,21 +238,54 @@ class LearnedCost:
                 "counts": self.counts.tolist(), "load": self.load, "passes": self.passes, "anchors": self.anchors,
                 "curve_ms": {str(n): round(1e3 * s, 3) for n, s in zip(self.sizes, self._snapshot.seconds)}}
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        """A kept state, if it fits this grid and is finite; else ValueError (the caller says so)."""
-        if state.get("version") != 1 or list(state.get("sizes", [])) != list(self.sizes) \
-                or list(state.get("contexts", [])) != list(CONTEXTS):
+    def _restore(self, state: Any) -> None:
+        """A kept state, if it fits this grid and is believable (finite, its load a one-token pass of
+        KEPT_SECONDS, counts and passes non-negative and finite); else ValueError saying why (the
+        caller sets the file aside and starts from the prior)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"the state is a {type(state).__name__}, not an object")
+        if state.get("version") != 1 or not _same(state.get("sizes"), self.sizes) \
+                or not _same(state.get("contexts"), CONTEXTS):
             raise ValueError("kept for another grid of sizes")
-        g = np.asarray(state["g"], dtype=float)
-        counts = np.asarray(state["counts"], dtype=float)
-        load = float(state["load"])
+        try:
+            g = np.asarray(state["g"], dtype=float)
+            counts = np.asarray(state["counts"], dtype=float)
+            load = state["load"]
+        except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise ValueError(f"not a curve: {type(exc).__name__}: {exc}") from None
         if g.shape != self.g.shape or counts.shape != self.g.shape or not (
-                np.all(np.isfinite(g)) and np.all(np.isfinite(counts)) and math.isfinite(load)):
+                np.all(np.isfinite(g)) and np.all(np.isfinite(counts))):
             raise ValueError("not a finite curve of the right shape")
-        self.g, self.counts, self.load = g, np.maximum(counts, 0.0), load
-        self.passes = int(state.get("passes", 0))
-        self.anchors = int(state.get("anchors", 0))
+        if np.any(np.abs(g) > MAX_KEPT_LOG_RATIO) or np.any(counts > MAX_KEPT_COUNT):
+            raise ValueError("a curve no machine gives (a pass over n tokens 1e8 times one token's, or less)")
+        low, high = math.log(KEPT_SECONDS[0]), math.log(KEPT_SECONDS[1])
+        if not (_number(load) and low <= load <= high):
+            raise ValueError(f"load {load!r} is not the log of {KEPT_SECONDS[0]:g} to {KEPT_SECONDS[1]:g} seconds")
+        passes, anchors = state.get("passes", 0), state.get("anchors", 0)
+        for name, value in (("passes", passes), ("anchors", anchors)):
+            if not (_number(value) and 0 <= value <= MAX_KEPT_COUNT):
+                raise ValueError(f"{name} {value!r} is not a count")
+        self.g, self.counts, self.load = g, np.maximum(counts, 0.0), float(load)
+        self.passes = int(passes)
+        self.anchors = int(anchors)
         self._reported = self._ratios()
+
+
+KEPT_SECONDS = (1e-7, 1e3)  # a kept load: a one-token pass between these (far outside: the file is damaged)
+MAX_KEPT_LOG_RATIO = math.log(1e8)  # nor a raw curve further than this from one token's time
+MAX_KEPT_COUNT = 1e15  # nor counts of passes beyond this
+
+
+def _same(values: Any, expected: tuple[int, ...]) -> bool:
+    return isinstance(values, list) and len(values) == len(expected) and all(
+        _number(v) and v == e for v, e in zip(values, expected))
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number (not a boolean)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value)  # an int of any size
 
 
 def _sane(g: np.ndarray) -> np.ndarray:
