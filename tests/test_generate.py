@@ -181,6 +181,19 @@ def test_seeded_sampling_is_the_same_with_and_without_drafts(model64, top_k, top
     assert other != plain
 
 
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(model64):
+    """Issue 39, case 7: temperature 1e-320 (a subnormal, inside the valid range) made logits /
+    temperature overflow to inf, and softmax of infs sampled garbage, while 1e-300 was greedy.
+    Below core.decode.verify.MIN_TEMPERATURE decoding is greedy, with drafts and without."""
+    prompt = [11, 22, 33, 44]
+    ref = greedy_decode(model64, prompt, 30)
+    for temperature in (5e-324, 1e-320, 1e-310, 1e-300, 1e-6):
+        plain, _ = collect(generate(model64, prompt, None, max_new_tokens=30, temperature=temperature, seed=1))
+        spec, _ = collect(generate(model64, prompt, FakeDrafter(deep_chain, ref), max_new_tokens=30,
+                                   temperature=temperature, seed=1))
+        assert plain == spec == ref, temperature
+
+
 def test_limit_depth_keeps_shallow_nodes():
     draft = Draft([1, 2, 3, 4], [-1, 0, -1, 1], [0.4, 0.3, 0.2, 0.1], 1.0, 2)
     cut = limit_depth(draft, 2)

@@ -34,10 +34,17 @@ from .loop import TokenLogprob, Verdict
 _MASKABLE = ("sdpa", "eager", ATTENTION)
 
 
+# Temperatures below this decode greedily: dividing logits by 1e-320 (a subnormal) overflows to
+# inf, and softmax of infs is NaN, which sampled garbage; well before that, sampling at such a
+# temperature is the argmax but for exact ties.
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """How the next token is chosen: temperature 0 is greedy (argmax); otherwise the processed
-    distribution (temperature, then top-k, then top-p) is sampled with `generator`."""
+    """How the next token is chosen: temperature 0 (below MIN_TEMPERATURE) is greedy (argmax);
+    otherwise the processed distribution (temperature, then top-k, then top-p) is sampled with
+    `generator`."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -46,7 +53,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return not self.temperature >= MIN_TEMPERATURE  # NaN too
 
 
 def tree_unsupported(model: Any) -> str | None:
