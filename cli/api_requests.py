@@ -26,6 +26,7 @@ MAX_STOP_CHARS = 1024  # each stop string: kept with the answer, so bounded
 MAX_NAME_CHARS = 256  # a message's name
 MAX_MESSAGES_FIELDS_CHARS = 1024 * 1024  # all messages' fields other than content together (they are stored)
 PREDICTION_CHARS_PER_TOKEN = 16  # a prediction longer than this many characters per context token is refused unread
+PROMPT_CHARS_PER_TOKEN = 16  # so is a prompt (messages and tools together): it could never fit the context
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to what fits
 
@@ -34,6 +35,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                   tokenizers: Tokenizers) -> tuple[GenerationRequest, bool, bool]:
     """(request, stream, include_usage) from a decoded JSON body, or ApiError."""
     body = _object(body)
+    refuse_lone_surrogates(body)
     tool_parser, tool_names, tools_grammar = None, None, None
     model = _model(body, model_names, required=True)
     _refuse_unsupported(body, endpoint)
@@ -56,6 +58,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
     stop = _stop(body)
     if endpoint == "chat.completions":
         messages = _messages(body)
+        bound_prompt_chars(messages, body.get("tools"), context_length)
         prompt_ids, functions, choice = tokenizers.chat_tools(messages, body.get("tools"), body.get("tool_choice"))
         prompt_messages, prompt_text, prompt_param = messages, None, "messages"
         if choice.mode in ("required", "named"):  # the output is calls: a grammar enforces them
@@ -65,7 +68,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
         if choice.mode != "none":
             tool_parser, tool_names = tokenizers.tool_parser, [f["name"] for f in functions]
     else:
-        prompt_text, prompt_ids = _prompt(body, tokenizers)
+        prompt_text, prompt_ids = _prompt(body, tokenizers, context_length)
         prompt_messages, prompt_param = None, "prompt"
     if not prompt_ids:
         raise ApiError(400, "the prompt is empty", prompt_param)
@@ -95,18 +98,25 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
     return request, stream, include_usage
 
 
-def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers) -> list[int]:
+def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers,
+                   context_length: int | None = None) -> list[int]:
     """POST /tokenize (vLLM's): {"model"?, "prompt"} or {"model"?, "messages", "add_generation_prompt"?,
-    "tools"?} -> the token ids the completion endpoints would feed the model, or ApiError."""
+    "tools"?} -> the token ids the completion endpoints would feed the model, or ApiError. With
+    `context_length`, text longer than PROMPT_CHARS_PER_TOKEN per context token is refused untokenized."""
     body = _object(body)
+    refuse_lone_surrogates(body)
     _model(body, model_names, required=False)
     if "messages" in body:
         messages = body["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "'messages' must be a list of message objects", "messages", "invalid_type")
+        if context_length:
+            bound_prompt_chars(messages, body.get("tools"), context_length)
         return tokenizers.chat_tools(messages, body.get("tools"), body.get("tool_choice"),
                                      _bool(body, "add_generation_prompt", True))[0]
     if isinstance(body.get("prompt"), str):
+        if context_length:
+            _bound_chars("prompt", len(body["prompt"]), context_length)
         return tokenizers.text(body["prompt"])
     raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")
 
@@ -114,12 +124,48 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers) ->
 def parse_detokenize(body: Any, model_names: list[str], vocab_size: int) -> list[int]:
     """POST /detokenize (vLLM's): {"model"?, "tokens": [ids]} -> the ids, checked, or ApiError."""
     body = _object(body)
+    refuse_lone_surrogates(body)
     _model(body, model_names, required=False)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not _is_ids(tokens):
         raise ApiError(400, "'tokens' must be a list of token ids (integers)", "tokens", "invalid_type")
     _check_ids(tokens, vocab_size, "tokens")
     return tokens
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_lone_surrogates(body: Any) -> None:
+    """A lone surrogate (JSON's "\\ud800" escape without its pair) anywhere in the body, keys
+    included, is not text: UTF-8 cannot encode it, so no tokenizer, store or error message can
+    take it. A 400 naming where it is (e.g. 'stop.[0]', 'messages.[1].content'), first in the body's order.
+
+    >>> refuse_lone_surrogates({"stop": ["ok", "\\ud800"]})
+    Traceback (most recent call last):
+    ...
+    specx.cli.api_errors.ApiError: Invalid 'stop.[1]': it holds a lone surrogate (U+D800), which is not text
+    """
+    stack: list[tuple[Any, str | None]] = [(body, None)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            found = LONE_SURROGATE.search(value)
+            if found:
+                raise ApiError(400, f"Invalid '{where}': it holds a lone surrogate (U+{ord(found.group()):04X}), "
+                                    "which is not text", where, "invalid_value")
+        elif isinstance(value, dict):
+            children = []
+            for key, item in value.items():
+                name = key if LONE_SURROGATE.search(key) is None else key.encode("utf-8", "backslashreplace").decode()
+                path = name if where is None else f"{where}.{name}"
+                if name != key:
+                    raise ApiError(400, f"Invalid key '{path}': it holds a lone surrogate, which is not text", path,
+                                   "invalid_value")
+                children.append((item, path))
+            stack.extend(reversed(children))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}.[{i}]") for i, item in reversed(list(enumerate(value))))
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -312,7 +358,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _prompt(body: dict[str, Any], tokenizers: Tokenizers) -> tuple[str, list[int]]:
+def _prompt(body: dict[str, Any], tokenizers: Tokenizers, context_length: int) -> tuple[str, list[int]]:
     """The completions prompt: a string, or token ids; a list of one of those is one prompt too."""
     prompt = body.get("prompt")
     if prompt is None:
@@ -320,6 +366,7 @@ def _prompt(body: dict[str, Any], tokenizers: Tokenizers) -> tuple[str, list[int
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        _bound_chars("prompt", len(prompt), context_length)
         return prompt, tokenizers.text(prompt)
     if isinstance(prompt, list) and prompt and _is_ids(prompt):
         _check_ids(prompt, tokenizers.vocab_size, "prompt")
@@ -328,6 +375,40 @@ def _prompt(body: dict[str, Any], tokenizers: Tokenizers) -> tuple[str, list[int
         raise ApiError(400, "one prompt per request (send several requests, or use n)", "prompt",
                        "unsupported_parameter")
     raise ApiError(400, "'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
+
+
+def bound_prompt_chars(messages: Any, tools: Any, context_length: int) -> None:
+    """Refuse, before any tokenizer sees them, chat messages (their text: content and other fields)
+    and tools longer than PROMPT_CHARS_PER_TOKEN characters per token of the model's context: they
+    could never fit it, and tokenizing megabytes takes gigabytes (three 30 MB prompts once took
+    the server to 8.7 GB and held up every other request for a minute)."""
+    used = _text_chars(messages)
+    _bound_chars("messages", used, context_length)
+    if tools is not None:
+        _bound_chars("tools", used + _text_chars(tools), context_length, " (with the messages)")
+
+
+def _bound_chars(param: str, chars: int, context_length: int, note: str = "") -> None:
+    limit = PROMPT_CHARS_PER_TOKEN * context_length
+    if chars > limit:
+        raise ApiError(400, f"'{param}' takes {chars:,} characters{note}, more than {limit:,} "
+                            f"({PROMPT_CHARS_PER_TOKEN} per token of this model's context of {context_length:,} "
+                            f"tokens): it cannot fit; refused before tokenizing", param, "context_length_exceeded")
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of every string (keys included) in a JSON value, counted without recursion."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def _stop(body: dict[str, Any]) -> list[str]:

@@ -51,6 +51,27 @@ def existing_store(db: Path | None) -> Path:
     return path
 
 
+def check_api_key(api_key: str | None) -> str | None:
+    """`--api-key` as clients can send it, or typer.BadParameter (one line at start): a key is sent
+    in an HTTP header (`Authorization: Bearer KEY`), which carries visible ASCII only, so a key
+    with other characters (non-ASCII, spaces, control characters) could never be matched.
+
+    >>> check_api_key("s3cret-KEY_1")
+    's3cret-KEY_1'
+    >>> try:
+    ...     check_api_key("clé")
+    ... except typer.BadParameter as exc:
+    ...     print(exc.format_message())
+    Invalid value for --api-key: the API key holds 'é' (U+00E9): clients send the key in an HTTP header, ...
+    """
+    from specx.cli.server import api_key_problem
+
+    problem = api_key_problem(api_key)
+    if problem:
+        raise typer.BadParameter(problem, param_hint="--api-key")
+    return api_key
+
+
 ListOpt = Optional[list[str]]
 BackendOpt = Annotated[str, typer.Option(
     help="What runs the model: auto (llama.cpp for a GGUF, the built-in model included, when llama-cpp-python is "

@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -42,11 +42,30 @@ log = logging.getLogger("specx.serve")
 
 # --------------------------------------------------------------------------- the app
 
+def api_key_problem(api_key: str | None) -> str | None:
+    """Why no client could ever send `api_key` (None: it can be sent, or there is none). Clients
+    send it in an HTTP header, `Authorization: Bearer KEY`: visible ASCII characters only.
+
+    >>> api_key_problem("s3cret"), api_key_problem(None)
+    (None, None)
+    >>> api_key_problem("clé")
+    "the API key holds 'é' (U+00E9): clients send the key in an HTTP header, which takes visible ASCII characters only"
+    """
+    bad = next((c for c in api_key or "" if not "!" <= c <= "~"), None)
+    if bad is None:
+        return None
+    return (f"the API key holds {bad!r} (U+{ord(bad):04X}): clients send the key in an HTTP header, which takes "
+            "visible ASCII characters only")
+
+
 class Api:
     """The routes of one server: a worker, the names it answers to, an optional API key."""
 
     def __init__(self, metrics: Any, model_names: list[str], api_key: str | None = None,
                  allowed_origins: list[str] | None = None, tool_parser: str | None = None) -> None:
+        problem = api_key_problem(api_key)
+        if problem:
+            raise ValueError(problem)
         self.metrics = metrics
         self.model_names = model_names
         self.api_key = api_key or None
@@ -96,6 +115,10 @@ class Api:
         if self.worker is None:
             return JSONResponse({"status": "loading", "stage": self.stage, "models": self.model_names},
                                 status_code=503, headers={"Retry-After": "1"})
+        if not self.worker.alive:  # a bug ended the thread that answers: nothing will be answered (restart)
+            return JSONResponse({"status": "unhealthy", "reason": "the model worker has stopped: "
+                                 f"{self.worker.died or 'unknown cause'}", "models": self.model_names},
+                                status_code=503)
         return JSONResponse({"status": "ok", "models": self.model_names, "queue_depth": self.worker.jobs.qsize(),
                              "global_index_tokens": int(self.worker.global_index.num_tokens),
                              "speculation": self.worker.drafter is not None})
@@ -123,7 +146,8 @@ class Api:
     async def tokenize(self, request: Request) -> Response:
         """{"count", "tokens", "max_model_len"}: what the completions endpoints would feed the model."""
         async def make() -> Response:
-            ids = await asyncio.to_thread(parse_tokenize, await _json_body(request), self.model_names, self.tokenizers)
+            ids = await asyncio.to_thread(parse_tokenize, await _json_body(request), self.model_names, self.tokenizers,
+                                          self.context_length)
             return JSONResponse({"count": len(ids), "tokens": ids, "max_model_len": self.context_length})
         return await self._answer_async("tokenize", request, make)
 
@@ -302,10 +326,16 @@ async def _json_body(request: Request) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", None, "request_too_large")
     raw = b""
-    async for part in request.stream():
-        raw += part
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", None, "request_too_large")
+    try:
+        async for part in request.stream():
+            raw += part
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", None,
+                               "request_too_large")
+    except ClientDisconnect:  # e.g. a Content-Length larger than the body, then the client closed: one log line
+        of = f" of the {declared} its Content-Length declared" if declared is not None else ""
+        raise ApiError(400, f"the client went away after sending {len(raw):,} bytes of the request body{of}", None,
+                       "incomplete_body") from None
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):

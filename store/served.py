@@ -62,8 +62,8 @@ class ServedRecorder:
         try:
             record_served(self.store, self.model_name, calls, [c.token_ids for c in choices], self.fingerprint,
                           self.model_name, self.vocab_size)
-        except (sqlite3.Error, StoreError, OSError) as exc:
-            serve_log.error("%s: could not store the request: %s", req.id, exc)
+        except (sqlite3.Error, StoreError, OSError, ValueError) as exc:  # ValueError: UnicodeError (a lone surrogate)
+            serve_log.error("%s: could not store the request: %s: %s", req.id, type(exc).__name__, exc)
             return False
         return True
 

@@ -250,3 +250,103 @@ def test_schemas_the_grammar_library_cannot_build_are_refused_up_front(builtin_v
                           "chat.completions", [MODEL], 64, tokenizers)
         assert (err.value.status, err.value.param) == (400, "response_format.json_schema.schema")
         assert "<state>" not in err.value.message and len(err.value.message) < 700
+
+
+@pytest.mark.parametrize("body,endpoint,param", [
+    (chat_body(stop=["ok", "\ud800"]), "chat.completions", "stop.[1]"),
+    (chat_body(stop="\udfff"), "chat.completions", "stop"),
+    (chat_body(model="\ud800"), "chat.completions", "model"),
+    (chat_body(prediction={"type": "content", "content": "SELECT \ud800"}), "chat.completions", "prediction.content"),
+    (chat_body(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": "a\udc00b"}]),
+     "chat.completions", "messages.[1].content"),
+    (chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]), "chat.completions",
+     "messages.[0].content.[0].text"),
+    (chat_body(messages=[{"role": "user", "content": "hi", "name": "\ud800"}]), "chat.completions",
+     "messages.[0].name"),
+    (chat_body(tools=[{"type": "function", "function": {"name": "f", "description": "\ud800"}}]), "chat.completions",
+     "tools.[0].function.description"),
+    ({**chat_body(), "\ud800x": 1}, "chat.completions", "\\ud800x"),
+    ({"model": MODEL, "prompt": "\ud800"}, "completions", "prompt"),
+    ({"model": MODEL, "prompt": ["x\ud800"]}, "completions", "prompt.[0]"),
+])
+def test_lone_surrogates_anywhere_are_refused_naming_the_param(body, endpoint, param):
+    """Issue 39, cases 1 and 6: a lone surrogate is not text (UTF-8 cannot encode it): in `stop` it
+    ended the worker thread (the store could not take it), in `model`, `prediction` or a prompt it
+    was a 500. Anywhere in a request it is now a 400 naming where it is, whose body renders."""
+    with pytest.raises(ApiError) as err:
+        parse(body, endpoint)
+    assert (err.value.status, err.value.param, err.value.code) == (400, param, "invalid_value")
+    assert "lone surrogate" in err.value.message
+    assert err.value.response().status_code == 400  # the error body itself is valid UTF-8
+
+
+def test_tokenize_refuses_lone_surrogates_and_text_that_cannot_fit():
+    from specx.cli.api_requests import parse_detokenize, parse_tokenize
+
+    tokenizers = Tokenizers(FakeTokenizer(), 1000)
+    for body, param in (({"prompt": "\ud800"}, "prompt"), ({"model": "\ud800", "prompt": "x"}, "model"),
+                        ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages.[0].content")):
+        with pytest.raises(ApiError) as err:
+            parse_tokenize(body, [MODEL], tokenizers)
+        assert (err.value.status, err.value.param) == (400, param)
+    with pytest.raises(ApiError) as err:
+        parse_detokenize({"model": "\ud800", "tokens": [1]}, [MODEL], 1000)
+    assert (err.value.status, err.value.param) == (400, "model")
+    assert parse_tokenize({"prompt": "x" * 1024}, [MODEL], tokenizers, 64) == [ord("x")] * 1024
+    for body, param in (({"prompt": "x" * 1025}, "prompt"),
+                        ({"messages": [{"role": "user", "content": "x" * 1025}]}, "messages")):
+        with pytest.raises(ApiError) as err:
+            parse_tokenize(body, [MODEL], tokenizers, 64)
+        assert (err.value.status, err.value.param, err.value.code) == (400, param, "context_length_exceeded")
+
+
+def test_prompts_messages_and_tools_are_bounded_in_characters_before_tokenizing():
+    """Issue 39, case 5: prompts were tokenized whole before the length check (three 30 MB prompts
+    took the server to 8.7 GB). Text longer than 16 characters per context token can never fit:
+    refused before the tokenizer sees it, with a 400 naming the field and the limit."""
+    class Counting(FakeTokenizer):
+        chars = 0
+
+        def encode(self, text, add_special_tokens=False):
+            Counting.chars += len(text)
+            return super().encode(text)
+
+    tokenizers = Tokenizers(Counting(), 1000)
+    limit = 16 * 64  # api_requests.PROMPT_CHARS_PER_TOKEN per token of a 64-token context
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * (limit // 2)}}
+    cases = [({"model": MODEL, "prompt": "x" * (limit + 1)}, "completions", "prompt"),
+             ({"model": MODEL, "prompt": ["x" * 30_000_000]}, "completions", "prompt"),
+             (chat_body(messages=[{"role": "user", "content": "x" * (limit // 2)}] * 3), "chat.completions",
+              "messages"),
+             (chat_body(messages=[{"role": "user", "content": "x" * (limit // 2)}], tools=[tool]), "chat.completions",
+              "tools")]
+    for body, endpoint, param in cases:
+        Counting.chars = 0
+        with pytest.raises(ApiError) as err:
+            parse_request(body, endpoint, [MODEL], 64, tokenizers)
+        assert (err.value.status, err.value.param, err.value.code) == (400, param, "context_length_exceeded")
+        assert f"{limit:,}" in err.value.message and "64 tokens" in err.value.message
+        assert Counting.chars == 0  # nothing was tokenized
+
+
+def test_an_api_key_no_client_can_send_is_refused():
+    """Issue 39, case 9: a non-ASCII --api-key was accepted at start and no client could ever send
+    it (an HTTP header carries visible ASCII only): every request got 401."""
+    import typer
+
+    from specx.cli.server import Api
+
+    bad, good = ("clé", "ключ", "two words", "tab\tkey", "nul\x00"), (None, "", "sk-Abc_123.~!")
+    for key in bad:
+        with pytest.raises(ValueError, match="visible ASCII"):
+            Api(None, [MODEL], key)
+    for key in good:
+        Api(None, [MODEL], key)
+    from specx.cli.options import check_api_key  # what `specx serve` calls: one line naming --api-key
+
+    for key in bad:
+        with pytest.raises(typer.BadParameter) as err:
+            check_api_key(key)
+        assert err.value.param_hint == "--api-key" and "\n" not in err.value.format_message()
+    for key in good:
+        assert check_api_key(key) == key

@@ -56,6 +56,147 @@ def test_record_served_stores_a_session_and_its_tokens(tmp_path):
         assert store.index_state(tokenizer_id).num_calls == 3  # persisted
 
 
+# --------------------------------------------------------------------------- fast: the worker on a tiny model (issue 39)
+
+class CharTokenizer:
+    """Token i is one letter; 0 is EOS."""
+
+    eos_token_id = 0
+
+    def decode(self, ids, **kwargs):
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+    def encode(self, text, **kwargs):
+        return [ord(c) % 97 for c in text]
+
+
+class IndexSize:
+    num_tokens = 0
+
+
+def tiny_worker(recorder=None):
+    from specx.core.serve.worker import LockedTokenizer, Worker
+    from test_verify import tiny_model
+
+    return Worker(tiny_model(), LockedTokenizer(CharTokenizer()), IndexSize(), recorder=recorder)
+
+
+def tiny_request(**kwargs):
+    from specx.core.serve.worker import GenerationRequest
+
+    return GenerationRequest(id="chatcmpl-test", endpoint="chat.completions", model=MODEL, prompt_ids=[5, 6, 7],
+                             max_tokens=4, prompt_messages=[{"role": "user", "content": "q"}], temperature=0.0,
+                             **kwargs)
+
+
+def answer(worker, *requests, timeout=60.0):
+    """Each request's events, sent one after the other to the running worker, up to its last
+    ("done" or "error"); asyncio.TimeoutError when one never ends (a dead worker)."""
+    import asyncio
+
+    from specx.core.serve.worker import Job
+
+    async def run():
+        out = []
+        for req in requests:
+            job = Job(req, asyncio.get_running_loop())
+            worker.submit(job)
+            events = []
+            while not events or events[-1][0] not in ("done", "error"):
+                events.append(await asyncio.wait_for(job.events.get(), timeout))
+            out.append(events)
+        return out
+
+    return asyncio.run(run())
+
+
+def test_a_request_the_store_cannot_take_is_answered_and_the_worker_goes_on(tmp_path, caplog):
+    """Issue 39, case 1: a stop string holding a lone surrogate made ServedRecorder.record raise
+    UnicodeEncodeError, which ended the worker thread: that request and every later one hung."""
+    from specx.store.served import ServedRecorder
+    from test_verify import VOCAB
+
+    worker = tiny_worker(ServedRecorder(tmp_path / "s.db", MODEL, "fp", VOCAB, False))
+    worker.start()
+    try:
+        first, second = answer(worker, tiny_request(stop=["\ud800"]), tiny_request())
+        assert [e[0] for e in first][-2:] == ["choice", "done"] and second[-1][0] == "done"
+        assert worker.alive
+    finally:
+        worker.stop()
+    assert "could not store the request" in caplog.text
+    with Store(tmp_path / "s.db") as store:
+        assert store.stats()["calls"] == 1  # the second
+
+
+def test_whatever_a_request_raises_the_worker_answers_the_next(monkeypatch, caplog):
+    """Issue 39, case 1: any exception a request raises (in the recorder, after decoding) ends
+    that request with an error event, or still sends its answer, and the worker goes on."""
+
+    class Broken:
+        def open(self):
+            pass
+
+        def record(self, *args):
+            raise KeyError("the recorder broke")
+
+        def persist(self):
+            raise RuntimeError("the index broke")
+
+        def close(self):
+            pass
+
+    worker = tiny_worker(Broken())
+    observe = worker.metrics.observe
+    calls = []
+
+    def observe_once_broken(stats):
+        calls.append(stats)
+        if len(calls) == 1:
+            raise ZeroDivisionError("a bug after decoding")
+        observe(stats)
+
+    monkeypatch.setattr(worker.metrics, "observe", observe_once_broken)
+    worker.start()
+    try:
+        broken, recorded = answer(worker, tiny_request(), tiny_request())
+        assert broken[-1][:2] == ("error", 500) and "ZeroDivisionError" in broken[-1][2]
+        assert recorded[-1][0] == "done"  # the recorder raised: logged, and the answer still went out
+        assert worker.alive
+    finally:
+        worker.stop()
+    assert "ZeroDivisionError: a bug after decoding" in caplog.text and "the recorder broke" in caplog.text
+
+
+def test_health_is_503_with_the_reason_when_the_worker_is_gone(monkeypatch):
+    """Issue 39, case 1: with the worker thread dead, /health said 200 "ok" and requests queued
+    for ever. Now /health is 503 with the reason, the request that ended it and later ones get a 503."""
+    import asyncio
+
+    from specx.cli.server import Api
+    from specx.core.serve.metrics import Metrics
+
+    class Bug(BaseException):  # what nothing catches: only a bug in the worker itself
+        pass
+
+    def crash(job):
+        raise Bug("a bug in the worker")
+
+    worker = tiny_worker()
+    api = Api(Metrics(), [MODEL])
+    api.ready(worker, 64)
+    assert asyncio.run(api.health(None)).status_code == 200
+    monkeypatch.setattr(worker, "_answer", crash)
+    (events,) = answer(worker, tiny_request())
+    assert events[-1][:2] == ("error", 503) and "a bug in the worker" in events[-1][2]
+    worker._thread.join(10)
+    health = asyncio.run(api.health(None))
+    body = json.loads(health.body)
+    assert health.status_code == 503 and body["status"] == "unhealthy" and "a bug in the worker" in body["reason"]
+    with pytest.raises(RuntimeError, match="worker has stopped"):
+        answer(worker, tiny_request())
+
+
 # --------------------------------------------------------------------------- slow: real servers
 
 def _free_port() -> int:
@@ -256,11 +397,28 @@ def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
          "context_length_exceeded"),
         (chat, json.dumps(good).encode(), "wrong-key", 401, "invalid_api_key"),
         (chat, json.dumps(good).encode(), None, 401, "invalid_api_key"),
+        # issue 39: a lone surrogate anywhere (in `stop` it ended the worker thread), text that cannot fit
+        (chat, json.dumps({**good, "stop": ["\ud800"]}).encode(), KEY, 400, "invalid_value"),
+        (chat, json.dumps({**good, "model": "\ud800"}).encode(), KEY, 400, "invalid_value"),
+        (completions, json.dumps({"model": MODEL, "prompt": "\ud800"}).encode(), KEY, 400, "invalid_value"),
+        (server.url + "/tokenize", json.dumps({"prompt": "\ud800"}).encode(), KEY, 400, "invalid_value"),
+        (completions, json.dumps({"model": MODEL, "prompt": "word " * 40_000}).encode(), KEY, 400,
+         "context_length_exceeded"),
     ]
     for url, data, key, status, code in cases:
         got, body = post(url, data, key)
         assert (got, body["error"]["code"]) == (status, code), body
         assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
+    # issue 39, case 10: a Content-Length larger than the body, then the client goes: one log line
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                     + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{}")
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(65536)
+    deadline = time.monotonic() + 30
+    while "incomplete_body" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "incomplete_body" in server.log()
     with pytest.raises(openai.NotFoundError):
         server.client().chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.AuthenticationError):

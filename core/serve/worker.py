@@ -127,7 +127,8 @@ class Recorder(Protocol):
     """Where finished requests go, called on the worker's thread only: `open` when the thread
     starts, `record` after each answered request (True when it was stored), `persist` to save the
     global index (every PERSIST_EVERY records and when idle; False: it failed, try again later),
-    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving."""
+    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving (and
+    logs what a recorder raises all the same: the answer still goes out)."""
 
     def open(self) -> None: ...
 
@@ -166,6 +167,7 @@ class Worker:
         self.metrics.index_tokens.set_function(lambda: self.global_index.num_tokens)
         self._stopping = threading.Event()
         self._current: Job | None = None  # the job being decoded
+        self.died: str | None = None  # why the worker thread ended, when a bug ended it
         self._thread: threading.Thread | None = None
         self._unsaved = 0  # requests stored since the index was last persisted
         self._saved_at = time.monotonic()
@@ -174,8 +176,12 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue a job; queue.Full when the queue is at its bound, RuntimeError when stopping."""
+        if self.died is not None:
+            raise RuntimeError(f"the model worker has stopped ({self.died}); restart the server")
         if self._stopping.is_set():
             raise RuntimeError("the server is shutting down")
+        if self._thread is not None and not self._thread.is_alive():
+            raise RuntimeError("the model worker has stopped; restart the server")
         self.jobs.put_nowait(job)
 
     # ------------------------------------------------------------ the worker thread
@@ -200,9 +206,34 @@ class Worker:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread that answers requests is running (False before start and after it ended)."""
+        return self.died is None and self._thread is not None and self._thread.is_alive()
+
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # only a bug gets here (_serve catches what a request raises): say so
+            self.died = f"{type(exc).__name__}: {exc}"
+            log.critical("the model worker stopped: %s", self.died, exc_info=True)
+            self._stopping.set()  # no more jobs are taken (submit: 503); /health says why (Api.health)
+            waiting = [self._current] if self._current is not None else []
+            while True:
+                try:
+                    waiting.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            for job in waiting:  # none of them waits for an answer that cannot come
+                job.emit("error", 503, f"the model worker has stopped ({self.died}); retry once it is restarted")
+
+    def _serve(self) -> None:
         if self.recorder is not None:
-            self.recorder.open()  # on this thread: a store's connection belongs to the thread that opens it
+            try:
+                self.recorder.open()  # on this thread: a store's connection belongs to the thread that opens it
+            except Exception as exc:  # noqa: BLE001 - answering matters more than storing
+                log.error("cannot store answered requests: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
+                self.recorder = None
         try:
             while True:
                 try:
@@ -219,15 +250,21 @@ class Worker:
                 self._current = job
                 try:
                     self._answer(job)
-                finally:
-                    self._current = None
+                except Exception as exc:  # noqa: BLE001 - whatever one request raises, the next is answered
+                    log.error("%s %s failed: %s: %s", job.request.id, job.request.endpoint, type(exc).__name__,
+                              exc, exc_info=self.debug)
+                    job.emit("error", 500, f"the request failed: {type(exc).__name__}: {exc}")
+                self._current = None  # (still set when a bug ends the thread: _run answers it)
                 if self._unsaved >= PERSIST_EVERY:
                     self._persist()
         finally:
             if self._unsaved:
                 self._persist()
             if self.recorder is not None:
-                self.recorder.close()
+                try:
+                    self.recorder.close()
+                except Exception as exc:  # noqa: BLE001
+                    log.error("cannot close the store of answered requests: %s: %s", type(exc).__name__, exc)
 
     def _answer(self, job: Job) -> None:
         req = job.request
@@ -282,10 +319,19 @@ class Worker:
                  "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
                  decoded.tokens, decoded.steps, decoded.accepted, decoded.accepted_per_step, stats.tokens_per_s,
                  stats.seconds, stats.queue_seconds, ",".join(c.finish_reason for c in choices))
-        if self.recorder is not None and self.recorder.record(req, choices, stats, started_at, _now()):  # ~1 ms
+        if self.recorder is not None and self._record(req, choices, stats, started_at):  # ~1 ms
             self.metrics.stored.inc()  # the answer is durable when it arrives
             self._unsaved += 1
         job.emit("done", stats)
+
+    def _record(self, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str) -> bool:
+        """Hand a finished request to the recorder; what it raises is logged, and the answer still goes out."""
+        try:
+            return bool(self.recorder.record(req, choices, stats, started_at, _now()))
+        except Exception as exc:  # noqa: BLE001 - a recorder's failure must not cost the answer or the worker
+            log.error("%s: could not store the request: %s: %s", req.id, type(exc).__name__, exc,
+                      exc_info=self.debug)
+            return False
 
     def _decode(self, job: Job, index: int) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
@@ -325,10 +371,13 @@ class Worker:
 
     def _persist(self) -> None:
         self._saved_at = time.monotonic()
-        if self.save_cost is not None:
-            self.save_cost()
-        if self.recorder.persist():
-            self._unsaved = 0
+        try:
+            if self.save_cost is not None:
+                self.save_cost()
+            if self.recorder is None or self.recorder.persist():
+                self._unsaved = 0
+        except Exception as exc:  # noqa: BLE001 - tried again later; the worker goes on
+            log.error("could not persist the index: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
 
 
 def prediction_tokens(prediction: list[int] | None, output: list[int]) -> tuple[int, int]:
