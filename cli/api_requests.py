@@ -16,6 +16,12 @@ from specx.core.serve.tools import call_grammar
 from specx.core.serve.worker import GenerationRequest
 
 from .api_errors import ApiError
+from .api_limits import (
+    PREDICTION_CHARS_PER_TOKEN,
+    bound_chars,
+    bound_prompt_chars,
+    refuse_lone_surrogates,
+)
 
 if TYPE_CHECKING:
     from .api_tokens import Tokenizers
@@ -25,8 +31,6 @@ MAX_STOP = 16
 MAX_STOP_CHARS = 1024  # each stop string: kept with the answer, so bounded
 MAX_NAME_CHARS = 256  # a message's name
 MAX_MESSAGES_FIELDS_CHARS = 1024 * 1024  # all messages' fields other than content together (they are stored)
-PREDICTION_CHARS_PER_TOKEN = 16  # a prediction longer than this many characters per context token is refused unread
-PROMPT_CHARS_PER_TOKEN = 16  # so is a prompt (messages and tools together): it could never fit the context
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to what fits
 
@@ -116,7 +120,7 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers,
                                      _bool(body, "add_generation_prompt", True))[0]
     if isinstance(body.get("prompt"), str):
         if context_length:
-            _bound_chars("prompt", len(body["prompt"]), context_length)
+            bound_chars("prompt", len(body["prompt"]), context_length)
         return tokenizers.text(body["prompt"])
     raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")
 
@@ -131,41 +135,6 @@ def parse_detokenize(body: Any, model_names: list[str], vocab_size: int) -> list
         raise ApiError(400, "'tokens' must be a list of token ids (integers)", "tokens", "invalid_type")
     _check_ids(tokens, vocab_size, "tokens")
     return tokens
-
-
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def refuse_lone_surrogates(body: Any) -> None:
-    """A lone surrogate (JSON's "\\ud800" escape without its pair) anywhere in the body, keys
-    included, is not text: UTF-8 cannot encode it, so no tokenizer, store or error message can
-    take it. A 400 naming where it is (e.g. 'stop.[0]', 'messages.[1].content'), first in the body's order.
-
-    >>> refuse_lone_surrogates({"stop": ["ok", "\\ud800"]})
-    Traceback (most recent call last):
-    ...
-    specx.cli.api_errors.ApiError: Invalid 'stop.[1]': it holds a lone surrogate (U+D800), which is not text
-    """
-    stack: list[tuple[Any, str | None]] = [(body, None)]
-    while stack:
-        value, where = stack.pop()
-        if isinstance(value, str):
-            found = LONE_SURROGATE.search(value)
-            if found:
-                raise ApiError(400, f"Invalid '{where}': it holds a lone surrogate (U+{ord(found.group()):04X}), "
-                                    "which is not text", where, "invalid_value")
-        elif isinstance(value, dict):
-            children = []
-            for key, item in value.items():
-                name = key if LONE_SURROGATE.search(key) is None else key.encode("utf-8", "backslashreplace").decode()
-                path = name if where is None else f"{where}.{name}"
-                if name != key:
-                    raise ApiError(400, f"Invalid key '{path}': it holds a lone surrogate, which is not text", path,
-                                   "invalid_value")
-                children.append((item, path))
-            stack.extend(reversed(children))
-        elif isinstance(value, list):
-            stack.extend((item, f"{where}.[{i}]") for i, item in reversed(list(enumerate(value))))
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -366,7 +335,7 @@ def _prompt(body: dict[str, Any], tokenizers: Tokenizers, context_length: int) -
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        _bound_chars("prompt", len(prompt), context_length)
+        bound_chars("prompt", len(prompt), context_length)
         return prompt, tokenizers.text(prompt)
     if isinstance(prompt, list) and prompt and _is_ids(prompt):
         _check_ids(prompt, tokenizers.vocab_size, "prompt")
@@ -375,40 +344,6 @@ def _prompt(body: dict[str, Any], tokenizers: Tokenizers, context_length: int) -
         raise ApiError(400, "one prompt per request (send several requests, or use n)", "prompt",
                        "unsupported_parameter")
     raise ApiError(400, "'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
-
-
-def bound_prompt_chars(messages: Any, tools: Any, context_length: int) -> None:
-    """Refuse, before any tokenizer sees them, chat messages (their text: content and other fields)
-    and tools longer than PROMPT_CHARS_PER_TOKEN characters per token of the model's context: they
-    could never fit it, and tokenizing megabytes takes gigabytes (three 30 MB prompts once took
-    the server to 8.7 GB and held up every other request for a minute)."""
-    used = _text_chars(messages)
-    _bound_chars("messages", used, context_length)
-    if tools is not None:
-        _bound_chars("tools", used + _text_chars(tools), context_length, " (with the messages)")
-
-
-def _bound_chars(param: str, chars: int, context_length: int, note: str = "") -> None:
-    limit = PROMPT_CHARS_PER_TOKEN * context_length
-    if chars > limit:
-        raise ApiError(400, f"'{param}' takes {chars:,} characters{note}, more than {limit:,} "
-                            f"({PROMPT_CHARS_PER_TOKEN} per token of this model's context of {context_length:,} "
-                            f"tokens): it cannot fit; refused before tokenizing", param, "context_length_exceeded")
-
-
-def _text_chars(value: Any) -> int:
-    """The characters of every string (keys included) in a JSON value, counted without recursion."""
-    total, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            total += sum(len(k) for k in item if isinstance(k, str))
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return total
 
 
 def _stop(body: dict[str, Any]) -> list[str]:

@@ -312,7 +312,7 @@ def test_prompts_messages_and_tools_are_bounded_in_characters_before_tokenizing(
             return super().encode(text)
 
     tokenizers = Tokenizers(Counting(), 1000)
-    limit = 16 * 64  # api_requests.PROMPT_CHARS_PER_TOKEN per token of a 64-token context
+    limit = 16 * 64  # api_limits.PROMPT_CHARS_PER_TOKEN per token of a 64-token context
     tool = {"type": "function", "function": {"name": "f", "description": "d" * (limit // 2)}}
     cases = [({"model": MODEL, "prompt": "x" * (limit + 1)}, "completions", "prompt"),
              ({"model": MODEL, "prompt": ["x" * 30_000_000]}, "completions", "prompt"),
