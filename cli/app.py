@@ -16,12 +16,13 @@ import typer
 
 from . import output
 from .check import check_cmd
-from .engines import engines_cmd, resolve_backend
+from .engines import resolve_backend
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
 from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, model_cost, specx_home, store_path
 from .serve import serve_cmd
+from .trial import engines_cmd
 
 app = typer.Typer(
     name="specx",

@@ -7,7 +7,7 @@ Two things are kept per machine in $SPECX_HOME/engines (JSON, one file each):
   makes `auto` run on transformers and `--backend llama.cpp` a one-line error;
 - an engine choice per machine, build and model (core.predict.engines): a trial of specx on every
   engine that can hold the model, on the store's own prompts, side by side with llama.cpp's plain
-  decoding. `specx engines` runs it in the foreground; `specx serve` in a child process in the
+  decoding. `specx engines` (cli/trial.py) runs it in the foreground; `specx serve` in a child process in the
   background when there is none, and uses it from the next start.
 
 Until a trial has run, `auto` takes the prior of the shipped measurements (docs/llamacpp.md):
@@ -22,39 +22,22 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
-
-import typer
+from typing import Any
 
 from specx.core.model import cpu
 from specx.core.model.probe import Verdict, prove
 
-from . import output
-from .options import BackendOpt, DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
+from .options import specx_home
 
 KEPT_MAX_BYTES = 1 << 20  # a kept verdict or choice is a few kB: anything larger is not one
-TRIAL_PROMPT_TOKENS = 768  # each trial prompt's last tokens: prefill counted, the trial bounded in time
-TRIAL_REQUESTS = 4  # prompts per trial (the first untimed)
-TRIAL_MAX_TOKENS = 48
 REVISIT_MIN_STEPS = 2000  # served steps before serve compares their tokens per step with the trial's
 REVISIT_RATIO = 1.4  # ... and measures again when they differ by more than this factor
 DEQUANTIZED_BYTES_PER_GGUF_BYTE = 8  # transformers holds a 4-bit GGUF's weights in float32
-# Prompts for a trial when the store has none of its own (agent-like: SQL, JSON, code).
-PROMPTS = (
-    "Write a SQL query that lists the name and age of every singer older than 30, ordered by age.",
-    'Answer with JSON only: {"tool": "search", "arguments": {"query": "..."}} for the question: who wrote Hamlet?',
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test.",
-    "List the tables of a SQL database about concerts and stadiums, then write the query for the largest stadium.",
-    "Rewrite this call as JSON with keys name and arguments: search(query='weather in Paris', limit=3).",
-)
-
-
 # ------------------------------------------------------------------ kept files
 
-def _kept_path(kind: str, key: dict[str, Any]) -> Path:
+def kept_path(kind: str, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return specx_home() / "engines" / f"{kind}-{digest}.json"
 
@@ -131,7 +114,7 @@ def _probe_key(path: Path) -> dict[str, Any]:
 def llama_verdict(path: Path, say: Callable[[str], None], command: list[str] | None = None) -> Verdict:
     """Whether llama.cpp runs `path` on this machine and build: kept, else proven in a child."""
     key = _probe_key(path)
-    kept_at = _kept_path("probe", key)
+    kept_at = kept_path("probe", key)
     kept = read_kept(kept_at, say)
     if kept is not None:
         try:
@@ -169,7 +152,7 @@ def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:
     """The engine choice a trial made for this model here (core.predict.engines.Choice), or None."""
     from specx.core.predict.engines import Choice
 
-    kept = read_kept(_kept_path("choice", choice_key(model, path)), say)
+    kept = read_kept(kept_path("choice", choice_key(model, path)), say)
     if kept is None:
         return None
     try:
@@ -230,7 +213,7 @@ def trial_possible(model: str) -> bool:
     path = gguf_file(model)
     if path is None or not path.is_file() or not llamacpp.available():
         return False
-    verdict = read_kept(_kept_path("probe", _probe_key(path)), lambda m: None)
+    verdict = read_kept(kept_path("probe", _probe_key(path)), lambda m: None)
     return verdict is not None and bool((verdict.get("verdict") or {}).get("ok")) and transformers_fits(path)
 
 
@@ -246,155 +229,3 @@ def start_trial(model: str, db: Path) -> subprocess.Popen:
                "--db", str(db), "--json"]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=lambda: os.nice(10))
-
-
-# ------------------------------------------------------------------ the trial
-
-def engines_cmd(
-    model: Annotated[str, typer.Option(help="Model: built-in name or .gguf file (an HF folder has one engine).",
-                                       envvar="SPECX_MODEL")] = "smollm2-135m",
-    db: DbOpt = None,
-    requests: Annotated[int, typer.Option(min=2, help="Prompts of the trial (the store's latest; the first "
-                                                      "untimed).")] = TRIAL_REQUESTS,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per request.")] = TRIAL_MAX_TOKENS,
-    json_out: JsonOpt = False,
-) -> None:
-    """Measure which engine runs specx fastest for this model on this machine, and keep the choice.
-
-    Proves llama.cpp in a child process first (a native crash never takes specx down), then runs
-    the store's latest prompts (cut to their last 768 tokens; built-in agent-like prompts when the
-    store has none) through specx on each engine that can hold the model and through llama.cpp's
-    plain decoding, taking turns request by request, whole requests timed (prefill included).
-    `--backend auto` in serve, generate and replay uses the choice from then on; `specx serve`
-    runs this in the background when no choice was made here.
-
-    Example: [bold]specx engines[/]   (the built-in model: llama.cpp against transformers)
-    Example: [bold]specx engines --model path/to/model.gguf --db agents.db --json[/]
-    """
-    from specx.core.decode.generate import generate, thread_tuner
-    from specx.core.decode.loop import collect
-    from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.model import llamacpp
-    from specx.core.model.load import ModelError, load_model, load_tokenizer
-    from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
-
-    path = gguf_file(model)
-    if path is None:
-        raise ModelError(f"{model!r} is not a GGUF model: it runs on transformers only, there is nothing to choose")
-    if not path.is_file():
-        raise ModelError(f"no such GGUF file: {path}")
-    say = output.note
-    engines = []
-    verdict = None
-    if llamacpp.available():
-        verdict = llama_verdict(path, say)
-        say(verdict.message)
-        if verdict.ok:
-            engines.append("llama.cpp")
-    else:
-        say("llama.cpp: llama-cpp-python is not installed (make setup builds it)")
-    if transformers_fits(path):
-        engines.append("transformers")
-    if not engines:
-        raise ModelError(f"no engine can run {model} here")
-    tok = load_tokenizer(model, specx_home() / "models")
-    global_index, prompts, source = _trial_prompts(tok, store_path(db), requests)
-    say(f"trial: {len(prompts)} prompts ({source}; {sum(map(len, prompts)):,} tokens, the first untimed), "
-        f"at most {max_tokens} tokens each, on {', '.join(engines)}")
-    eos = tok.eos_token_id
-    runners, costs = {}, []
-    for engine in engines:
-        net = llamacpp.LlamaModel(path) if engine == "llama.cpp" else load_model(model, specx_home() / "models")[0]
-        cost = model_cost(net, model, say)
-        costs.append(cost)
-        drafter = SuffixDrafter(global_index)
-        threads = thread_tuner(net, say)
-        runners[specx_method(engine)] = (lambda net, drafter, cost, threads: lambda prompt: timed(generate(
-            net, prompt, drafter, max_new_tokens=max_tokens, eos_token_ids=eos, cost=cost, threads=threads,
-            learn=False), collect))(net, drafter, cost, threads)
-    if "llama.cpp" in engines:
-        runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
-    with output.progress() as bar:
-        task = bar.add_task("trial: requests x methods", total=len(prompts) * len(runners))
-        figures = trial(runners, prompts, warmup=1, on_request=lambda: bar.advance(task))
-    for cost in costs:
-        keep_cost(cost, say)
-    choice = choose(figures, engines)
-    write_kept(_kept_path("choice", choice_key(model, path)),
-               {"key": choice_key(model, path), "choice": choice.to_json(), "at": time.time()}, say)
-    identical = None
-    if REFERENCE in figures and specx_method("llama.cpp") in figures:
-        identical = sum(a == b for a, b in zip(figures[REFERENCE].outputs, figures[specx_method("llama.cpp")].outputs))
-    data = {"model": model, "cpu": cpu.model_name(), "isa": cpu.instruction_sets(), "engines": engines,
-            "probe": verdict.to_json() if verdict else None, "prompts": source, "choice": choice.to_json(),
-            "identical_llama_cpp": identical, "requests_timed": len(prompts) - 1}
-    say(choice.line())
-    if json_out:
-        output.print_json(data)
-        return
-    ref = figures.get(REFERENCE)
-    rows = [[name, f.tokens_per_s, f.tokens_per_s / ref.tokens_per_s if ref and ref.tokens_per_s else None,
-             f.tokens_per_step, f.decode_tokens_per_s, f.prefill_ms_per_token, f.tokens]
-            for name, f in figures.items()]
-    output.print_table(f"specx on each engine, {cpu.model_name()} ({' '.join(cpu.instruction_sets())}): "
-                       f"{len(prompts) - 1} timed requests", ["method", "tokens/s", f"x {REFERENCE}", "tokens/step",
-                                                              "decode tokens/s", "prefill ms/token", "tokens"],
-                       rows, caption=f"tokens/s: whole requests, prefill included; higher is better. "
-                                     f"Chosen: {choice.engine}"
-                                     + (f"; specx on llama.cpp identical to llama.cpp plain on {identical}/"
-                                        f"{len(prompts) - 1}" if identical is not None else ""))
-
-
-def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[int]], str]:
-    """The global index and the trial's prompts: the store's latest calls for this tokenizer, else
-    the built-in ones."""
-    from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.model.load import render_prompt, tokenizer_fingerprint
-
-    if db.is_file():
-        from specx.store.db import Store
-        from specx.store.index import index_for
-        from specx.store.prompts import model_prompts
-        from specx.store.selection import select_calls
-
-        with Store(db) as store:
-            fingerprint = tokenizer_fingerprint(tok)
-            index = index_for(store, fingerprint)
-            tokenizer_id = store.tokenizer_id(fingerprint)
-            if tokenizer_id is not None:
-                calls = select_calls(store, tokenizer_id)[-4 * requests:]
-                calls, prompts = model_prompts(store, tok, calls, TRIAL_PROMPT_TOKENS)
-                if len(prompts) >= 2:
-                    return index, prompts[-requests:], f"the latest stored calls of {db}"
-    else:
-        index = SuffixIndex()
-    prompts = [tok.encode(render_prompt(tok, [{"role": "user", "content": p}], generation_prompt=True),
-                          add_special_tokens=False) for p in PROMPTS]
-    return index, [list(p) for p in (prompts * requests)[:requests]], "built-in prompts: the store has none"
-
-
-def _stock_llama_runner(path: Path, max_tokens: int, eos: int) -> Callable[[list[int]], Any]:
-    """llama-cpp-python's own plain decoding (`Llama.generate`, greedy), as its users run it (its
-    default threads), with the KV cache specx uses (Q8_0: the same tokens), timed as
-    core.predict.engines.Request."""
-    from llama_cpp import Llama
-
-    from specx.core.model.llamacpp import CACHE_TYPES
-    from specx.core.predict.engines import Request
-
-    llm = Llama(model_path=str(path), n_ctx=4096, flash_attn=True, type_k=CACHE_TYPES["q8_0"],
-                type_v=CACHE_TYPES["q8_0"], verbose=False)
-
-    def run(prompt: list[int]) -> Request:
-        out: list[int] = []
-        t0 = time.perf_counter()
-        t1 = None
-        for tok in llm.generate(prompt, temp=0.0, top_k=1):
-            t1 = t1 or time.perf_counter()
-            out.append(int(tok))
-            if tok == eos or len(out) == max_tokens:
-                break
-        end = time.perf_counter()
-        return Request(out, len(out), (t1 or end) - t0, end - (t1 or end), 1 if out else 0)
-
-    return run

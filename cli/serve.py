@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from specx.core.serve.tools import PARSERS
-from .options import BackendOpt, DbOpt, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, check_api_key, keep_cost, model_cost, specx_home, store_path
 
 
 def serve_cmd(
@@ -84,6 +84,7 @@ def serve_cmd(
     Example: [bold]specx serve --port 8000 --api-key secret[/]  then  OPENAI_BASE_URL=http://127.0.0.1:8000/v1
     Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/python --db agents.db --vllm-arg=--gpu-memory-utilization=0.3[/]
     """
+    api_key = check_api_key(api_key)  # one line at start for a key no client could send
     if engine not in ("specx", "vllm"):
         raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
     if tool_call_parser is not None and tool_call_parser not in PARSERS:

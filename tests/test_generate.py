@@ -371,3 +371,26 @@ def test_a_gguf_file_is_converted_once_and_again_when_it_changes(tmp_path, monke
     assert greedy_decode(first, prompt, 8) == greedy_decode(second, prompt, 8)
     os.utime(gguf, ns=(1, 1))  # the file changed: converted again, into a new copy
     assert converted_cache(str(gguf), cache) != kept
+
+
+@pytest.mark.parametrize("damage", ["dev_zero", "deep_json", "fifo"])
+def test_a_damaged_converted_tokenizer_is_set_aside_and_made_anew(tmp_path, damage):
+    """Issue 39: a kept copy that cannot be used never stops a start (the tokenizer of the
+    built-in model, converted from its GGUF: a symlink to /dev/zero, JSON nested too deep, a FIFO)."""
+    from specx.core.model.load import converted_cache, load_tokenizer
+
+    cache = tmp_path / "models"
+    reference = load_tokenizer("smollm2-135m", cache)
+    kept = converted_cache("smollm2-135m", cache)
+    target = kept / "tokenizer.json"
+    target.unlink()
+    if damage == "dev_zero":
+        target.symlink_to("/dev/zero")
+    elif damage == "fifo":
+        os.mkfifo(target)
+    else:
+        target.write_text("[" * 100_000)
+    again = load_tokenizer("smollm2-135m", cache)
+    assert again.encode("SELECT name FROM singer") == reference.encode("SELECT name FROM singer")
+    assert len(list(kept.parent.glob(f"{kept.name}.unusable-*"))) == 1  # set aside, where one can look
+    assert (kept / "tokenizer.json").is_file()  # and made anew

