@@ -228,4 +228,33 @@ def start_trial(model: str, db: Path) -> subprocess.Popen:
     command = [sys.executable, "-c", "from specx.cli.app import main; main()", "engines", "--model", model,
                "--db", str(db), "--json"]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: os.nice(10))
+                            text=True, preexec_fn=_background_child)
+
+
+def _background_child() -> None:
+    """In the trial's child before it runs: low priority, and ended when the server ends (Linux:
+    the parent's death sends it SIGTERM), so no trial outlives the server that started it."""
+    import ctypes
+    import signal
+
+    os.nice(10)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def trial_lock() -> Any:
+    """An exclusive lock on $SPECX_HOME/engines/trial.lock (an open file), or None when another
+    trial holds it: two trials at once would measure each other."""
+    import fcntl
+
+    path = specx_home() / "engines" / "trial.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    return f

@@ -15,7 +15,7 @@ import typer
 from specx.core.model import cpu
 
 from . import output
-from .engines import choice_key, gguf_file, kept_path, llama_verdict, transformers_fits, write_kept
+from .engines import choice_key, gguf_file, kept_path, llama_verdict, transformers_fits, trial_lock, write_kept
 from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
 
 TRIAL_PROMPT_TOKENS = 768  # each trial prompt's last tokens: prefill counted, the trial bounded in time
@@ -64,6 +64,10 @@ def engines_cmd(
     from specx.core.model.load import ModelError, load_model, load_tokenizer
     from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
 
+    lock = trial_lock()  # held until this process ends
+    if lock is None:
+        raise ModelError("another engine trial is running on this machine (`specx serve` starts one in the background "
+                         "when no choice was made): try again when it ends")
     path = gguf_file(model)
     if path is None:
         raise ModelError(f"{model!r} is not a GGUF model: it runs on transformers only, there is nothing to choose")

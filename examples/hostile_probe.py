@@ -128,7 +128,9 @@ def main() -> None:
     for r in rows:
         print(f"{r['case']:<62} {r['status']:>4}  {str(r['param'] or '-'):<34} "
               f"{'answers' if r['answers_after'] else 'NO ANSWER'}")
-    bad = [r for r in rows if r["status"] >= 500 or r["status"] == 0 or not r["answers_after"]]
+    # a client that sent a short body and left gets no answer (nobody is there to read it); the rest must get one
+    bad = [r for r in rows if r["status"] >= 500 or not r["answers_after"]
+           or (r["status"] == 0 and not r["case"].startswith("Content-Length"))]
     print(f"/health after: {health}; {len(bad)} case(s) with a 5xx, no answer or a server that stopped answering")
     sys.exit(1 if bad or health != 200 else 0)
 

@@ -169,3 +169,12 @@ def test_specx_engines_measures_both_engines_and_auto_follows(tmp_path):
     assert engines.resolve_backend("smollm2-135m", "auto", said.append) == chosen
     assert said and said[-1].startswith(f"engine: {chosen}")
     assert engines.trial_possible("smollm2-135m") and engines.kept_choice_for("smollm2-135m").engine == chosen
+
+
+def test_one_engine_trial_at_a_time():
+    first = engines.trial_lock()
+    assert first is not None and engines.trial_lock() is None  # two trials would measure each other
+    first.close()
+    again = engines.trial_lock()
+    assert again is not None
+    again.close()
