@@ -352,3 +352,34 @@ def test_a_kept_file_is_read_with_a_bound_and_never_from_a_device_or_fifo(tmp_pa
         (tmp_path / "bad").write_bytes(text if isinstance(text, bytes) else text.encode())
         with pytest.raises(Unusable, match=why):
             read_kept_json(tmp_path / "bad")
+
+
+def test_a_poisoned_kept_curve_is_forgotten_within_a_few_dozen_passes():
+    """Issue 39, case 8: a kept curve whose cells say drafts are free (g all zeros, learned from
+    thousands of pairs) on llama.cpp's steep curve (n tokens ~n ** 0.9 one-token passes). At the
+    learning floor it would take far more passes to move; the passes contradict it pair after
+    pair, so it is forgotten and learned again from the prior's shape."""
+    steep_prior = ForwardCost((1, 2, 4, 8, 16, 32), tuple(0.015 * n ** 0.9 for n in (1, 2, 4, 8, 16, 32)))
+    truth = LearnedCost(steep_prior)
+    poisoned = truth.state() | {"g": np.zeros_like(truth.g).tolist(), "counts": np.full_like(truth.g, 5000).tolist(),
+                                "anchors": 500, "passes": 50000}
+    said = []
+    cost = LearnedCost(steep_prior, said.append, poisoned)
+    assert cost.shape(8, 400) == pytest.approx(1.0)  # drafts look free
+    rng, now = random.Random(5), 0.0
+    for _ in range(48):  # a few dozen passes as drafts come: sizes vary
+        n = rng.choice([1, 2, 4, 6, 8, 12])
+        seconds = 0.015 * n ** 0.9 * math.exp(rng.gauss(0, 0.05))
+        now += seconds
+        cost.observe(n, 400, seconds, now=now)
+    assert any("contradict the curve" in line for line in said)
+    assert cost.shape(8, 400) == pytest.approx(8 ** 0.9, rel=0.3)
+
+
+def test_a_right_curve_under_noise_is_never_forgotten():
+    """The contradiction check does not fire on a busy machine's noise: a learned, right curve stays."""
+    said = []
+    cost = LearnedCost(SHIPPED_LIKE, said.append)
+    busy_passes(cost, STEEP, passes=3000, seed=11)
+    assert not any("contradict" in line for line in said)
+    assert cost.shape(16, 200) == pytest.approx(STEEP(16) / STEEP(1), rel=0.35)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,9 @@ PAIR_CONTEXT = 256  # nor two passes whose caches differ by more tokens than thi
 LOAD_WEIGHT = 0.3  # the weight of the latest pass in the load estimate
 REPORT_EVERY = 64  # passes between checks whether the curve has changed enough to say so
 REPORT_CHANGE = 0.35  # relative change of a reported ratio that is worth a log line
+CONTRADICTED = math.log(2.0)  # the last pairs off a confident curve by more than 2x (their median), one way ...
+CONTRADICTIONS = 16  # ... over this many pairs: the curve is forgotten
+CONFIDENT_PAIRS = 64  # cells learned from this many pairs (a curve kept from earlier runs) move slowly
 GUARD_STEPS = 12  # steps with a draft per verdict of the guard
 LOSING = 1.0  # time per token with drafts / plain's above this: drafts are losing
 WINNING = 0.95  # ... below this: they pay, and a cap may grow back
@@ -90,6 +94,7 @@ class LearnedCost:
         self._since_plain = 0  # passes since the last one-token pass
         self.anchors = 0  # pairs of a one-token pass and a larger one
         self._last_n = 0
+        self._errors: deque[float] = deque(maxlen=CONTRADICTIONS)  # the last confident pairs' errors (log time)
         self._last: tuple[np.ndarray, float, float, int, Any] | None = None  # weights, log s, end time, context, tag
         self._reported = self._ratios()
         # the guard
@@ -137,6 +142,7 @@ class LearnedCost:
             if np.any(grad):
                 self.anchors += (num_tokens == 1) != (self._last_n == 1)
                 error = (y_hi - y_lo) - float(np.sum((w_hi - w_lo) * (self.g + self.offset[:, None])))
+                self._check_contradiction(error, grad)
                 error = max(-MAX_ERROR, min(MAX_ERROR, error))
                 rate = np.maximum(1.0 / (self.counts + PRIOR_PASSES), LEARNING_FLOOR)
                 self.g += rate * error * grad
@@ -151,6 +157,25 @@ class LearnedCost:
             self._snapshot = self._build()
         if self.passes % REPORT_EVERY == 0:
             self._report()
+
+    def _check_contradiction(self, error: float, grad: np.ndarray) -> None:
+        """A confident curve (its cells learned from many pairs, e.g. kept from an earlier run) whose
+        last CONTRADICTIONS pairs err by more than CONTRADICTED one way (their median: a preempted
+        pass does not count) is not this machine's (another machine's file, a poisoned one): at
+        LEARNING_FLOOR its cells would take dozens of pairs to move while sizing trusts them. So it
+        is forgotten: the prior's shape again, learned afresh at full rate. A curve still learning
+        from few pairs is never forgotten (it is moving toward the passes)."""
+        confident = float(np.sum(np.abs(grad) * self.counts) / max(np.sum(np.abs(grad)), 1e-9)) >= CONFIDENT_PAIRS
+        if not confident:
+            return
+        self._errors.append(error)
+        if len(self._errors) == CONTRADICTIONS and abs(drift := float(np.median(self._errors))) > CONTRADICTED:
+            self.say(f"forward-pass cost: the passes contradict the curve (larger passes {math.exp(abs(drift)):.1f}x "
+                     f"{'dearer' if drift > 0 else 'cheaper'} than it says, the median of {CONTRADICTIONS} pairs): "
+                     f"learning it again from the shipped shape")
+            self.g, self.counts = self.prior_g.copy(), np.zeros_like(self.counts)
+            self._errors.clear()
+            self._snapshot = self._build()
 
     def _build(self) -> ForwardCost:
         seconds = np.exp(self.load + self.offset[:, None] + _sane(self.g))  # [C, S]
