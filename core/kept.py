@@ -43,16 +43,23 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _stat(path: Path | str) -> os.stat_result | None:
+    """What stands at `path` (a symlink judged by its target); None: nothing; Unusable: cannot look."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Unusable(f"cannot be looked at: {exc.strerror or exc}") from None
+
+
 def check_kept(path: Path | str, max_bytes: int = MAX_BYTES) -> bool:
     """Whether a kept file is there (False: nothing at `path`, a dangling symlink included);
     Unusable when what is there is not a regular file (a symlink is judged by its target) or is
     larger than `max_bytes`. Reads nothing: for files another library opens (a tokenizer cache)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
+    st = _stat(path)
+    if st is None:
         return False
-    except OSError as exc:
-        raise Unusable(f"cannot be looked at: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
         raise Unusable(f"is {_kind(st.st_mode)}, not a regular file")
     if st.st_size > max_bytes:
@@ -65,12 +72,9 @@ def check_kept_folder(folder: Path | str, max_bytes: int = MAX_BYTES, limits: di
     when it is not a directory or holds anything but regular files of at most `max_bytes` (a
     name in `limits` may be larger: {"tokenizer.json": 64 << 20}). Reads nothing: for a folder
     another library reads (a converted tokenizer or model), checked before it is handed over."""
-    try:
-        st = os.stat(folder)
-    except FileNotFoundError:
+    st = _stat(folder)
+    if st is None:
         return False
-    except OSError as exc:
-        raise Unusable(f"cannot be looked at: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise Unusable(f"is {_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}, not a folder")
     try:
