@@ -5,10 +5,8 @@ measurements (recorded figures of both kinds of machine)."""
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
