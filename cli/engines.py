@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specx.core.model import cpu
+from specx.core.model.llamacpp import file_digest
 from specx.core.model.probe import Verdict, prove
 
 from .options import specx_home
@@ -60,14 +61,11 @@ def read_kept(path: Path, say: Callable[[str], None]) -> dict[str, Any] | None:
 
 
 def write_kept(path: Path, data: dict[str, Any], say: Callable[[str], None]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    from specx.core.kept import write_kept_json
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1, default=str))
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp.is_file():
-            tmp.unlink()
+        write_kept_json(path, data)
+    except (OSError, ValueError) as exc:
         say(f"cannot keep {path} ({exc})")
 
 
@@ -102,13 +100,8 @@ def gguf_file(model: str) -> Path | None:
     return path if path.suffix == ".gguf" else None
 
 
-def _model_id(path: Path) -> str:
-    st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-
-
 def _probe_key(path: Path) -> dict[str, Any]:
-    return {"machine": cpu.fingerprint(), "build": llama_build(), "model": _model_id(path)}
+    return {"machine": cpu.fingerprint(), "build": llama_build(), "model": file_digest(path)}
 
 
 def llama_verdict(path: Path, say: Callable[[str], None], command: list[str] | None = None) -> Verdict:
@@ -145,7 +138,7 @@ def choice_key(model: str, path: Path) -> dict[str, Any]:
             versions[package] = md.version(package)
         except md.PackageNotFoundError:
             versions[package] = None
-    return {"machine": cpu.fingerprint(), "build": llama_build(), "model": model, "file": _model_id(path)} | versions
+    return {"machine": cpu.fingerprint(), "build": llama_build(), "model": model, "file": file_digest(path)} | versions
 
 
 def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:

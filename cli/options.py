@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from collections.abc import Callable
@@ -92,13 +91,9 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
     from specx.core.model.llamacpp import on_llamacpp
     from specx.core.predict.estimate import CURVES_DIR, builtin_curves, load_cost_curve
 
-    cpu = platform.processor()
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    machine = {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform()}
+    from specx.core.model.cpu import model_name
+
+    machine = {"cpu": model_name(), "cpus": os.cpu_count(), "platform": platform.platform()}
     if on_llamacpp(net):  # a core.model.llamacpp.LlamaModel
         from importlib.metadata import version
 
@@ -144,17 +139,13 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
 def keep_cost(cost: Any, say: Callable[[str], None] = lambda message: None) -> None:
     """Save what `cost` (from model_cost) has learned, for the next run on this model and machine
     (written beside it and renamed into place; nothing is left behind when that fails)."""
-    import json
 
     path = getattr(cost, "kept_at", None)
     if path is None or not cost.passes:
         return
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    from specx.core.kept import write_kept_json
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"key": cost.key, "state": cost.state()}, default=str))
-        tmp.replace(path)
+        write_kept_json(path, {"key": cost.key, "state": cost.state()})
     except (OSError, ValueError) as exc:
         say(f"forward-pass cost: cannot keep it in {path} ({exc})")
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)

@@ -110,8 +110,8 @@ def engines_cmd(
     for cost in costs:
         keep_cost(cost, say)
     choice = choose(figures, engines)
-    write_kept(kept_path("choice", choice_key(model, path)),
-               {"key": choice_key(model, path), "choice": choice.to_json(), "at": time.time()}, say)
+    key = choice_key(model, path)
+    write_kept(kept_path("choice", key), {"key": key, "choice": choice.to_json(), "at": time.time()}, say)
     identical = None
     if REFERENCE in figures and specx_method("llama.cpp") in figures:
         identical = sum(a == b for a, b in zip(figures[REFERENCE].outputs, figures[specx_method("llama.cpp")].outputs))

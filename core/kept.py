@@ -21,6 +21,7 @@ can see what it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -135,6 +136,21 @@ def read_kept_json(path: Path | str, max_bytes: int = MAX_BYTES) -> Any:
         raise Unusable("is JSON nested too deep to read") from None
     except ValueError as exc:
         raise Unusable(f"is not JSON ({exc})") from None
+
+
+def write_kept_json(path: Path, data: Any) -> None:
+    """Write a kept JSON document: beside its place, then renamed into it, so that a reader never
+    meets half a file; nothing is left behind when that fails (OSError, or ValueError for data
+    that is not JSON)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def set_aside(path: Path | str) -> Path | None:

@@ -16,6 +16,7 @@ Off x86-64 Linux (ARM, macOS) the native build is right and is kept.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -42,18 +43,22 @@ GGML_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 NAMED = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
+@functools.cache
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process ("" where there is none): it does not change under us."""
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def flags(cpuinfo: str | None = None) -> frozenset[str]:
     """The CPU's feature flags (the first `flags` line of /proc/cpuinfo; empty where there is none).
 
     >>> sorted(flags("processor : 0\\nflags : fpu avx2 fma\\n"))
     ['avx2', 'fma', 'fpu']
     """
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            return frozenset()
-    for line in cpuinfo.splitlines():
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
@@ -61,12 +66,7 @@ def flags(cpuinfo: str | None = None) -> frozenset[str]:
 
 def model_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name ("Intel(R) Xeon(R) Processor"), else what `platform` says."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            cpuinfo = ""
-    for line in cpuinfo.splitlines():
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()

@@ -65,6 +65,12 @@ def _library() -> Any:
     return llama_cpp
 
 
+def file_digest(path: Path) -> str:
+    """What identifies a model file: its resolved name, size and modification time, hashed."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
 def on_llamacpp(model: Any) -> bool:
     """Whether `model` runs on llama.cpp (a LlamaModel) rather than transformers: the one check
     everything that treats the two engines differently asks."""
@@ -130,9 +136,8 @@ class LlamaModel:
             pass
 
     def digest(self) -> str:
-        """What identifies this model file (its name, size and modification time, hashed)."""
-        st = self.path.stat()
-        return hashlib.sha256(f"{self.path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        """What identifies this model file (file_digest)."""
+        return file_digest(self.path)
 
     def set_threads(self, n: int) -> None:
         """Run the next passes on n threads."""

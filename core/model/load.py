@@ -82,7 +82,7 @@ def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) ->
             try:
                 return AutoTokenizer.from_pretrained(cached)
             except Exception as exc:  # noqa: BLE001 - a damaged copy is made anew, whatever its damage
-                _set_copy_aside(cached, f"cannot be loaded: {_first_line(exc)}")
+                _set_copy_aside(cached, f"cannot be loaded: {_first_line(exc)[:200]}")
         if model in BUILTIN:
             gguf = builtin_gguf(model)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -100,8 +100,7 @@ def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: Path | None = None) ->
     except ModelError:
         raise
     except (OSError, ValueError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"cannot load a tokenizer for {model!r}: {first}") from None
+        raise ModelError(f"cannot load a tokenizer for {model!r}: {_first_line(exc)}") from None
 
 
 def converted_cache(model: str, cache_dir: Path | None) -> Path | None:
@@ -244,7 +243,7 @@ def _set_copy_aside(cached: Path, why: str) -> None:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # Weight dtypes by name ("auto": float32 on CPU, bfloat16 on CUDA). On a CPU, bfloat16 passes over
@@ -287,7 +286,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
                 try:
                     net = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
                 except Exception as exc:  # noqa: BLE001 - a damaged copy is made anew, whatever its damage
-                    _set_copy_aside(cached, f"cannot be loaded: {_first_line(exc)}")
+                    _set_copy_aside(cached, f"cannot be loaded: {_first_line(exc)[:200]}")
                     tokenizer = load_tokenizer(model, cache_dir)  # and its tokenizer with it
             if net is None:
                 gguf = builtin_gguf(model) if model in BUILTIN else path
@@ -305,8 +304,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
     except ModelError:
         raise
     except (OSError, ValueError, ImportError, KeyError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"cannot load the model {model!r}: {first}") from None
+        raise ModelError(f"cannot load the model {model!r}: {_first_line(exc)}") from None
     _clear_quantization(net)
     net.to(device)
     net.eval()
