@@ -163,7 +163,7 @@ def serve_cmd(
                      ", ".join(names), host, port, "on" if speculate else "off", f"{global_index.num_tokens:,}",
                      path)
             if speculate and backend == "auto" and trial_possible(model):
-                threading.Thread(target=_engine_trials, args=(model, path, engine, metrics, log, api),
+                threading.Thread(target=_engine_trials, args=(model, path, engine, metrics, log),
                                  name="specx-engine-trial", daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - reported after the server stops, as main reports it
             failed.append(exc)
@@ -194,7 +194,7 @@ def serve_cmd(
         raise failed[0]
 
 
-def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging.Logger, api: Any) -> None:
+def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging.Logger) -> None:
     """Which engine runs specx fastest here: `specx engines` in a child process at low priority, when
     no choice was made on this machine, and again once if the served workload's tokens per step
     move far from the trial's (the evidence changed). The choice is kept for the next start."""
@@ -224,9 +224,8 @@ def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging
             return
     while True:  # the evidence: the served requests' steps (a daemon thread: it ends with the server)
         time.sleep(30)
-        steps = metrics._steps
+        steps, live = metrics.steps_since_start()
         if steps >= REVISIT_MIN_STEPS and choice.tokens_per_step > 0:
-            live = 1 + metrics._accepted / steps
             ratio = live / choice.tokens_per_step
             if not 1 / REVISIT_RATIO <= ratio <= REVISIT_RATIO:
                 run(f"the served requests write {live:.2f} tokens per step against {choice.tokens_per_step:.2f} "

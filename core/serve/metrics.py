@@ -85,3 +85,7 @@ class Metrics:
         self._accepted += d.accepted
         self._steps += d.steps
         self.accepted_per_step.set(self._accepted / self._steps if self._steps else 0.0)
+
+    def steps_since_start(self) -> tuple[int, float]:
+        """(verification steps of the finished requests, tokens they wrote per step) since start."""
+        return self._steps, 1 + self._accepted / self._steps if self._steps else 0.0
