@@ -63,7 +63,7 @@ def check_api_key(api_key: str | None) -> str | None:
     ...     print(exc.format_message())
     Invalid value for --api-key: the API key holds 'é' (U+00E9): clients send the key in an HTTP header, ...
     """
-    from specx.cli.server import api_key_problem
+    from specx.cli.http.app import api_key_problem
 
     problem = api_key_problem(api_key)
     if problem:

@@ -1,5 +1,5 @@
 """`specx serve`: an OpenAI-compatible server that drafts from, and learns into, the suffix index
-(registered in app.py; the HTTP side is server.py, the serving engine core/serve/worker.py, the store side store/served.ServedRecorder)."""
+(registered in app.py; the HTTP side is http/app.py, the serving engine core/serve/worker.py, the store side store/served.ServedRecorder)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def serve_cmd(
     from specx.store.served import ServedRecorder
 
     from .engines import resolve_backend, trial_possible
-    from .server import Api
+    from .http.app import Api
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))

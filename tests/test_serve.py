@@ -1,6 +1,6 @@
 """`specx serve` as agents use it: a real server on a free loopback port, the official openai client.
 
-Request validation has its own fast tests (test_api_requests.py); servers started for one test
+Request validation has its own fast tests (test_http_requests.py); servers started for one test
 each (restart, start options, SIGTERM, loading) are test_serve_lifecycle.py's, agents' features
 (tools, structured output, logprobs, the frameworks) test_serve_agents.py's, the store of served
 requests and the worker without a server test_serve_worker.py's. These start `python -m specx serve`

@@ -192,7 +192,7 @@ def test_streamed_tool_calls_equal_the_whole_answer_and_history_renders(server):
 
 def test_auto_leaves_a_text_answer_as_text(server):
     # the built-in 135M model answers these in words (it never calls a tool unasked): content, finish "stop";
-    # parsing of calls the model writes itself is tested on recorded texts (test_tools.py, test_api_responses.py)
+    # parsing of calls the model writes itself is tested on recorded texts (test_tools.py, test_http_responses.py)
     client = server.client()
     for messages in ([{"role": "user", "content": "Say hello."}], ASK):
         for stream in (False, True):

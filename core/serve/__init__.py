@@ -2,7 +2,7 @@
 
 Owns: requests as they are decoded (`worker`: a bounded queue, one request at a time), what a
 request reports and the Prometheus metrics (`metrics`), OpenAI tool calls without HTTP (`tools`:
-validation, prompts, parsing, the grammar that forces calls). HTTP itself is cli/server.py's.
+validation, prompts, parsing, the grammar that forces calls). HTTP itself is cli/http/'s.
 
 May import: every other tower.
 """

@@ -1,7 +1,7 @@
 """How a validated request meets the model: prompt tokens (chat template, tools) and grammars.
 
 `Tokenizers` holds the server's tokenizer, its grammar vocabulary (core.decode.grammar) and its tool-call
-format (core.serve.tools); api_requests.parse_request asks it for a request's tokens and grammar.
+format (core.serve.tools); requests.parse_request asks it for a request's tokens and grammar.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from specx.core.serve.worker import LockedTokenizer
 from specx.core.serve.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
                                     parser_for_template)
 
-from .api_errors import ApiError
+from .errors import ApiError
 
 
 class Tokenizers:

@@ -1,4 +1,4 @@
-"""Response bodies of `specx serve` (cli/api_responses.py) without a server: a streamed answer that
+"""Response bodies of `specx serve` (cli/http/responses.py) without a server: a streamed answer that
 holds tool calls is sent as content up to the call, then as tool-call deltas."""
 
 import json
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specx.cli.api_responses import HeldText
+from specx.cli.http.responses import HeldText
 from specx.core.serve.tools import parse_tool_calls
 from specx.core.serve.worker import GenerationRequest
 

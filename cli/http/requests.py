@@ -1,6 +1,6 @@
 """OpenAI API request bodies -> validated GenerationRequests, or ApiError (OpenAI-style 4xx).
 
-Pure validation, no HTTP: server.py calls parse_request for each body; api_tokens.Tokenizers
+Pure validation, no HTTP: app.py calls parse_request for each body; tokens.Tokenizers
 turns what is valid into prompt tokens and grammars.
 """
 
@@ -15,8 +15,8 @@ from specx.core.decode.grammar import GrammarError, json_schema_grammar
 from specx.core.serve.tools import call_grammar
 from specx.core.serve.worker import GenerationRequest
 
-from .api_errors import ApiError
-from .api_limits import (
+from .errors import ApiError
+from .limits import (
     PREDICTION_CHARS_PER_TOKEN,
     bound_chars,
     bound_prompt_chars,
@@ -24,7 +24,7 @@ from .api_limits import (
 )
 
 if TYPE_CHECKING:
-    from .api_tokens import Tokenizers
+    from .tokens import Tokenizers
 
 MAX_N = 8
 MAX_STOP = 16

@@ -3,7 +3,7 @@
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health   GET /metrics
     POST /tokenize   POST /detokenize   (vLLM's: a prompt or chat messages to token ids, and back)
 
-Requests are validated and tokenized (api_requests.py), then handed to the one model worker
+Requests are validated and tokenized (requests.py, tokens.py), then handed to the one model worker
 (core/serve/worker.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": "..."}}
@@ -31,10 +31,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specx.core.serve.worker import Choice, Job, Worker
-from .api_errors import ApiError
-from .api_requests import parse_detokenize, parse_request, parse_tokenize
-from .api_responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
-from .api_tokens import Tokenizers
+from .errors import ApiError
+from .requests import parse_detokenize, parse_request, parse_tokenize
+from .responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
+from .tokens import Tokenizers
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 log = logging.getLogger("specx.serve")

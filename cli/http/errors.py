@@ -1,7 +1,7 @@
 """`ApiError`: a request `specx serve` refuses, with the OpenAI-style error body and status it is sent as.
 
-Raised by request validation (api_requests.py), prompt tokenization (api_tokens.py) and the HTTP
-routes (server.py); its own module so that none of them has to import another for it.
+Raised by request validation (requests.py), prompt tokenization (tokens.py) and the HTTP
+routes (app.py); its own module so that none of them has to import another for it.
 """
 
 from __future__ import annotations

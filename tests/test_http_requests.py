@@ -1,12 +1,12 @@
-"""Request validation of `specx serve`'s API (cli/api_requests.py), without a model or a server:
+"""Request validation of `specx serve`'s API (cli/http/requests.py), without a model or a server:
 a fake tokenizer (characters as tokens) stands in for the model's, so these run in milliseconds.
 `tests/test_serve.py` sends the same kinds of requests to a real server."""
 
 import pytest
 
-from specx.cli.api_errors import ApiError
-from specx.cli.api_requests import parse_request
-from specx.cli.api_tokens import Tokenizers
+from specx.cli.http.errors import ApiError
+from specx.cli.http.requests import parse_request
+from specx.cli.http.tokens import Tokenizers
 
 MODEL = "smollm2-135m"
 
@@ -214,7 +214,7 @@ def test_parse_prediction():
 def test_kept_fields_and_predictions_are_bounded():
     """What a request stores or holds in memory has a bound, refused with a 400 naming the param
     (a probe sent 250 KB names in 100 messages, 1 MB stop strings and a 10 MB prediction)."""
-    from specx.cli.api_requests import MAX_MESSAGES_FIELDS_CHARS, MAX_NAME_CHARS, MAX_STOP_CHARS
+    from specx.cli.http.requests import MAX_MESSAGES_FIELDS_CHARS, MAX_NAME_CHARS, MAX_STOP_CHARS
 
     def refused(body, context=10_000):
         with pytest.raises(ApiError) as err:
@@ -281,7 +281,7 @@ def test_lone_surrogates_anywhere_are_refused_naming_the_param(body, endpoint, p
 
 
 def test_tokenize_refuses_lone_surrogates_and_text_that_cannot_fit():
-    from specx.cli.api_requests import parse_detokenize, parse_tokenize
+    from specx.cli.http.requests import parse_detokenize, parse_tokenize
 
     tokenizers = Tokenizers(FakeTokenizer(), 1000)
     for body, param in (({"prompt": "\ud800"}, "prompt"), ({"model": "\ud800", "prompt": "x"}, "model"),
@@ -312,7 +312,7 @@ def test_prompts_messages_and_tools_are_bounded_in_characters_before_tokenizing(
             return super().encode(text)
 
     tokenizers = Tokenizers(Counting(), 1000)
-    limit = 16 * 64  # api_limits.PROMPT_CHARS_PER_TOKEN per token of a 64-token context
+    limit = 16 * 64  # limits.PROMPT_CHARS_PER_TOKEN per token of a 64-token context
     tool = {"type": "function", "function": {"name": "f", "description": "d" * (limit // 2)}}
     cases = [({"model": MODEL, "prompt": "x" * (limit + 1)}, "completions", "prompt"),
              ({"model": MODEL, "prompt": ["x" * 30_000_000]}, "completions", "prompt"),
@@ -334,7 +334,7 @@ def test_an_api_key_no_client_can_send_is_refused():
     it (an HTTP header carries visible ASCII only): every request got 401."""
     import typer
 
-    from specx.cli.server import Api
+    from specx.cli.http.app import Api
 
     bad, good = ("clé", "ключ", "two words", "tab\tkey", "nul\x00"), (None, "", "sk-Abc_123.~!")
     for key in bad:

@@ -1,6 +1,6 @@
 """Bounds on a request's input, checked before any tokenizer sees it: lone surrogates (not text)
 are refused anywhere in a body, and text too long to ever fit the model's context is refused
-untokenized. api_requests.py calls these for each body.
+untokenized. requests.py calls these for each body.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .api_errors import ApiError
+from .errors import ApiError
 
 PREDICTION_CHARS_PER_TOKEN = 16  # a prediction longer than this many characters per context token is refused unread
 PROMPT_CHARS_PER_TOKEN = 16  # so is a prompt (messages and tools together): it could never fit the context
@@ -25,7 +25,7 @@ def refuse_lone_surrogates(body: Any) -> None:
     >>> refuse_lone_surrogates({"stop": ["ok", "\\ud800"]})
     Traceback (most recent call last):
     ...
-    specx.cli.api_errors.ApiError: Invalid 'stop.[1]': it holds a lone surrogate (U+D800), which is not text
+    specx.cli.http.errors.ApiError: Invalid 'stop.[1]': it holds a lone surrogate (U+D800), which is not text
     """
     stack: list[tuple[Any, str | None]] = [(body, None)]
     while stack:

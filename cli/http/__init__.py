@@ -1,0 +1,7 @@
+"""The OpenAI-compatible HTTP API of `specx serve` (Starlette); `cli/serve.py` is the command that runs it.
+
+app (the routes, SSE streaming, the worker's events as answers), requests (bodies -> validated
+GenerationRequests), limits (input bounds before tokenizing), tokens (prompt tokens, tools into
+the prompt, grammar checks), responses (bodies, stream chunks, logprobs, tool-call deltas), errors
+(ApiError: a refusal as an OpenAI-style error body). The model itself is core/serve's worker.
+"""
