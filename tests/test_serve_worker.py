@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from specx.core.serve.events import ChoiceDone, Done, Failed
 from specx.store.db import Store
 from specx.store.formats import Call
 from specx.store.index import load_index
@@ -69,7 +70,7 @@ def tiny_request(**kwargs):
 
 def answer(worker, *requests, timeout=60.0):
     """Each request's events, sent one after the other to the running worker, up to its last
-    ("done" or "error"); asyncio.TimeoutError when one never ends (a dead worker)."""
+    (Done or Failed); asyncio.TimeoutError when one never ends (a dead worker)."""
     import asyncio
 
     from specx.core.serve.worker import Job
@@ -80,7 +81,7 @@ def answer(worker, *requests, timeout=60.0):
             job = Job(req, asyncio.get_running_loop())
             worker.submit(job)
             events = []
-            while not events or events[-1][0] not in ("done", "error"):
+            while not events or not isinstance(events[-1], (Done, Failed)):
                 events.append(await asyncio.wait_for(job.events.get(), timeout))
             out.append(events)
         return out
@@ -98,7 +99,7 @@ def test_a_request_the_store_cannot_take_is_answered_and_the_worker_goes_on(tmp_
     worker.start()
     try:
         first, second = answer(worker, tiny_request(stop=["\ud800"]), tiny_request())
-        assert [e[0] for e in first][-2:] == ["choice", "done"] and second[-1][0] == "done"
+        assert [type(e) for e in first][-2:] == [ChoiceDone, Done] and isinstance(second[-1], Done)
         assert worker.alive
     finally:
         worker.stop()
@@ -138,8 +139,8 @@ def test_whatever_a_request_raises_the_worker_answers_the_next(monkeypatch, capl
     worker.start()
     try:
         broken, recorded = answer(worker, tiny_request(), tiny_request())
-        assert broken[-1][:2] == ("error", 500) and "ZeroDivisionError" in broken[-1][2]
-        assert recorded[-1][0] == "done"  # the recorder raised: logged, and the answer still went out
+        assert broken[-1].status == 500 and "ZeroDivisionError" in broken[-1].message
+        assert isinstance(recorded[-1], Done)  # the recorder raised: logged, and the answer still went out
         assert worker.alive
     finally:
         worker.stop()
@@ -166,7 +167,7 @@ def test_health_is_503_with_the_reason_when_the_worker_is_gone(monkeypatch):
     assert asyncio.run(api.health(None)).status_code == 200
     monkeypatch.setattr(worker, "_answer", crash)
     (events,) = answer(worker, tiny_request())
-    assert events[-1][:2] == ("error", 503) and "a bug in the worker" in events[-1][2]
+    assert events[-1].status == 503 and "a bug in the worker" in events[-1].message
     worker._thread.join(10)
     health = asyncio.run(api.health(None))
     body = json.loads(health.body)

@@ -30,7 +30,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specx.core.serve.worker import Choice, Job, Worker
+from specx.core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
+from specx.core.serve.worker import Job, Worker
 from .errors import ApiError
 from .requests import parse_detokenize, parse_request, parse_tokenize
 from .responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
@@ -221,17 +222,17 @@ class Api:
         try:
             choices: list[Choice] = []
             while True:
-                event = await job.events.get()
-                if event[0] == "choice":
-                    choices.append(event[1])
-                elif event[0] == "done":
-                    index_tokens = int(self.worker.global_index.num_tokens)
-                    return JSONResponse(completion_json(job.request, created, choices, event[1], index_tokens,
-                                                        self._token_text))
-                elif event[0] == "error":
-                    return _event_error(event).response()
-                elif event[0] == "cancelled":
-                    return Response(status_code=499)  # nobody reads it: the client has gone
+                match await job.events.get():
+                    case ChoiceDone(choice):
+                        choices.append(choice)
+                    case Done(stats):
+                        index_tokens = int(self.worker.global_index.num_tokens)
+                        return JSONResponse(completion_json(job.request, created, choices, stats, index_tokens,
+                                                            self._token_text))
+                    case Failed() as failed:
+                        return ApiError.from_failure(failed).response()
+                    case Cancelled():
+                        return Response(status_code=499)  # nobody reads it: the client has gone
         finally:
             watcher.cancel()
             job.cancelled.set()  # no effect once the worker is done with it
@@ -258,41 +259,39 @@ class Api:
                 yield chunk(req, created, [delta(req, i, None, None, role=True) for i in range(req.n)],
                              include_usage)
             while True:
-                event = await job.events.get()
-                if event[0] == "delta":
-                    _, index, text, tokens, logprobs = event
-                    if logprobs is not None:
-                        unsent[index][0] += tokens
-                        unsent[index][1] += logprobs
-                    text = held[index].push(text)
-                    if text:
-                        yield piece(index, text)
-                elif event[0] == "choice":
-                    choice: Choice = event[1]
-                    rest, call_deltas, calls = held[choice.index].finish(choice.finish_reason)
-                    if rest or unsent[choice.index][0] and not call_deltas:
-                        yield piece(choice.index, rest)
-                    for calls_delta in call_deltas:
-                        yield piece(choice.index, None, calls=calls_delta)
-                    yield chunk(req, created, [delta(req, choice.index, None, finish_reason(choice.finish_reason,
-                                                                                            calls))], include_usage)
-                elif event[0] == "done":
-                    if include_usage:
-                        kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
-                        yield sse({"id": req.id, "object": kind, "created": created, "model": req.model,
-                                    "system_fingerprint": None, "choices": [], "usage": usage_json(event[1]),
-                                    "specx": {**event[1].to_json(),
-                                              "global_index_tokens": int(self.worker.global_index.num_tokens)}})
-                    yield b"data: [DONE]\n\n"
-                    return
-                elif event[0] == "error":  # the stream still ends as a stream does
-                    error = _event_error(event)
-                    yield sse({"error": {"message": error.message, "type": error.kind, "param": error.param,
-                                         "code": error.code}})
-                    yield b"data: [DONE]\n\n"
-                    return
-                elif event[0] == "cancelled":
-                    return
+                match await job.events.get():
+                    case Delta(index, text, tokens, logprobs):
+                        if logprobs is not None:
+                            unsent[index][0] += tokens
+                            unsent[index][1] += logprobs
+                        text = held[index].push(text)
+                        if text:
+                            yield piece(index, text)
+                    case ChoiceDone(choice):
+                        rest, call_deltas, calls = held[choice.index].finish(choice.finish_reason)
+                        if rest or unsent[choice.index][0] and not call_deltas:
+                            yield piece(choice.index, rest)
+                        for calls_delta in call_deltas:
+                            yield piece(choice.index, None, calls=calls_delta)
+                        yield chunk(req, created, [delta(req, choice.index, None,
+                                                         finish_reason(choice.finish_reason, calls))], include_usage)
+                    case Done(stats):
+                        if include_usage:
+                            kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
+                            yield sse({"id": req.id, "object": kind, "created": created, "model": req.model,
+                                        "system_fingerprint": None, "choices": [], "usage": usage_json(stats),
+                                        "specx": {**stats.to_json(),
+                                                  "global_index_tokens": int(self.worker.global_index.num_tokens)}})
+                        yield b"data: [DONE]\n\n"
+                        return
+                    case Failed() as failed:  # the stream still ends as a stream does
+                        error = ApiError.from_failure(failed)
+                        yield sse({"error": {"message": error.message, "type": error.kind, "param": error.param,
+                                             "code": error.code}})
+                        yield b"data: [DONE]\n\n"
+                        return
+                    case Cancelled():
+                        return
         finally:
             watcher.cancel()
             job.cancelled.set()  # the client closed the stream early: the worker stops at its next step
@@ -310,15 +309,6 @@ class Api:
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
             raise ApiError(401, "Incorrect API key provided." if header else
                            "You didn't provide an API key (Authorization: Bearer KEY).", None, "invalid_api_key")
-
-
-def _event_error(event: tuple[Any, ...]) -> ApiError:
-    """The worker's ("error", status, message[, param]) as an ApiError: 4xx the request's fault."""
-    status, message = event[1], event[2]
-    param = event[3] if len(event) > 3 else None
-    if status < 500:
-        return ApiError(status, message, param, "invalid_value" if param else None)
-    return ApiError(status, message, param, None, "server_error")
 
 
 async def _json_body(request: Request) -> Any:
@@ -355,7 +345,7 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             job.cancelled.set()
-            job.events.put_nowait(("cancelled",))
+            job.events.put_nowait(Cancelled())
             return
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from specx.core.serve.events import Failed
+
 
 class ApiError(Exception):
     """A request the API refuses, as OpenAI reports it."""
@@ -18,6 +20,13 @@ class ApiError(Exception):
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    @classmethod
+    def from_failure(cls, failed: Failed) -> ApiError:
+        """The worker's Failed: below 500 the request's fault (an invalid value when it names a parameter)."""
+        if failed.status < 500:
+            return cls(failed.status, failed.message, failed.param, "invalid_value" if failed.param else None)
+        return cls(failed.status, failed.message, failed.param, None, "server_error")
 
     def response(self) -> JSONResponse:
         headers = {"Retry-After": "1"} if self.status in (429, 503) else None

@@ -1,8 +1,9 @@
 """Serving: the worker thread that owns the model for `specx serve`, its metrics, tool calls.
 
-Owns: requests as they are decoded (`worker`: a bounded queue, one request at a time), what a
-request reports and the Prometheus metrics (`metrics`), OpenAI tool calls without HTTP (`tools`:
-validation, prompts, parsing, the grammar that forces calls). HTTP itself is cli/http/'s.
+Owns: requests as they are decoded (`worker`: a bounded queue, one request at a time), what it
+sends back to the HTTP side (`events`: typed, matched by type), what a request reports and the
+Prometheus metrics (`metrics`), OpenAI tool calls without HTTP (`tools`: validation, prompts,
+parsing, the grammar that forces calls). HTTP itself is cli/http/'s.
 
 May import: every other tower.
 """

@@ -1,16 +1,11 @@
 """The thread that owns the model for `specx serve`: one request at a time, from a bounded queue.
 
-The HTTP side (server.py) validates a request, wraps it in a Job and submits it; a full queue
-raises queue.Full (HTTP 429). The worker decodes it with the same loop as `specx generate`
-(core.decode.generate with a SuffixDrafter over the global index) and sends events back to the event
-loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue:
-
-    ("delta", choice_index, text, tokens, logprobs)
-                                    new text, safe to show (stop strings held back), the tokens
-                                    decoded since the last delta and their TokenLogprobs (or None)
-    ("choice", Choice)              a choice finished
-    ("done", Stats)                 the request finished (after all choices)
-    ("error", status, message)      it failed
+The HTTP side (cli/http/app.py) validates a request, wraps it in a Job and submits it; a full
+queue raises queue.Full (HTTP 429). The worker decodes it with the same loop as `specx generate`
+(core.decode.generate with a SuffixDrafter over the global index) and sends typed events back to
+the event loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue (events.py: a
+Delta of new text per step, a ChoiceDone per choice, then Done with the request's Stats; or Failed
+with an HTTP status, a message and the request's parameter at fault).
 
 A client that goes away sets `job.cancelled`; the worker checks it between verification steps
 and closes the decode loop, which ends the request without learning from it. A finished request
@@ -37,10 +32,11 @@ from typing import Any, Protocol
 from ..decode.cost import AcceptanceModel
 from ..decode.generate import generate
 from ..decode.grammar import GrammarError
-from ..decode.loop import DecodeStats, Decoded, TokenLogprob, collect
+from ..decode.loop import DecodeStats, Decoded, collect
 from ..decode.speculate import PredictionDrafter
 from ..decode.text import TextStream
 from ..model.llamacpp import on_llamacpp
+from .events import Choice, ChoiceDone, Delta, Done, Event, Failed
 from .metrics import Metrics, Stats
 
 log = logging.getLogger("specx.serve")
@@ -74,28 +70,17 @@ class GenerationRequest:
     tool_names: list[str] | None = None  # of the request's functions
 
 
-@dataclass
-class Choice:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
-    stats: DecodeStats  # its steps, drafts and seconds
-    prediction_tokens: tuple[int, int] = (0, 0)  # of the prediction: (appeared in the output, did not)
-    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked
-
-
 class Job:
     """A request on its way through the worker, and the channel its events come back on."""
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
         self.loop = loop
-        self.events: asyncio.Queue = asyncio.Queue()
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.enqueued = time.perf_counter()
 
-    def emit(self, *event: Any) -> None:
+    def emit(self, event: Event) -> None:
         """Send an event to the event loop (from the worker thread)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -225,7 +210,7 @@ class Worker:
                 except queue.Empty:
                     break
             for job in waiting:  # none of them waits for an answer that cannot come
-                job.emit("error", 503, f"the model worker has stopped ({self.died}); retry once it is restarted")
+                job.emit(Failed(503, f"the model worker has stopped ({self.died}); retry once it is restarted"))
 
     def _serve(self) -> None:
         if self.recorder is not None:
@@ -245,7 +230,7 @@ class Worker:
                         self._persist()
                     continue
                 if self._stopping.is_set():
-                    job.emit("error", 503, "the server is shutting down")
+                    job.emit(Failed(503, "the server is shutting down"))
                     continue
                 self._current = job
                 try:
@@ -253,7 +238,7 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001 - whatever one request raises, the next is answered
                     log.error("%s %s failed: %s: %s", job.request.id, job.request.endpoint, type(exc).__name__,
                               exc, exc_info=self.debug)
-                    job.emit("error", 500, f"the request failed: {type(exc).__name__}: {exc}")
+                    job.emit(Failed(500, f"the request failed: {type(exc).__name__}: {exc}"))
                 self._current = None  # (still set when a bug ends the thread: _run answers it)
                 if self._unsaved >= PERSIST_EVERY:
                     self._persist()
@@ -289,7 +274,7 @@ class Worker:
                 if choice is None and self._stopping.is_set():
                     log.info("%s %s stopped after %.2f s: the server is shutting down", req.id, req.endpoint,
                              time.perf_counter() - t0)
-                    job.emit("error", 503, "the server is shutting down: this answer was cut short; retry")
+                    job.emit(Failed(503, "the server is shutting down: this answer was cut short; retry"))
                     return
                 if choice is None:
                     self.metrics.cancelled.inc()
@@ -297,17 +282,17 @@ class Worker:
                              time.perf_counter() - t0)
                     return
                 choices.append(choice)
-                job.emit("choice", choice)
+                job.emit(ChoiceDone(choice))
         except GrammarError as exc:  # a grammar that compiled but fails on the way (a regex too large to build)
             log.info("%s %s refused mid-generation: the grammar of %s failed: %s", req.id, req.endpoint,
                      req.grammar_param, exc)
-            job.emit("error", 400, f"Invalid '{req.grammar_param}': its grammar failed during generation: {exc}",
-                     req.grammar_param)
+            job.emit(Failed(400, f"Invalid '{req.grammar_param}': its grammar failed during generation: {exc}",
+                            req.grammar_param))
             return
         except Exception as exc:  # a bug or a model failure: answer 500 and keep serving
             log.error("%s %s failed: %s: %s", req.id, req.endpoint, type(exc).__name__, exc,
                       exc_info=self.debug)
-            job.emit("error", 500, f"generation failed: {type(exc).__name__}: {exc}")
+            job.emit(Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
             return
         decoded = DecodeStats()
         for c in choices:
@@ -322,7 +307,7 @@ class Worker:
         if self.recorder is not None and self._record(req, choices, stats, started_at):  # ~1 ms
             self.metrics.stored.inc()  # the answer is durable when it arrives
             self._unsaved += 1
-        job.emit("done", stats)
+        job.emit(Done(stats))
 
     def _record(self, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str) -> bool:
         """Hand a finished request to the recorder; what it raises is logged, and the answer still goes out."""
@@ -354,8 +339,7 @@ class Worker:
                 return False  # the decode is closed without learning
             piece = text.pop()
             if piece:
-                job.emit("delta", index, piece, run.tokens[sent:],
-                         None if run.logprobs is None else run.logprobs[sent:])
+                job.emit(Delta(index, piece, run.tokens[sent:], None if run.logprobs is None else run.logprobs[sent:]))
                 sent = len(run.tokens)
             return True
 
@@ -365,7 +349,7 @@ class Worker:
         tokens, logprobs = run.tokens, run.logprobs
         piece = text.pop(final=True)
         if piece or (logprobs and sent < len(tokens)):
-            job.emit("delta", index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:])
+            job.emit(Delta(index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:]))
         return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), run.stats,
                       prediction_tokens(req.prediction_ids, tokens), logprobs)
 
