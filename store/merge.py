@@ -6,7 +6,8 @@ before) is not copied again, and merging twice adds nothing. A copied call keeps
 source keys, its prompt messages (each distinct message once) and its token rows for every
 tokenizer the other store has; a call both hold gains the token rows it lacks. Each source of the
 other store is copied in one transaction, so an interrupted merge leaves whole sources. The
-persisted index of each tokenizer that gained token rows is brought up to date at the end.
+persisted index of each tokenizer that gained token rows is brought up to date at the end, and each
+model's successor table is copied, or merged with this store's (store/successors.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from .calls import existing_id, insert_tokens
 from .db import PackWriter, Store, StoreError
 from .index import update_index
+from .successors import merge_tables
 
 
 @dataclass
@@ -33,6 +35,7 @@ class MergeReport:
     new_token_rows: int = 0
     tokenizers: dict[int, str] = field(default_factory=dict)  # this store's id -> name, of those that gained rows
     damaged: list[str] = field(default_factory=list)  # sources of the other store not merged: a block is damaged
+    successor_tables: list[str] = field(default_factory=list)  # models whose successor table was copied or merged
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "tokenizers"} | {
@@ -61,6 +64,10 @@ def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda pat
             setattr(report, name, getattr(report, name) + getattr(done, name))
     for tid in report.tokenizers:
         update_index(dest, tid)
+    try:
+        report.successor_tables = merge_tables(dest, src)
+    except StoreError as exc:
+        report.damaged.append(f"successor tables: not merged: {exc}")
     return report
 
 

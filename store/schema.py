@@ -112,6 +112,20 @@ def m001_initial(db: Database) -> None:
     """)
 
 
+@migration
+def m002_successors(db: Database) -> None:
+    db.executescript("""
+    CREATE TABLE successors (          -- a model's successor table (core/index/successors.py), one per model
+        model TEXT PRIMARY KEY,         -- the model's name and its tokenizer's fingerprint
+        vocab_size INTEGER NOT NULL,
+        k INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,        -- tokens with an entry
+        updated_at TEXT NOT NULL,
+        blob BLOB NOT NULL              -- zstd of SuccessorTable.to_bytes()
+    );
+    """)
+
+
 def schema_problem(conn: sqlite3.Connection) -> str | None:
     """Why this code must not use a store's schema (it is newer), or None. Reads only."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]

@@ -1,0 +1,64 @@
+"""The hybrid drafter: the suffix index where history reaches, the model's own successor table where
+it does not (SuffixDecoding's hybrid mode, with Token Recycling's table in place of a draft model).
+
+Each step the inner drafter (a SuffixDrafter) proposes its tree. When its score (expected accepted
+tokens) is below `tau`, and always when it is empty, the successor table's tree after the
+context's last token joins it: one tree holding both (the suffix nodes first, a node both propose
+shared), tagged TABLE, which the decode loop then sizes on the cost curve like any draft, the
+acceptance model having learnt the table's nodes as a source of their own. The table learns from
+every verification pass (the verifier writes each row's top k into it), so it needs no second
+model and no training.
+
+>>> from specx.core.index.successors import SuccessorTable
+>>> table = SuccessorTable(10, k=2)
+>>> table.learn([3], [[4, 5]], [[0.9, 0.05]])
+>>> drafter = HybridDrafter(None, table)
+>>> drafter.start_request([1, 2, 3])
+>>> drafter.speculate().token_ids
+[4, 5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..draft import TABLE, Draft
+from ..index.successors import SuccessorTable
+from .speculate import Drafter
+
+TAU = 1.0  # the suffix tree's score below which the table's tree joins it (docs/design.md, "The successor table")
+TABLE_NODES = 24  # the table's tree before sizing: what sizing on a flat curve still keeps (same section)
+DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices
+
+
+class HybridDrafter:
+    """`inner` (None: the table alone) and `table`, as the module docstring says."""
+
+    def __init__(self, inner: Drafter | None, table: SuccessorTable, *, tau: float = TAU,
+                 max_nodes: int = TABLE_NODES) -> None:
+        self.inner, self.table, self.tau, self.max_nodes = inner, table, tau, max_nodes
+        self.last = -1  # the context's last token: the table's tree grows after it
+
+    def start_request(self, prompt: Sequence[int]) -> None:
+        if self.inner is not None:
+            self.inner.start_request(prompt)
+        self.last = int(prompt[-1]) if len(prompt) else -1
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        if self.inner is not None:
+            self.inner.extend(tokens)
+        if len(tokens):
+            self.last = int(tokens[-1])
+
+    def finish_request(self, learn: bool = True) -> None:
+        if self.inner is not None:
+            self.inner.finish_request(learn)
+
+    def speculate(self) -> Draft:
+        draft = self.inner.speculate() if self.inner is not None else Draft()
+        if len(draft) and draft.score >= self.tau:
+            return draft
+        table = self.table.draft(self.last, max_nodes=self.max_nodes).tagged(TABLE)
+        if not len(draft):
+            return table
+        return draft.merge(table, len(draft) + len(table))

@@ -1,0 +1,157 @@
+"""The successor table: for each token, the tokens the model itself most often put next.
+
+Every verification pass computes the model's whole next-token distribution on every row it reads
+(the pending tokens and each draft node); the decode loop keeps one token of each. Token Recycling
+(Luo et al., 2024, "Turning Trash into Treasure") keeps the top k of every row instead, in a table
+token -> its likely successors, and drafts a tree from it by best-first expansion: no second model,
+no training, and it proposes exactly the continuations no log has shown, which no suffix index can.
+
+A row read after token x updates x's entry: its k most likely next tokens and their probabilities,
+the newest row replacing the old one (what the model predicted after x most recently: the table
+follows the workload, as Token Recycling's did). A draft from the table is a tree rooted at the
+context's last token, each node's D the product of the probabilities along its path, grown best
+first to `max_nodes`.
+
+>>> table = SuccessorTable(10, k=2)
+>>> table.learn([3, 4], [[4, 5], [6, 7]], [[0.8, 0.1], [0.9, 0.05]])
+>>> draft = table.draft(3, max_nodes=3)
+>>> draft.token_ids, draft.parents
+([4, 6, 5], [-1, 0, -1])
+"""
+
+from __future__ import annotations
+
+import heapq
+import io
+import zipfile
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..draft import Draft
+
+TABLE_K = 8  # successors kept per token (docs/design.md, "The successor table": the measurements)
+TABLE_MATCH_LEN = 1  # a table node grew from one token of context: the acceptance model's match-length cell
+_MAGIC = b"specx-successors-1\n"
+
+
+class SuccessorTableError(ValueError):
+    """A kept successor table that cannot be read (the message says why)."""
+
+
+class SuccessorTable:
+    """token -> its k likely successors (`next`, -1 where none yet) and their probabilities (`prob`),
+    for one model's vocabulary of `vocab_size` tokens."""
+
+    def __init__(self, vocab_size: int, *, k: int = TABLE_K) -> None:
+        if vocab_size < 1 or k < 1:
+            raise ValueError(f"a successor table needs vocab_size >= 1 and k >= 1, got {vocab_size} and {k}")
+        self.next = np.full((vocab_size, k), -1, dtype=np.int32)  # [V, k]
+        self.prob = np.zeros((vocab_size, k), dtype=np.float16)  # [V, k]
+        self.rows_learned = 0  # rows written since this table was made or loaded
+
+    @property
+    def vocab_size(self) -> int:
+        return self.next.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.next.shape[1]
+
+    def __len__(self) -> int:
+        """Tokens that have an entry."""
+        return int(np.count_nonzero(self.next[:, 0] >= 0))
+
+    def learn(self, tokens: Sequence[int] | np.ndarray, top_ids: Sequence[Sequence[int]] | np.ndarray,
+              top_probs: Sequence[Sequence[float]] | np.ndarray) -> None:
+        """Rows read after `tokens` [R] predicted `top_ids` [R, >= k] with `top_probs` [R, >= k]
+        (most likely first): each token's entry becomes its row's first k (a token read twice: its
+        last row)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if not len(tokens):
+            return
+        ids = np.asarray(top_ids)[:, : self.k]
+        probs = np.asarray(top_probs)[:, : self.k]
+        last = len(tokens) - 1 - np.unique(tokens[::-1], return_index=True)[1]  # each token's last row
+        keep = last[(tokens[last] >= 0) & (tokens[last] < self.vocab_size)]
+        self.next[tokens[keep], : ids.shape[1]] = ids[keep]
+        self.prob[tokens[keep], : ids.shape[1]] = probs[keep]
+        self.rows_learned += len(keep)
+
+    def draft(self, last: int, *, max_nodes: int, min_prob: float = 0.0) -> Draft:
+        """The best-first tree after `last` (the context's last token): the `max_nodes` paths' nodes
+        with the highest products of probabilities, each above `min_prob`; tagged by the caller."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        if not 0 <= last < self.vocab_size or max_nodes < 1:
+            return Draft()
+        frontier: list[tuple[float, int, int, int]] = []  # (-D, order, parent node, token)
+        order = 0
+
+        def push(parent: int, token: int, above: float) -> None:
+            nonlocal order
+            for tok, p in zip(self.next[token].tolist(), self.prob[token].tolist()):
+                d = above * p
+                if tok < 0 or d <= min_prob:
+                    break  # entries are most likely first
+                heapq.heappush(frontier, (-d, order, parent, tok))
+                order += 1
+
+        push(-1, last, 1.0)
+        while frontier and len(tokens) < max_nodes:
+            neg_d, _, parent, tok = heapq.heappop(frontier)
+            tokens.append(tok)
+            parents.append(parent)
+            probs.append(-neg_d)
+            push(len(tokens) - 1, tok, -neg_d)
+        return Draft(tokens, parents, probs, float(sum(probs)), TABLE_MATCH_LEN)
+
+    def merge(self, other: SuccessorTable) -> None:
+        """Take in another table of the same vocabulary (a replica's): each token's entry becomes the
+        k most likely of both entries' successors (a successor in both: its higher probability)."""
+        if other.vocab_size != self.vocab_size:
+            raise ValueError(f"cannot merge successor tables of {other.vocab_size} and {self.vocab_size} tokens")
+        both = np.flatnonzero((other.next[:, 0] >= 0) & (self.next[:, 0] >= 0))
+        only = np.flatnonzero((other.next[:, 0] >= 0) & (self.next[:, 0] < 0))
+        k = min(self.k, other.k)
+        self.next[only, :k], self.prob[only, :k] = other.next[only, :k], other.prob[only, :k]
+        for tok in both.tolist():
+            best: dict[int, float] = {}
+            for nxt, p in zip([*self.next[tok].tolist(), *other.next[tok].tolist()],
+                              [*self.prob[tok].tolist(), *other.prob[tok].tolist()]):
+                if nxt >= 0 and p > best.get(nxt, -1.0):
+                    best[nxt] = p
+            ranked = sorted(best.items(), key=lambda item: -item[1])[: self.k]
+            self.next[tok] = -1
+            self.prob[tok] = 0
+            self.next[tok, : len(ranked)] = [t for t, _ in ranked]
+            self.prob[tok, : len(ranked)] = [p for _, p in ranked]
+
+    def to_bytes(self) -> bytes:
+        """The table as bytes (numpy's npz of the two arrays after a header), for the store."""
+        out = io.BytesIO()
+        out.write(_MAGIC)
+        np.savez(out, next=self.next, prob=self.prob)
+        return out.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, vocab_size: int | None = None) -> SuccessorTable:
+        """A table written by to_bytes; SuccessorTableError names what is wrong (another format, a
+        vocabulary other than `vocab_size`, damaged arrays)."""
+        if not data.startswith(_MAGIC):
+            raise SuccessorTableError("not a specx successor table (its header is missing)")
+        try:
+            with np.load(io.BytesIO(data[len(_MAGIC):]), allow_pickle=False) as arrays:
+                nxt, prob = arrays["next"], arrays["prob"]
+        except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise SuccessorTableError(f"a damaged successor table: {exc}") from None
+        if nxt.ndim != 2 or nxt.shape != prob.shape or nxt.dtype != np.int32 or prob.dtype != np.float16:
+            raise SuccessorTableError(f"a damaged successor table: arrays {nxt.shape} {nxt.dtype}, {prob.shape} {prob.dtype}")
+        if vocab_size is not None and nxt.shape[0] != vocab_size:
+            raise SuccessorTableError(f"the table is for a vocabulary of {nxt.shape[0]} tokens, the model has {vocab_size}")
+        if nxt.size and (nxt.min() < -1 or nxt.max() >= nxt.shape[0]):
+            raise SuccessorTableError("a damaged successor table: a successor outside the vocabulary")
+        table = cls(nxt.shape[0], k=nxt.shape[1])
+        table.next[:], table.prob[:] = nxt, prob
+        return table

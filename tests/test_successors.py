@@ -1,0 +1,103 @@
+"""The successor table (core/index/successors.py) and the hybrid drafter (core/decode/hybrid.py)."""
+
+import numpy as np
+import pytest
+
+from specx.core.decode.hybrid import HybridDrafter
+from specx.core.decode.speculate import SuffixDrafter
+from specx.core.draft import GLOBAL, REQUEST, TABLE
+from specx.core.index.successors import SuccessorTable, SuccessorTableError
+from specx.core.index.suffix_index import SuffixIndex
+
+
+def test_learn_keeps_each_tokens_last_row():
+    table = SuccessorTable(10, k=2)
+    table.learn([3, 4, 3, 99, -1], [[1, 2], [5, 6], [7, 8], [1, 1], [1, 1]], [[0.5, 0.4]] * 5)
+    assert table.next[3].tolist() == [7, 8]  # the later row of token 3
+    assert table.next[4].tolist() == [5, 6]
+    assert len(table) == 2 and table.rows_learned == 2  # 99 and -1 are not tokens of this vocabulary
+
+
+def test_draft_is_best_first_by_path_probability():
+    table = SuccessorTable(10, k=3)
+    table.learn([1, 2, 3], [[2, 3, 4], [5, 6, 7], [8, 9, 0]], [[0.5, 0.3, 0.1], [0.9, 0.05, 0.01], [0.2, 0.1, 0.1]])
+    draft = table.draft(1, max_nodes=4)
+    # 2 (0.5), then 5 after 2 (0.45), 3 (0.3), 4 (0.1) beats 8 after 3 (0.06)
+    assert draft.token_ids == [2, 5, 3, 4] and draft.parents == [-1, 0, -1, -1]
+    assert draft.probs == pytest.approx([0.5, 0.45, 0.3, 0.1], abs=1e-3)
+    assert draft.probs == sorted(draft.probs, reverse=True)
+    assert table.draft(1, max_nodes=10, min_prob=0.2).token_ids == [2, 5, 3]
+    assert len(table.draft(7, max_nodes=4)) == 0 and len(table.draft(-1, max_nodes=4)) == 0
+
+
+def test_merge_takes_the_most_likely_of_both_entries():
+    a, b = SuccessorTable(10, k=2), SuccessorTable(10, k=2)
+    a.learn([1, 2], [[3, 4], [5, 6]], [[0.6, 0.2], [0.5, 0.1]])
+    b.learn([1, 7], [[4, 8], [9, 2]], [[0.7, 0.1], [0.8, 0.1]])
+    a.merge(b)
+    assert a.next[1].tolist() == [4, 3] and a.next[2].tolist() == [5, 6] and a.next[7].tolist() == [9, 2]
+    with pytest.raises(ValueError, match="12 and 10 tokens"):
+        a.merge(SuccessorTable(12))
+
+
+def test_bytes_round_trip_and_damage():
+    table = SuccessorTable(10, k=2)
+    table.learn([1], [[2, 3]], [[0.5, 0.25]])
+    again = SuccessorTable.from_bytes(table.to_bytes(), vocab_size=10)
+    assert np.array_equal(again.next, table.next) and np.array_equal(again.prob, table.prob)
+    with pytest.raises(SuccessorTableError, match="header"):
+        SuccessorTable.from_bytes(b"garbage")
+    with pytest.raises(SuccessorTableError, match="vocabulary of 10 tokens, the model has 12"):
+        SuccessorTable.from_bytes(table.to_bytes(), vocab_size=12)
+    with pytest.raises(SuccessorTableError, match="damaged"):
+        SuccessorTable.from_bytes(table.to_bytes()[:40])
+
+
+def test_hybrid_adds_the_table_only_below_tau():
+    index = SuffixIndex.build([[5, 6, 7, 8, 9]])
+    table = SuccessorTable(20, k=2)
+    table.learn([6, 12], [[11, 12], [13, 14]], [[0.6, 0.3], [0.9, 0.1]])
+    drafter = HybridDrafter(SuffixDrafter(index), table, tau=100.0)
+    drafter.start_request([1, 5, 6])
+    draft = drafter.speculate()
+    suffix_tokens = SuffixDrafter(index)
+    suffix_tokens.start_request([1, 5, 6])
+    plain = suffix_tokens.speculate()
+    assert draft.token_ids[: len(plain)] == plain.token_ids  # the suffix tree's nodes first
+    assert set(draft.token_ids[len(plain):]) == {11, 12, 13, 14}
+    assert all(s & TABLE for s in draft.sources[len(plain):])
+    assert all(s & (REQUEST | GLOBAL) and not s & TABLE for s in draft.sources[: len(plain)])
+    high = HybridDrafter(SuffixDrafter(index), table, tau=0.0)
+    high.start_request([1, 5, 6])
+    assert high.speculate().token_ids == plain.token_ids  # a tree that scores >= tau goes alone
+    alone = HybridDrafter(None, table)
+    alone.start_request([6])
+    alone.extend([12])  # the context's last token is now 12
+    assert alone.speculate().token_ids[:1] == [13]
+
+
+def test_kept_in_the_store_and_merged(tmp_path):
+    from specx.store.db import Store, StoreError
+    from specx.store.merge import merge
+    from specx.store.successors import load_table, save_table, table_key
+
+    key = table_key("tiny", "fp")
+    a, b = Store(tmp_path / "a.db"), Store(tmp_path / "b.db")
+    assert load_table(a, key, 10) is None
+    mine, theirs = SuccessorTable(10, k=2), SuccessorTable(10, k=2)
+    mine.learn([1], [[2, 3]], [[0.6, 0.2]])
+    theirs.learn([1, 4], [[3, 5], [6, 7]], [[0.7, 0.1], [0.5, 0.4]])
+    save_table(a, key, mine)
+    save_table(b, key, theirs)
+    save_table(b, table_key("other", "fp"), theirs)
+    report = merge(a, b)
+    assert report.successor_tables == [table_key("other", "fp"), key]
+    merged = load_table(a, key, 10)
+    assert merged.next[1].tolist() == [3, 2] and merged.next[4].tolist() == [6, 7]
+    assert load_table(a, table_key("other", "fp"), 10).next[4].tolist() == [6, 7]
+    with pytest.raises(StoreError, match="vocabulary of 10 tokens, the model has 12"):
+        load_table(a, key, 12)
+    a.db.execute("UPDATE successors SET blob = ? WHERE model = ?", [b"\x28\xb5\x2f\xfd garbage", key])
+    a.db.conn.commit()
+    with pytest.raises(StoreError, match=r"successor table of tiny\|fp is damaged"):
+        load_table(a, key, 10)
