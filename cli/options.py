@@ -79,19 +79,30 @@ BackendOpt = Annotated[str, typer.Option(
 
 
 def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
-    """The model's forward-pass cost (core.decode.learned_cost.LearnedCost), learned from the passes it runs:
+    """The model's forward-pass cost (core.cost.learned.LearnedCost), learned from the passes it runs:
     nothing is timed at start. It starts from what earlier runs learned for this model, dtype,
-    kernels and machine (kept in $SPECX_HOME/cost; `relearn`: forgotten), else from a shipped curve's
-    shape (the cpu curve; for a model on llama.cpp, llama.cpp's); `keep_cost` saves it."""
+    kernels and machine (kept in $SPECX_HOME/cost/learned-<digest of the key>.json; `relearn`:
+    forgotten), else from a shipped curve's shape (the cpu curve; for a model on llama.cpp,
+    llama.cpp's); `keep_cost` saves it."""
     import hashlib
     import json
+
+    from specx.core.cost.learned import load_learned_cost
+    from specx.core.cost.shipped import shipped_curves
+
+    key, prior = _cost_key(net, model)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = specx_home() / "cost" / f"learned-{digest}.json"
+    return load_learned_cost(shipped_curves()[prior].cost, kept_at=path, key=key, say=say, relearn=relearn)
+
+
+def _cost_key(net: Any, model: str) -> tuple[dict[str, Any], str]:
+    """What a learned cost is kept by (the model, what runs it, the machine) and the name of the
+    shipped curve it starts from (core.cost.shipped)."""
     import platform
 
-    from specx.core.decode.learned_cost import LearnedCost
-    from specx.core.model.llamacpp import on_llamacpp
-    from specx.core.predict.estimate import CURVES_DIR, builtin_curves, load_cost_curve
-
     from specx.core.model.cpu import model_name
+    from specx.core.model.llamacpp import on_llamacpp
 
     machine = {"cpu": model_name(), "cpus": os.cpu_count(), "platform": platform.platform()}
     if on_llamacpp(net):  # a core.model.llamacpp.LlamaModel
@@ -99,53 +110,21 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
 
         key = {"model": model, "engine": "llama.cpp", "file": net.digest(), "cache_type": net.cache_type,
                "llama_cpp": version("llama-cpp-python")} | machine
-        # a pass costs nearly in proportion to its tokens there
-        prior = load_cost_curve(CURVES_DIR / "llamacpp.json", "llama.cpp").cost
-    else:
-        import torch
+        return key, "llamacpp"  # a pass costs nearly in proportion to its tokens there
+    import torch
 
-        device = str(net.device)
-        key = {"model": model, "model_type": getattr(net.config, "model_type", None),
-               "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
-               "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
-               "kernels": list(getattr(net, "specx_kernels", [])), "torch": torch.__version__} | machine
-        prior = builtin_curves()["cpu"].cost
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = specx_home() / "cost" / f"learned-{digest}.json"
-    cost = None
-    if not relearn:  # what an earlier run kept; a file that cannot be used is set aside, with one line
-        from specx.core.kept import Unusable, read_kept_json, set_aside
-
-        try:
-            doc = read_kept_json(path)  # a regular file of at most core.kept.MAX_BYTES, else Unusable
-            if doc is not None:
-                if not isinstance(doc, dict) or "state" not in doc:
-                    raise Unusable("holds no learned state")
-                cost = LearnedCost(prior, say, doc["state"])  # ValueError for a state it cannot believe
-                say(f"forward-pass cost: as learned by earlier runs ({cost.passes} passes; {path})")
-        except Exception as exc:  # noqa: BLE001 - whatever is wrong with a kept file, a start goes on without it
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            aside = set_aside(path)
-            where = f"set aside as {aside.name}" if aside is not None else "it could not be set aside"
-            say(f"forward-pass cost: cannot use {path} ({why}): {where}; starting from the shipped curve's shape")
-            cost = LearnedCost(prior, say)
-    if cost is None:
-        cost = LearnedCost(prior, say)
-        say("forward-pass cost: starting from the shipped curve's shape; learned from the passes as they run")
-    cost.kept_at, cost.key = path, key
-    return cost
+    device = str(net.device)
+    key = {"model": model, "model_type": getattr(net.config, "model_type", None),
+           "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
+           "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
+           "kernels": list(getattr(net, "specx_kernels", [])), "torch": torch.__version__} | machine
+    return key, "cpu"
 
 
 def keep_cost(cost: Any, say: Callable[[str], None] = lambda message: None) -> None:
     """Save what `cost` (from model_cost) has learned, for the next run on this model and machine
-    (written beside it and renamed into place; nothing is left behind when that fails)."""
-
-    path = getattr(cost, "kept_at", None)
-    if path is None or not cost.passes:
-        return
-    from specx.core.kept import write_kept_json
-
+    (core.cost.learned.LearnedCost.keep); a file that cannot be written is one line, not an error."""
     try:
-        write_kept_json(path, {"key": cost.key, "state": cost.state()})
+        cost.keep()
     except (OSError, ValueError) as exc:
-        say(f"forward-pass cost: cannot keep it in {path} ({exc})")
+        say(f"forward-pass cost: cannot keep it in {cost.kept_at} ({exc})")

@@ -1,4 +1,4 @@
-"""The draft: a token tree proposed for one verification step."""
+"""The draft: a token tree proposed for one verification step, and `subtree`, the tree cut to a kept set."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 # Draft.sources bits: the request's own index, the global index of past outputs, the model's own
 # guess (core.decode.loop adds the previous pass's guesses as roots: see core.decode.loop.Verdict.guesses),
 # a client's prediction of the output (core.decode.speculate.PredictionDrafter) and the tokens a grammar
-# forces (core.decode.grammar.Constraint.forced)
-REQUEST, GLOBAL, MODEL, PREDICTION, GRAMMAR = 1, 2, 4, 8, 16
+# forces (core.decode.grammar.Constraint.forced), and the model's successor table
+# (core.index.successors, drafted by core.decode.hybrid.HybridDrafter)
+REQUEST, GLOBAL, MODEL, PREDICTION, GRAMMAR, TABLE = 1, 2, 4, 8, 16, 32
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Draft:
     accepts it; score is their sum (expected accepted tokens); match_len is the length p of the
     context suffix the draft grew from. Optionally per node: sources[i], who proposed it
     (a bit mask: REQUEST, GLOBAL, MODEL), and match_lens[i], the match its index grew it from (a merged
-    draft's nodes come from different matches); core.decode.cost.AcceptanceModel reads both.
+    draft's nodes come from different matches); core.cost.acceptance.AcceptanceModel reads both.
 
     >>> Draft([5, 6], [-1, 0], [0.5, 0.25], 0.75, 3).depths()
     [1, 2]
@@ -182,6 +183,26 @@ class Draft:
         n = len(self.token_ids)
         return (list(self.sources) if self.sources else [0] * n,
                 list(self.match_lens) if self.match_lens else [self.match_len] * n)
+
+
+def subtree(draft: Draft, keep: Sequence[bool]) -> Draft:
+    """The draft's nodes where `keep` is true (their parents must be kept too), re-indexed, order kept.
+
+    >>> subtree(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), [True, False, True]).token_ids
+    [5, 7]
+    """
+    new_index: dict[int, int] = {}
+    tokens, parents = [], []
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        if keep[i] and (par < 0 or par in new_index):
+            new_index[i] = len(tokens)
+            tokens.append(tok)
+            parents.append(-1 if par < 0 else new_index[par])
+    kept = list(new_index)
+    pick = lambda values: [values[i] for i in kept] if values else []  # noqa: E731
+    probs = pick(draft.probs)
+    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len, pick(draft.sources),
+                 pick(draft.match_lens))
 
 
 def check_draft(draft: Draft, vocab_size: int) -> None:

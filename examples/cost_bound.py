@@ -3,7 +3,7 @@
 text2sql_bench measures the methods on this machine. This script asks what the same requests
 would give on hardware whose forward-pass cost grows more slowly with the number of tokens
 verified (a GPU's curve is nearly flat for small trees). It decodes the requests plainly once,
-measures this machine's cost curve (core.decode.cost.calibrate) and the prefill time, then replays the
+measures this machine's cost curve (specx.bench.calibrate) and the prefill time, then replays the
 recorded outputs model-free (core.predict.replay.replay_call with a cost curve) for each method:
 
 - prompt lookup: transformers' rule (the last 2-gram, else 1-gram, at its earliest occurrence;
@@ -38,12 +38,13 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core.decode.calibrate import calibrate
-from specx.core.decode.cost import AcceptanceModel, ForwardCost, subtree
+from specx.bench.calibrate import calibrate
+from specx.core.cost.acceptance import AcceptanceModel
+from specx.core.cost.forward import ForwardCost
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
-from specx.core.draft import Draft
+from specx.core.draft import Draft, subtree
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.predict.replay import replay_call

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specx.cli.options import model_cost, specx_home
-from specx.core.decode.cost import AcceptanceModel
+from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 # Files of this repository (MIT, ours), cut to a function or two each; (path, start line, lines, old, new).
 TASKS = [("core/index/sealed.py", "class Segment:", 35, "Segment", "Block"),
          ("core/decode/loop.py", "def add_guesses(", 22, "draft", "tree"),
-         ("core/decode/cost.py", "def subtree(", 10, "keep", "mask"),
+         ("core/draft.py", "def subtree(", 10, "keep", "mask"),
          ("examples/quickstart.py", "past_outputs = [", 14, "past_outputs", "history")]
 
 

@@ -5,7 +5,7 @@ Two tables, side by side in one run on the built-in model:
 - **linear layers alone**: the model's 211 weight matrices (cold: together they do not fit in
   cache) times M input rows, by MKL (`torch.nn.functional.linear`, what stock PyTorch runs) and
   by `panel_matmul` (what specx runs from MIN_ROWS to MAX_ROWS rows; MKL otherwise);
-- **a whole verification pass** (core.decode.cost.calibrate: one pending token + a linear draft, cache
+- **a whole verification pass** (specx.bench.calibrate: one pending token + a linear draft, cache
   of 128 tokens) on the model with the kernels and on the same weights without them.
 
 Linear layers: the best of `--repeats` runs per size (the machine is noisy; the best is the least
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from specx.cli.options import specx_home
-from specx.core.decode.calibrate import calibrate
+from specx.bench.calibrate import calibrate
 from specx.core.model import matmul
 from specx.core.model.load import load_model
 

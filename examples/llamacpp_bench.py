@@ -42,7 +42,7 @@ from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
 from specx.cli.engines import llama_build, resolve_backend  # noqa: E402
 from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
 from specx.cli.output import progress  # noqa: E402
-from specx.core.decode.cost import AcceptanceModel  # noqa: E402
+from specx.core.cost.acceptance import AcceptanceModel  # noqa: E402
 from specx.core.decode.generate import generate, thread_tuner  # noqa: E402
 from specx.core.decode.loop import collect  # noqa: E402
 from specx.core.model import cpu  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specx.cli.options import model_cost, specx_home
-from specx.core.decode.cost import AcceptanceModel
+from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import Vocabulary, json_schema_grammar
 from specx.core.decode.loop import DecodeStats, collect

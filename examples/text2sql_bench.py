@@ -29,7 +29,7 @@ import torch
 
 from specx.cli.options import keep_cost, model_cost, specx_home
 from specx.cli.output import progress
-from specx.core.decode.cost import AcceptanceModel
+from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import collect
 from specx.core.decode.speculate import SuffixDrafter
@@ -90,7 +90,7 @@ def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):
     """Seconds to prefill n prompt tokens into an empty cache (the median of `repeats`), as a curve."""
     import time
 
-    from specx.core.decode.cost import ForwardCost
+    from specx.core.cost.forward import ForwardCost
     from specx.core.predict.estimate import CostCurve
 
     rng = np.random.default_rng(0)
@@ -113,12 +113,13 @@ def projection(prompts, outputs, history, timed, cost, prefill_cost, max_spec_fa
     gave them, on the forward-cost curve this run learned (at the median context of the timed
     requests) and on the shipped cpu curve. `decoding`: the passes only, as `specx entropy` projects;
     `with_prefill`: plus one pass over each prompt's uncached tokens (the same for both methods)."""
-    from specx.core.decode.cost import ForwardCost
+    from specx.core.cost.forward import ForwardCost
     from specx.core.predict.estimate import CostCurve, builtin_curves, projected_speedup, replay_sample
 
     positions = [i for i in range(len(prompts)) if timed(i)]
     context = int(np.median([len(prompts[i]) + len(outputs[i]) // 2 for i in positions]))
-    measured = CostCurve("measured", ForwardCost(cost.sizes, tuple(cost(n, context) for n in cost.sizes)),
+    sizes = cost.snapshot().sizes  # the learned curve's grid
+    measured = CostCurve("measured", ForwardCost(sizes, tuple(cost(n, context) for n in sizes)),
                          f"the curve this run learned, at a {context}-token context")
     curves = [measured, builtin_curves()["cpu"]]
     names = [c.name for c in curves]

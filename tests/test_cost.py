@@ -4,10 +4,11 @@ import random
 
 import pytest
 
-from specx.core.decode.calibrate import calibrate
-from specx.core.decode.cost import ForwardCost, size_draft, subtree
+from specx.bench.calibrate import calibrate
+from specx.core.cost.forward import ForwardCost
+from specx.core.cost.sizing import size_draft
 from specx.core.decode.generate import generate, greedy_decode
-from specx.core.draft import Draft
+from specx.core.draft import Draft, subtree
 
 from test_generate import FakeDrafter, all_right, wide_tree
 from test_verify import tiny_model
@@ -87,7 +88,7 @@ def test_a_longer_cache_makes_verified_tokens_dearer():
 
 
 def test_acceptance_model_starts_from_the_drafters_scores_and_learns_overconfidence():
-    from specx.core.decode.cost import AcceptanceModel
+    from specx.core.cost.acceptance import AcceptanceModel
 
     model = AcceptanceModel(prior=2.0)
     draft = Draft([1, 2, 3], [-1, 0, 1], [0.9, 0.81, 0.729], 2.439, 3)
@@ -108,7 +109,7 @@ def test_acceptance_model_starts_from_the_drafters_scores_and_learns_overconfide
 
 
 def test_acceptance_model_tells_cells_apart_and_keeps_a_tree():
-    from specx.core.decode.cost import AcceptanceModel
+    from specx.core.cost.acceptance import AcceptanceModel
     from specx.core.draft import GLOBAL, REQUEST
 
     model = AcceptanceModel(prior=2.0, window=64)
@@ -136,8 +137,19 @@ def test_acceptance_model_tells_cells_apart_and_keeps_a_tree():
 
 
 def test_check_curve_worked_cases():
-    from specx.core.decode.cost import check_curve
-    from specx.core.predict.estimate import builtin_curves
+    from specx.core.cost.forward import check_curve
+    from specx.core.cost.shipped import shipped_curves
 
-    assert check_curve(builtin_curves()["cpu"].cost) is None  # the shipped, measured curve is believable
+    assert check_curve(shipped_curves()["cpu"].cost) is None  # the shipped, measured curve is believable
     assert check_curve(ForwardCost((1, 2), (0.03, 0.03), 16, (0.03, 0.2), 64)) is not None  # the long curve too
+
+
+def test_a_fixed_curve_caps_nothing_and_learns_nothing():
+    """The decode loop asks every cost the same (core.cost.forward.PassCost): a fixed curve, measured
+    or a projection's relative one, answers with no cap, its own shape, and ignores the steps."""
+    from specx.core.predict.estimate import CostCurve
+
+    for cost in (ForwardCost((1, 8), (0.01, 0.02)), CostCurve("c", ForwardCost((1, 8), (1.0, 2.0)))):
+        before = cost(8)
+        cost.observe_step(num_tokens=8, context=128, verify_seconds=9.0, step_seconds=9.0, num_out=1)
+        assert cost.max_draft() is None and cost(8) == before and cost.shape(8) == pytest.approx(2.0)

@@ -33,7 +33,7 @@ OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
 def module_name(path: Path) -> str:
-    """The module a source file installs as: core/decode/cost.py -> specx.core.decode.cost,
+    """The module a source file installs as: core/cost/forward.py -> specx.core.cost.forward,
     cli/ns/vllm.py -> specx.vllm, store/formats/__init__.py -> specx.store.formats."""
     relative = path.relative_to(ROOT).with_suffix("")
     parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
@@ -62,7 +62,7 @@ MODULES = modules_with_examples()
 
 
 def test_module_names_follow_the_package_mapping():
-    assert module_name(ROOT / "core/decode/cost.py") == "specx.core.decode.cost"
+    assert module_name(ROOT / "core/cost/forward.py") == "specx.core.cost.forward"
     assert module_name(ROOT / "store/formats/_chat.py") == "specx.store.formats._chat"
     assert module_name(ROOT / "cli/ns/vllm.py") == "specx.vllm"
     assert module_name(ROOT / "cli/ns/bench/command.py") == "specx.bench.command"
@@ -72,7 +72,7 @@ def test_module_names_follow_the_package_mapping():
 
 def test_discovery_finds_the_modules_with_examples():
     assert len(MODULES) >= 15, MODULES
-    assert "specx.core.decode.cost" in MODULES and "specx.store.ingest" in MODULES
+    assert "specx.core.cost.forward" in MODULES and "specx.store.ingest" in MODULES
 
 
 @pytest.fixture

@@ -324,7 +324,7 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
 def test_a_sliding_window_model_verifies_linear_drafts_losslessly():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from specx.core.decode.calibrate import calibrate
+    from specx.bench.calibrate import calibrate
     from specx.core.decode.verify import tree_unsupported
 
     config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

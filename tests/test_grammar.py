@@ -110,7 +110,7 @@ def test_bad_grammars_are_errors_that_say_why(builtin_vocabulary):
 
 
 def test_grammar_bit_has_its_own_acceptance_cell():
-    from specx.core.decode.cost import AcceptanceModel
+    from specx.core.cost.acceptance import AcceptanceModel
 
     acceptance = AcceptanceModel()
     forced = Draft([1, 2], [-1, 0], [0.9, 0.8], 1.7, 0, [GRAMMAR] * 2, [0, 0])

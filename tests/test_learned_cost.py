@@ -1,4 +1,5 @@
-"""The forward-pass cost learned from the passes (core.decode.learned_cost) and the thread count chosen
+"""The forward-pass cost learned from the passes (core.cost: the curve, the guard, the two as one learned
+cost kept in a file) and the thread count chosen
 from them (core.model.threads): simulated passes with a known cost and a load that changes, so that
 nothing here depends on this machine's timing."""
 
@@ -11,8 +12,10 @@ import threading
 import numpy as np
 import pytest
 
-from specx.core.decode.cost import ForwardCost
-from specx.core.decode.learned_cost import GUARD_STEPS, SIZES, LearnedCost, _sane
+from specx.core.cost.curve import SIZES, LearnedCurve, _sane
+from specx.core.cost.forward import ForwardCost
+from specx.core.cost.guard import GUARD_STEPS, DraftGuard
+from specx.core.cost.learned import LearnedCost
 from specx.core.model.threads import ThreadTuner
 
 SHIPPED_LIKE = ForwardCost((1, 8, 16, 32, 64), (0.031, 0.035, 0.047, 0.077, 0.127))  # flat-ish (AVX-512)
@@ -34,7 +37,7 @@ def busy_passes(cost, true_seconds, passes=600, seed=0, noise=0.15):
 
 
 def test_the_shape_is_learned_under_a_wandering_load():
-    cost = LearnedCost(SHIPPED_LIKE)
+    cost = LearnedCurve(SHIPPED_LIKE)
     assert cost(16, 128) / cost(1, 128) < 2.0  # the prior: flat-ish
     busy_passes(cost, STEEP)
     for n in (4, 8, 16, 32):
@@ -42,7 +45,7 @@ def test_the_shape_is_learned_under_a_wandering_load():
 
 
 def test_the_curve_used_is_always_believable():
-    cost = LearnedCost(SHIPPED_LIKE)
+    cost = LearnedCurve(SHIPPED_LIKE)
     rng = random.Random(1)
     for _ in range(500):  # nonsense timings: large passes cheaper than small ones, huge swings
         n = rng.choice([1, 4, 16, 32])
@@ -54,7 +57,7 @@ def test_the_curve_used_is_always_believable():
 
 
 def test_passes_far_apart_or_of_other_tags_are_not_compared():
-    cost = LearnedCost(SHIPPED_LIKE)
+    cost = LearnedCurve(SHIPPED_LIKE)
     before = cost.shape(16, 128)
     for i in range(100):  # a 16-token pass after a long idle gap looks 10x dearer: not learned
         cost.observe(1, 128, 0.03, now=10.0 * i)
@@ -66,20 +69,20 @@ def test_passes_far_apart_or_of_other_tags_are_not_compared():
 
 
 def test_the_state_round_trips_and_a_bad_one_is_refused():
-    cost = LearnedCost(SHIPPED_LIKE)
+    cost = LearnedCurve(SHIPPED_LIKE)
     busy_passes(cost, STEEP, passes=200)
     state = json.loads(json.dumps(cost.state()))
-    again = LearnedCost(SHIPPED_LIKE, state=state)
+    again = LearnedCurve(SHIPPED_LIKE, state=state)
     assert [again.shape(n, 300) for n in SIZES] == pytest.approx([cost.shape(n, 300) for n in SIZES])
     assert again.passes == cost.passes
     for bad in ({**state, "g": [[float("nan")] * len(SIZES)] * 2}, {**state, "sizes": [1, 2]}, {"version": 0}):
         with pytest.raises((ValueError, KeyError)):
-            LearnedCost(SHIPPED_LIKE, state=bad)
+            LearnedCurve(SHIPPED_LIKE, state=bad)
 
 
 def test_the_log_says_when_the_curve_changes():
     said = []
-    cost = LearnedCost(SHIPPED_LIKE, said.append)
+    cost = LearnedCurve(SHIPPED_LIKE, say=said.append)
     busy_passes(cost, STEEP)
     assert any("forward-pass cost learned from" in m for m in said)
     said.clear()
@@ -89,25 +92,30 @@ def test_the_log_says_when_the_curve_changes():
 
 def test_the_guard_caps_drafts_that_do_not_pay_then_probes_again():
     said = []
-    cost = LearnedCost(SHIPPED_LIKE, said.append)
+    cost = LearnedCost(SHIPPED_LIKE, say=said.append)
     one = 0.05
     caps = []
+
+    def step(n, seconds, num_out):  # what the guard hears of a step (its curve learns nothing here)
+        cost.guard.observe_step(num_tokens=n, context=128, verify_seconds=seconds, step_seconds=seconds,
+                                num_out=num_out)
+
     for _ in range(5 * 12):  # drafts that cost 2-3 one-token passes and emit 1 token: losing
         cap = cost.max_draft()
         caps.append(cap)
         k = 8 if cap is None else min(8, cap)
         if k:
-            cost.observe_step(1 + k, 128, (1 + k / 4) * one, (1 + k / 4) * one, 1)
+            step(1 + k, (1 + k / 4) * one, 1)
     assert caps[0] is None and 4 in caps and 2 in caps  # halved at each losing window
     assert cost.max_draft() == 0 and "decoding plainly" in said[-1]
     for _ in range(40):  # plain steps until the probe
-        cost.observe_step(1, 128, one, one, 1)
+        step(1, one, 1)
     assert cost.max_draft() == 2
     for _ in range(12):  # the probes pay: 3-token passes at 1.1x one token emit 3 tokens
-        cost.observe_step(3, 128, 1.1 * one, 1.1 * one, 3)
+        step(3, 1.1 * one, 3)
     assert cost.max_draft() == 4 and "pay again" in said[-1]
     for _ in range(4 * 12):
-        cost.observe_step(3, 128, 1.1 * one, 1.1 * one, 3)
+        step(3, 1.1 * one, 3)
     assert cost.max_draft() is None
 
 
@@ -191,28 +199,31 @@ def test_a_linear_curve_is_learned_from_drafted_passes_and_the_anchors_they_leav
         n = 1 if cost.max_draft() == 0 else rng.choice([2, 3, 4, 5, 6, 8, 9, 12])
         seconds = 0.015 * n ** 0.9 * load * math.exp(rng.gauss(0, 0.05))
         now += seconds
-        cost.observe(n, 400, seconds, now=now)
+        cost.curve.observe(n, 400, seconds, now=now)
     for n in (2, 4, 8):
         assert cost.shape(n, 400) == pytest.approx(n ** 0.9, rel=0.25), n
-    assert cost.anchors >= 16
+    assert cost.curve.anchors >= 16
 
 
 def test_the_guard_believes_plain_steps_measured_a_moment_ago_over_a_curve_that_flatters_drafts():
     """A curve that says 4 tokens cost what one does (a prior not yet corrected), on an engine
     where they cost 3x: the passes alone would call 2-token-per-step drafts a win; the plain steps
     between them say they lose, and the guard caps them."""
-    cost = LearnedCost(ForwardCost((1, 4, 64), (0.01, 0.01, 0.01)))
+    curve = LearnedCurve(ForwardCost((1, 4, 64), (0.01, 0.01, 0.01)))
+    guard = DraftGuard(curve.shape)
     for _ in range(4):
-        cost.observe_step(1, 300, 0.010, 0.010, 1)  # plain steps: 10 ms a token
+        guard.observe_step(num_tokens=1, context=300, verify_seconds=0.010, step_seconds=0.010,
+                           num_out=1)  # plain steps: 10 ms a token
         for _ in range(GUARD_STEPS):
-            cost.observe_step(4, 300, 0.030, 0.030, 2)  # drafted: 15 ms a token
-    assert cost.cap is not None and cost.cap < 4
+            guard.observe_step(num_tokens=4, context=300, verify_seconds=0.030, step_seconds=0.030,
+                               num_out=2)  # drafted: 15 ms a token
+    assert guard.cap is not None and guard.cap < 4
 
 
 # --------------------------------------------------------------------------- the kept file (issue 39)
 
 def _learned_state() -> dict:
-    cost = LearnedCost(SHIPPED_LIKE)
+    cost = LearnedCurve(SHIPPED_LIKE)
     busy_passes(cost, STEEP, passes=100)
     return json.loads(json.dumps(cost.state()))
 
@@ -228,10 +239,10 @@ def test_a_kept_state_no_machine_gives_is_refused_with_a_value_error():
            {**state, "sizes": 7}, {**state, "contexts": None}, {k: v for k, v in state.items() if k != "g"}]
     for value in bad:
         with pytest.raises(ValueError):
-            LearnedCost(SHIPPED_LIKE, state=value)
+            LearnedCurve(SHIPPED_LIKE, state=value)
     # the edges of the believable: a one-token pass of 1e-7 s and of 1000 s
     for load in (math.log(1e-7) + 1e-9, math.log(1e3) - 1e-9):
-        assert LearnedCost(SHIPPED_LIKE, state={**state, "load": load})(1, 128) > 0
+        assert LearnedCurve(SHIPPED_LIKE, state={**state, "load": load})(1, 128) > 0
 
 
 def _deep_brackets(path, good):
@@ -280,7 +291,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     net = tiny_model()
     said: list[str] = []
     cost = _model_cost(net, said)
-    busy_passes(cost, STEEP, passes=100)
+    busy_passes(cost.curve, STEEP, passes=100)
     keep_cost(cost)
     path = cost.kept_at
     good = json.loads(path.read_text())
@@ -298,7 +309,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     assert "\n" not in mentions[0] and len(mentions[0]) < 400
     if damage == "a symlink to /dev/zero":
         assert aside[0].is_symlink()  # the link was set aside, not its target
-    busy_passes(again, STEEP, passes=20)
+    busy_passes(again.curve, STEEP, passes=20)
     keep_cost(again)
     assert _model_cost(net, said).passes == again.passes
     assert not list(path.parent.glob("*.tmp"))
@@ -311,7 +322,7 @@ def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monke
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))
     cost = _model_cost(tiny_model(), [])
-    busy_passes(cost, STEEP, passes=20)
+    busy_passes(cost.curve, STEEP, passes=20)
     cost.kept_at.parent.mkdir(parents=True, exist_ok=True)
     cost.kept_at.mkdir()
     said: list[str] = []
@@ -360,11 +371,11 @@ def test_a_poisoned_kept_curve_is_forgotten_within_a_few_dozen_passes():
     learning floor it would take far more passes to move; the passes contradict it pair after
     pair, so it is forgotten and learned again from the prior's shape."""
     steep_prior = ForwardCost((1, 2, 4, 8, 16, 32), tuple(0.015 * n ** 0.9 for n in (1, 2, 4, 8, 16, 32)))
-    truth = LearnedCost(steep_prior)
+    truth = LearnedCurve(steep_prior)
     poisoned = truth.state() | {"g": np.zeros_like(truth.g).tolist(), "counts": np.full_like(truth.g, 5000).tolist(),
                                 "anchors": 500, "passes": 50000}
     said = []
-    cost = LearnedCost(steep_prior, said.append, poisoned)
+    cost = LearnedCurve(steep_prior, say=said.append, state=poisoned)
     assert cost.shape(8, 400) == pytest.approx(1.0)  # drafts look free
     rng, now = random.Random(5), 0.0
     for _ in range(48):  # a few dozen passes as drafts come: sizes vary
@@ -379,7 +390,7 @@ def test_a_poisoned_kept_curve_is_forgotten_within_a_few_dozen_passes():
 def test_a_right_curve_under_noise_is_never_forgotten():
     """The contradiction check does not fire on a busy machine's noise: a learned, right curve stays."""
     said = []
-    cost = LearnedCost(SHIPPED_LIKE, said.append)
+    cost = LearnedCurve(SHIPPED_LIKE, say=said.append)
     busy_passes(cost, STEEP, passes=3000, seed=11)
     assert not any("contradict" in line for line in said)
     assert cost.shape(16, 200) == pytest.approx(STEEP(16) / STEEP(1), rel=0.35)

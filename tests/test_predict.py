@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import AGENT_DATA
-from specx.core.decode.cost import ForwardCost
-from specx.core.predict.estimate import (CURVES_DIR, CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
+from specx.core.cost.forward import ForwardCost
+from specx.core.cost.shipped import FOLDER
+from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
                                          predict, predict_groups, projected_speedup, replay_sample)
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.predict.replay import replay
@@ -77,7 +78,7 @@ def test_draw_sample_weights_and_the_whole_selection():
 def test_cost_curve_interpolation():
     # The shipped CPU curve: its file's points divided by the 1-token cost, linear in between, and
     # past the last point the slope of the last two.
-    points = {int(k): v for k, v in json.loads((CURVES_DIR / "cpu.json").read_text())["cost"].items()}
+    points = {int(k): v for k, v in json.loads((FOLDER / "cpu.json").read_text())["cost"].items()}
     cpu = builtin_curves()["cpu"]
     assert cpu(1) == 1.0
     for k, v in points.items():

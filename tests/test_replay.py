@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import AGENT_DATA
-from specx.core.decode.cost import ForwardCost
+from specx.core.cost.forward import ForwardCost
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.draft import Draft
 from specx.core.index.suffix_index import SuffixIndex

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # what each tower of core/ may import (besides itself); core.draft, core.numba_cache and core.kept: anyone
-TOWERS = ["index", "model", "decode", "predict", "serve"]
+TOWERS = ["index", "model", "cost", "decode", "predict", "serve"]
 SHARED = {"specx.core.draft", "specx.core.numba_cache", "specx.core.kept"}
 
 

@@ -14,8 +14,8 @@ import torch
 from ..draft import Draft
 from ..model.llamacpp import on_llamacpp
 from ..model.threads import ThreadTuner
-from .cost import AcceptanceModel, ForwardCost
-from .learned_cost import LearnedCost
+from ..cost.acceptance import AcceptanceModel
+from ..cost.forward import PassCost
 from .loop import Step, Verdict, decode
 from .speculate import Drafter
 from .verify import Sampling, mask_logits, tree_unsupported, verify
@@ -54,7 +54,7 @@ class ModelVerifier:
 
 def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = None, max_new_tokens: int = 256,
              eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None, cost: ForwardCost | LearnedCost | None = None,
+             top_k: int = 0, seed: int | None = None, cost: PassCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None,
              acceptance: AcceptanceModel | None = None, prefix_cache: Any = None,
              constraint: Any = None, logprobs: int = -1, threads: ThreadTuner | None = None,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..draft import Draft
+from ..draft import Draft, subtree
 
 MAX_FORCED = 32
 
@@ -148,8 +148,6 @@ class Constraint:
     def prune(self, draft: Draft) -> Draft:
         """The draft without the nodes the grammar refuses (and their subtrees); keeps the masks of
         its rows for `allowed` (one pass over the tree, depth first, consume and roll back)."""
-        from .cost import subtree
-
         n = len(draft)
         masks = np.zeros((1 + n, self.vocabulary.words), dtype=np.int32)
         self._fill(masks, 0)

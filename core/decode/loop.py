@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..draft import GRAMMAR, MODEL, Draft, check_draft
+from ..cost.acceptance import AcceptanceModel
+from ..cost.forward import PassCost
+from ..cost.sizing import size_draft
+from ..draft import GRAMMAR, MODEL, Draft, check_draft, subtree
 from ..model.threads import ThreadTuner
-from .cost import AcceptanceModel, ForwardCost, size_draft, subtree
-from .learned_cost import LearnedCost
 from .speculate import Drafter
 
 
@@ -177,7 +178,7 @@ def collect(steps: Iterator[Step], on_step: Callable[[Step, Decoded], bool | Non
 
 
 def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,
-           max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: ForwardCost | LearnedCost | None = None,
+           max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: PassCost | None = None,
            stop: Callable[[list[int]], int | None] | None = None, acceptance: AcceptanceModel | None = None,
            learn: bool = True, constraint: Any = None, threads: ThreadTuner | None = None) -> Iterator[Step]:
     """Decode after `prompt` until EOS, `max_new_tokens` (None: until the verifier is finished) or
@@ -186,15 +187,16 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
     `drafter` (a core.decode.speculate.Drafter) is driven through a request: start_request(prompt),
     speculate() before each pass, extend(tokens) after it, finish_request(learn) at the end (learn
     only when decoding ran to its end and `learn`). With `cost` (a forward-pass cost curve) each
-    draft is cut to the size that pays (core.decode.cost.size_draft), and `acceptance` learns from the
+    draft is cut to the size that pays (core.cost.sizing.size_draft), and `acceptance` learns from the
     verdicts what the drafts are worth (a server or a benchmark passes one for all requests; by
     default each request starts afresh). `stop` (e.g. a text.TextStream) sees each step's tokens
     and returns None to go on or how many of them to keep: decoding then ends there, as at EOS.
     `constraint` (a core.decode.grammar.Constraint, which the verifier applies too): the tokens its grammar
     forces lead each draft (speculative decoding only) and the nodes it refuses are pruned.
 
-    With a core.decode.learned_cost.LearnedCost as `cost`, every pass teaches it what passes cost (its
-    shape) and whether the drafts pay (its guard caps them when they do not). `threads` (a
+    Every step is shown to `cost` (`observe_step`): a core.cost.learned.LearnedCost learns from it
+    what passes cost (its shape) and whether the drafts pay (its guard caps them, `max_draft`, when
+    they do not); a fixed curve ignores it. `threads` (a
     core.model.threads.ThreadTuner) chooses the thread count of each pass from the passes' times.
     """
     prompt = [int(t) for t in prompt]
@@ -214,12 +216,13 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
         while (max_new_tokens is None or num_out < max_new_tokens) and not verifier.finished:
             start = clock()
             context = len(prompt) + num_out
-            cap = cost.max_draft() if isinstance(cost, LearnedCost) else None
+            cap = cost.max_draft() if cost is not None else None
             # a step the learned cost keeps plain drafts nothing (sizing would cut it all: exact)
             proposed = drafter.speculate() if drafter is not None and cap != 0 else Draft()
-            draft = shape_draft(proposed, verifier, guesses, constraint if drafter is not None else None, constraint,
-                                None if max_new_tokens is None else max_new_tokens - num_out, cost, acceptance,
-                                context, cap)
+            draft = shape_draft(proposed, verifier, guesses=guesses, constraint=constraint,
+                                lead_forced=drafter is not None,
+                                tokens_left=None if max_new_tokens is None else max_new_tokens - num_out,
+                                cost=cost, acceptance=acceptance, context=context, max_nodes=cap)
             tag = threads.before_pass() if threads is not None else None
             drafted = clock()
             verdict = verifier.verify(draft)
@@ -243,7 +246,8 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 drafter.extend(tokens)
                 guesses = verdict.guesses
             finished = clock()
-            _learn_step(cost, threads, tag, 1 + len(draft), context, verified - drafted, finished - start, len(tokens))
+            _learn_step(cost, threads, tag=tag, num_tokens=1 + len(draft), context=context,
+                        verify_seconds=verified - drafted, step_seconds=finished - start, num_out=len(tokens))
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
                        (verified - drafted) * 1e6, (finished - updated) * 1e6,
                        None if verdict.logprobs is None else verdict.logprobs[: len(tokens)])
@@ -255,16 +259,17 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
             drafter.finish_request(learned)
 
 
-def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcing: Any, constraint: Any,
-                tokens_left: int | None, cost: ForwardCost | LearnedCost | None, acceptance: AcceptanceModel | None,
-                context: int, max_nodes: int | None = None) -> Draft:
+def shape_draft(draft: Draft, verifier: Verifier, *, guesses: Sequence[int] = (), constraint: Any = None,
+                lead_forced: bool = False, tokens_left: int | None = None, cost: PassCost | None = None,
+                acceptance: AcceptanceModel | None = None, context: int | None = None,
+                max_nodes: int | None = None) -> Draft:
     """The drafter's tree, made into what the verifier runs this pass. Each change is optional and
     they run in this order, for the reason given:
 
     1. checked: every token must be an id the model has (`check_draft`), before anything builds on it;
     2. the model's guesses from the last pass join as roots (`add_guesses`): before the cuts below,
        so that they compete with the drafter's nodes;
-    3. the tokens the grammar forces lead the tree (`forcing`: speculative decoding only), the draft
+    3. the tokens the grammar forces lead the tree (`lead_forced`: speculative decoding only), the draft
        below them: before the best path is taken, so that the path runs through them;
     4. a verifier that takes linear drafts gets the best path (`best_path`): once every node is in;
     5. no node deeper than the tokens left (`limit_depth`: a step emits at most accepted + 1): before
@@ -279,8 +284,8 @@ def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcin
         check_draft(draft, verifier.vocab_size)
     if guesses:
         draft = add_guesses(draft, guesses)
-    if forcing is not None:
-        forced = forcing.forced()
+    if lead_forced and constraint is not None:
+        forced = constraint.forced()
         if forced:
             draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
     if verifier.linear:
@@ -288,23 +293,22 @@ def shape_draft(draft: Draft, verifier: Verifier, guesses: Sequence[int], forcin
     if tokens_left is not None:
         draft = limit_depth(draft, tokens_left - 1)
     if cost is not None:
-        draft = size_draft(draft, cost, 1, acceptance, context, max_nodes)
+        draft = size_draft(draft, cost, 1, acceptance=acceptance, context=context, max_nodes=max_nodes)
     if constraint is not None:
         draft = constraint.prune(draft)
     return draft
 
 
-def _learn_step(cost: Any, threads: ThreadTuner | None, tag: Any, num_tokens: int, context: int,
+def _learn_step(cost: PassCost | None, threads: ThreadTuner | None, *, tag: Any, num_tokens: int, context: int,
                 verify_seconds: float, step_seconds: float, num_out: int) -> None:
     """A step's pass over `num_tokens` took `verify_seconds` of its `step_seconds` and emitted
     `num_out` tokens: the thread tuner (which compares passes of different sizes by the cost
-    curve's shape) and a learned cost (its curve, then its guard) hear it."""
-    learned = cost if isinstance(cost, LearnedCost) else None
+    curve's shape) and the cost (a learned one: its curve, then its guard) hear it."""
     if threads is not None:
-        threads.after_pass(tag, verify_seconds / (learned.shape(num_tokens, context) if learned else 1.0))
-    if learned is not None:
-        learned.observe(num_tokens, context, verify_seconds, tag)
-        learned.observe_step(num_tokens, context, verify_seconds, step_seconds, num_out)
+        threads.after_pass(tag, verify_seconds / (cost.shape(num_tokens, context) if cost is not None else 1.0))
+    if cost is not None:
+        cost.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
+                          step_seconds=step_seconds, num_out=num_out, tag=tag)
 
 
 GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ..decode.cost import AcceptanceModel, ForwardCost
+from ..cost.acceptance import AcceptanceModel
+from ..cost.forward import ForwardCost
 from ..decode.generate import generate, thread_tuner
 from ..decode.loop import DecodeStats, collect
 from ..model.kv_cache import cache_kwarg, new_cache

@@ -21,9 +21,9 @@ than the sample is replayed whole: exact figures, an interval of zero width.
 
 **From tokens per step to speedup.** A cost curve gives the relative cost of one verification
 pass over k tokens (`CostCurve`, k -> cost, linear in between and beyond the last two points, as
-core.decode.cost.ForwardCost is). Plain decoding pays cost(1) per output token; speculation pays
+core.cost.forward.ForwardCost is). Plain decoding pays cost(1) per output token; speculation pays
 cost(1 + draft size) per step. On a curve that is not flat, each draft is first cut to the size
-that pays (core.decode.cost.size_draft, as `generate` cuts it, its acceptance model starting afresh in
+that pays (core.cost.sizing.size_draft, as `generate` cuts it, its acceptance model starting afresh in
 each call so that a call's figures stay independent of the others'); on a flat one every draft
 node is free and nothing is cut. Projected speedup over plain decoding: sum of plain decoding's
 costs / sum of the passes' costs; over prompt lookup: prompt lookup's passes / specx's, both
@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from ..decode.cost import ForwardCost
+from ..cost.forward import FixedCost, ForwardCost
+from ..cost.shipped import shipped_curves
 from ..decode.loop import DecodeStats
 from .replay import replay_call
 from .sampling import RatioEstimate, Sample, combined_ratio, ratio_estimate
 
-CURVES_DIR = Path(__file__).resolve().parent.parent / "decode" / "cost_curves"
 FLAT_UPTO = 64  # the shipped flat curve: 1.0 for every k up to this
 
 
@@ -60,10 +60,11 @@ class PredictError(ValueError):
 
 
 @dataclass(frozen=True)
-class CostCurve:
+class CostCurve(FixedCost):
     """Relative cost of one verification pass over k tokens (cost(1) = 1): a ForwardCost of one
     curve, interpolated linearly, and linearly extrapolated past the last point from the last two
-    (a single point: the same cost for every k). Calls are memoised (sizing asks often).
+    (a single point: the same cost for every k). Calls are memoised (sizing asks often). A fixed
+    curve: it caps no draft and learns nothing from the replay's steps (core.cost.forward.FixedCost).
 
     >>> curve = CostCurve.from_mapping("c", {"1": 2.0, "3": 3.0, "5": 5.0})  # normalised by cost(1)
     >>> [curve(k) for k in (1, 2, 3, 4, 5, 7)]
@@ -145,12 +146,14 @@ def load_cost_curve(path: str | Path, name: str | None = None) -> CostCurve:
 
 
 def builtin_curves() -> dict[str, CostCurve]:
-    """The shipped curves: "flat" (a large model on a GPU at small batch: verifying up to 64 tokens
-    costs what one does) and "cpu" (the built-in model on the 2-core development CPU, from the
-    figures measured with core.decode.cost.calibrate; its file says where they come from)."""
+    """The projections' built-in curves: "flat" (a large model on a GPU at small batch: verifying up
+    to 64 tokens costs what one does) and "cpu" (the built-in model on the 2-core development CPU,
+    the curve shipped in core.cost.shipped, measured with `specx bench cost`; its file says where it
+    comes from)."""
     flat = CostCurve.from_mapping("flat", {"1": 1.0, str(FLAT_UPTO): 1.0},
                                   f"a large model on a GPU at small batch: 1.0 for every k up to {FLAT_UPTO}")
-    return {"flat": flat, "cpu": load_cost_curve(CURVES_DIR / "cpu.json", "cpu")}
+    cpu = shipped_curves()["cpu"]
+    return {"flat": flat, "cpu": CostCurve("cpu", cpu.cost, cpu.about)}
 
 
 # ------------------------------------------------------------------------------------ sampled replay

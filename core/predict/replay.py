@@ -12,7 +12,7 @@ index holds [7, 8, 9]; prompt [1]; recorded output [7, 8, 9, 5].
   step 3: context ends [7, 8, 9]: the indexed sequence ends there: empty   -> [7, 8, 9, 5]
 three steps for four tokens: 1.33 tokens per step, 1 of 1 drafted tokens accepted.
 
-With a cost curve (`cost`, a core.decode.cost.ForwardCost: seconds of one verification pass over n
+With a cost curve (`cost`, a core.cost.forward.ForwardCost: seconds of one verification pass over n
 tokens), the replay also times itself as a device with that curve would: each step costs
 cost(1 + draft size), plain decoding cost(1) per token, and (with `size`) each draft is first
 cut as `generate` cuts it (size_draft with the running AcceptanceModel). That predicts the
@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..decode.cost import AcceptanceModel, ForwardCost
+from ..cost.acceptance import AcceptanceModel
+from ..cost.forward import ForwardCost
 from ..decode.loop import DecodeStats, Decoded, Step, Verdict, collect, decode
 from ..decode.speculate import Drafter
 from ..draft import Draft

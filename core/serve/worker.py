@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from ..decode.cost import AcceptanceModel
+from ..cost.acceptance import AcceptanceModel
 from ..decode.generate import generate
 from ..decode.grammar import GrammarError
 from ..decode.loop import DecodeStats, Decoded, collect

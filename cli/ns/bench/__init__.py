@@ -4,6 +4,7 @@
                 with --model, the model): the figures of `specx replay`
     compare     decoding methods side by side on the same prompts (plain, prompt lookup, specx)
     figures     the suffix index's and ingest's figures of `specx bench`, against their targets
+    calibrate   a model's verification passes timed over 1..n tokens (`specx bench cost`)
     reference   ArcticInference's C++ suffix tree, when importable, as a drafter and a benchmark
     synthetic   a seeded corpus that looks like agent output
 

@@ -1,7 +1,7 @@
 """Timing a model's verification passes over 1..n tokens: a measured ForwardCost (`specx bench cost`).
 
-Decoding never calls this (the cost is learned from the passes it runs: core.decode.learned_cost);
-it measures a curve to compare against, or to ship as a prior.
+Decoding never calls this (the cost is learned from the passes it runs: core.cost.learned); it
+measures a curve to compare against, or to ship as a prior (core/cost/curves/).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..draft import Draft
-from ..model.prefix_cache import PrefixCache
-from .cost import ForwardCost
-from .verify import tree_logits
+from specx.core.cost.forward import ForwardCost
+from specx.core.draft import Draft
+from specx.core.model.prefix_cache import PrefixCache
+from specx.core.decode.verify import tree_logits
 
 # On a CPU, core.model.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
 # a step function there, so both ends of each step are measured up to 25, where most drafts end
@@ -25,7 +25,7 @@ from .verify import tree_logits
 SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 32, 48, 64)
 
 
-def calibrate(model: Any, sizes: Sequence[int] = SIZES, repeats: int = 3, context: int = 128,
+def calibrate(model: Any, sizes: Sequence[int] = SIZES, *, repeats: int = 3, context: int = 128,
               max_size: int | None = None, long_context: int | None = 1024) -> ForwardCost:
     """Time one verification pass over n tokens (a linear draft of n - 1 after one pending token)
     on a cache of `context` tokens, and of `long_context` tokens (None: skip); the median of

@@ -118,7 +118,7 @@ def bench_cost(
 
     import torch
 
-    from specx.core.decode.calibrate import SIZES, calibrate
+    from .calibrate import SIZES, calibrate
     from specx.core.model.load import load_model
 
     torch.set_grad_enabled(False)

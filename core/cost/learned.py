@@ -1,0 +1,95 @@
+"""The learned cost: the curve learned from the passes (core.cost.curve) and the guard that caps
+drafts when they stop paying (core.cost.guard), as the one PassCost the decode loop is given; and
+where it is kept between runs, a file its caller names.
+
+    cost = load_learned_cost(prior, kept_at=path, key=key, say=print)   # what earlier runs learned
+    ... decode(..., cost=cost) ...                                      # every step teaches it
+    cost.keep()                                                         # for the next run
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..kept import Unusable, read_kept_json, set_aside, write_kept_json
+from .curve import LearnedCurve
+from .forward import ForwardCost
+from .guard import DraftGuard
+
+
+class LearnedCost:
+    """A forward-pass cost (core.cost.forward.PassCost) learned from the steps it is shown: `curve`
+    sizes drafts and learns from each pass, `guard` caps drafts that do not pay. `kept_at` (the
+    caller's choice; None: not kept) is the file `keep` writes, with `key` (what the curve was
+    learned on: model, engine, machine) beside the state.
+
+    >>> cost = LearnedCost(ForwardCost((1, 4), (0.01, 0.02)))
+    >>> cost.max_draft() is None, round(cost.shape(4, 128), 2)
+    (True, 2.0)
+    """
+
+    def __init__(self, prior: ForwardCost, *, say: Callable[[str], None] = lambda message: None,
+                 state: dict[str, Any] | None = None, kept_at: Path | None = None,
+                 key: Mapping[str, Any] | None = None) -> None:
+        self.curve = LearnedCurve(prior, say=say, state=state)
+        self.guard = DraftGuard(self.curve.shape, say)
+        self.kept_at = kept_at
+        self.key = dict(key or {})
+
+    def __call__(self, n: int, context: int | None = None) -> float:
+        return self.curve(n, context)
+
+    def shape(self, n: int, context: int | None = None) -> float:
+        return self.curve.shape(n, context)
+
+    def snapshot(self) -> ForwardCost:
+        """The believable curve, in today's seconds (core.cost.curve.LearnedCurve.snapshot)."""
+        return self.curve.snapshot()
+
+    @property
+    def passes(self) -> int:
+        """How many passes taught the curve (earlier runs' included)."""
+        return self.curve.passes
+
+    def max_draft(self) -> int | None:
+        return self.guard.max_draft(anchor_due=self.curve.anchor_due())
+
+    def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
+                     num_out: int, tag: Any = None) -> None:
+        """A decode step: its pass teaches the curve, then the step tells the guard whether drafts pay."""
+        self.curve.observe(num_tokens, context, verify_seconds, tag=tag)
+        self.guard.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
+                                step_seconds=step_seconds, num_out=num_out)
+
+    def keep(self) -> None:
+        """Write what the curve has learned to `kept_at` (beside it and renamed into place: nothing
+        is left behind when that fails; OSError or ValueError then). Nothing without a file or a pass."""
+        if self.kept_at is None or not self.curve.passes:
+            return
+        write_kept_json(self.kept_at, {"key": self.key, "state": self.curve.state()})
+
+
+def load_learned_cost(prior: ForwardCost, *, kept_at: Path, key: Mapping[str, Any],
+                      say: Callable[[str], None] = lambda message: None, relearn: bool = False) -> LearnedCost:
+    """The learned cost kept in `kept_at` by an earlier run (`relearn`: forgotten), else a new one
+    from `prior`'s shape. A file that cannot be used is set aside, with one line saying why, and
+    the start goes on from the prior (core.kept)."""
+    if not relearn:
+        try:
+            doc = read_kept_json(kept_at)  # a regular file of at most core.kept.MAX_BYTES, else Unusable
+            if doc is not None:
+                if not isinstance(doc, dict) or "state" not in doc:
+                    raise Unusable("holds no learned state")
+                cost = LearnedCost(prior, say=say, state=doc["state"], kept_at=kept_at, key=key)  # ValueError: unbelievable
+                say(f"forward-pass cost: as learned by earlier runs ({cost.passes} passes; {kept_at})")
+                return cost
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with a kept file, a start goes on without it
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            aside = set_aside(kept_at)
+            where = f"set aside as {aside.name}" if aside is not None else "it could not be set aside"
+            say(f"forward-pass cost: cannot use {kept_at} ({why}): {where}; starting from the shipped curve's shape")
+            return LearnedCost(prior, say=say, kept_at=kept_at, key=key)
+    say("forward-pass cost: starting from the shipped curve's shape; learned from the passes as they run")
+    return LearnedCost(prior, say=say, kept_at=kept_at, key=key)
