@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..draft import GLOBAL, GRAMMAR, MODEL, REQUEST, Draft
+from ..draft import GLOBAL, GRAMMAR, MODEL, REQUEST, TABLE, Draft
 
 PRIOR = 2.0  # the drafter's share counts as this many verdicts of a cell
 WINDOW = 1000  # a cell's counts are halved when its tries reach this
-SOURCE_CELLS = 9  # _source_cell's rows: the index bits and the model's guess (0-7), a grammar's token (8)
-GRAMMAR_CELL = SOURCE_CELLS - 1
+SOURCE_CELLS = 10  # _source_cell's rows: the index bits and the model's guess (0-7), a grammar's token (8),
+GRAMMAR_CELL, TABLE_CELL = 8, 9  # the successor table's node (9)
 LENGTH_CELLS = 6  # _bucket's classes of match length and of depth: 1, 2, 3-4, 5-8, 9-16, 17+
 SHARE_EDGES = (0.99, 0.5, 0.25)  # a node's share of its parent's continuations, bucketed at these
 
@@ -99,5 +99,7 @@ def _bucket(n: int) -> int:
 
 def _source_cell(sources: int) -> int:
     """The acceptance model's row for a node's sources: the index bits and the model's guess
-    (REQUEST, GLOBAL, MODEL) as they are, else 8 for a grammar's forced token, else 0 (a prediction)."""
-    return sources & (REQUEST | GLOBAL | MODEL) or (GRAMMAR_CELL if sources & GRAMMAR else 0)
+    (REQUEST, GLOBAL, MODEL) as they are, else 8 for a grammar's forced token, else 9 for the successor
+    table's node, else 0 (a prediction)."""
+    return sources & (REQUEST | GLOBAL | MODEL) or (
+        GRAMMAR_CELL if sources & GRAMMAR else TABLE_CELL if sources & TABLE else 0)
