@@ -16,11 +16,10 @@ import typer
 
 from . import output
 from .check import check_cmd
-from .engines import resolve_backend
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, specx_home, store_path
 from .serve import serve_cmd
 from .trial import engines_cmd
 
@@ -212,12 +211,14 @@ def replay_cmd(
     if model is not None:
         if plot_file is not None:
             raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
-        return _replay_with_model(path, model, dtype, backend, prompt_window, max_tokens, warm, baselines, json_out,
-                                  dict(formats=fmt, sources=source, models=llm, agents=agent, sessions=session,
-                                       limit=limit),
-                                  {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
-                                   "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
-                                   "merge": merge, "prompt_window": prompt_window}, prefix_cache_tokens)
+        return _replay_with_model(path, model, dtype=dtype, backend=backend, window=prompt_window,
+                                  max_tokens=max_tokens, warm=warm, baselines=baselines, json_out=json_out,
+                                  selection=dict(formats=fmt, sources=source, models=llm, agents=agent,
+                                                 sessions=session, limit=limit),
+                                  params={"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
+                                          "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
+                                          "merge": merge, "prompt_window": prompt_window},
+                                  prefix_cache_tokens=prefix_cache_tokens)
     curves = predict_lib.cost_curves(cost_curve) if project else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     with Store(path) as store:
@@ -280,20 +281,21 @@ def replay_cmd(
 _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us columns: lower is better"
 
 
-def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window: int, max_tokens: int, warm: bool, baselines: bool,
-                       json_out: bool, selection: dict[str, Any], params: dict[str, Any],
+def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, window: int, max_tokens: int, warm: bool,
+                       baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0) -> None:
-    from specx.core.model.llamacpp import on_llamacpp
-    from specx.core.model.load import load_backend, tokenizer_fingerprint
     from specx.core.predict import methods as replay_lib
     from specx.store.db import Store
     from specx.store.prompts import model_prompts
     from specx.store.selection import outside_sessions, select_calls
 
-    net, tok = load_backend(model, specx_home() / "models", resolve_backend(model, backend, output.note), dtype=dtype)
-    llama = on_llamacpp(net)
+    from .assemble import assemble
+
+    # the prompts are the stored ones (no chat template); the drafter is the replay's (warm from the store)
+    stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
+    engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
     with Store(path) as store:
-        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
+        tokenizer_id = store.tokenizer_id(stack.fingerprint)
         if tokenizer_id is None:
             raise typer.BadParameter(f"the store has no tokens for {model!r}'s tokenizer: ingest with --model {model}",
                                      param_hint="--model")
@@ -304,21 +306,20 @@ def _replay_with_model(path: Path, model: str, dtype: str, backend: str, window:
                                      param_hint="--format/--source/...")
         warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
             if warm else []
-    methods = ["plain", "prompt_lookup", "specx"] if baselines and not llama else ["plain", "specx"]
-    if baselines and llama:
+    methods = ["plain", "prompt_lookup", "specx"] if baselines and engine.prompt_lookup else ["plain", "specx"]
+    if baselines and not engine.prompt_lookup:
         output.note("on llama.cpp the replay compares plain decoding and specx (llama.cpp's own prompt lookup: "
                     "examples/llamacpp_bench.py)")
     output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
                 f"prompt tokens, at most {max_tokens} new tokens each)")
-    cost = model_cost(net, model, output.note)
     with output.progress() as bar:
         task = bar.add_task("replay", total=len(calls) * len(methods))
-        result = replay_lib.run_model_replay(net, tok, prompts, warm_tokens, params | {"warm_outputs": len(warm_tokens)},
-                                             methods, max_tokens, cost, on_call=lambda: bar.advance(task),
+        result = replay_lib.run_model_replay(engine, tok, prompts, warm_tokens,
+                                             params=params | {"warm_outputs": len(warm_tokens)}, methods=methods,
+                                             max_tokens=max_tokens, cost=cost, on_call=lambda: bar.advance(task),
                                              prefix_cache_tokens=prefix_cache_tokens)
     keep_cost(cost, output.note)
-    result.model, result.backend = model, getattr(net, "engine", "transformers")
-    result.dtype = net.cache_type + " KV cache" if llama else str(net.dtype).removeprefix("torch.")
+    result.model, result.backend, result.dtype = model, engine.name, engine.precision
     if result.comparison.busy:
         output.note(result.comparison.busy)
     data = result.to_json()
@@ -345,7 +346,7 @@ def main() -> None:
     from specx.core.index.tokens import SuffixIndexError
     from specx.core.model.load import ModelError
     from specx.core.predict.entropy import EntropyError
-    from specx.core.predict.replay import ReplayMismatch
+    from specx.core.decode.verifiers.recorded import ReplayMismatch
     from specx.store.db import StoreError
     from specx.store.formats import ParseError
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from . import output
-from .options import BackendOpt, DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, JsonOpt, keep_cost, store_path
 
 
 def generate_cmd(
@@ -61,47 +61,33 @@ def generate_cmd(
     import statistics
     import time
 
-    from specx.core.decode.generate import generate, thread_tuner
+    from specx.core.decode.generate import generate
     from specx.core.decode.grammar import GrammarError, Vocabulary
     from specx.core.decode.loop import collect
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.text import TextStream
-    from specx.core.decode.verify import tree_unsupported
-    from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from specx.core.model.load import chat_tokens
     from specx.core.predict.compare import busy_note, steady
 
+    from .assemble import assemble
+
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
-    from .engines import resolve_backend
-
-    net, tok = load_backend(model, specx_home() / "models", resolve_backend(model, backend, output.note), dtype=dtype)
-    output.note(f"backend: {getattr(net, 'engine', 'transformers')}")
-    if not raw or chat_template is not None:
-        use_chat_template(tok, chat_template, model)
-    global_index = SuffixIndex()
-    path = store_path(db)
-    if path.exists():  # drafting from an empty index needs no store: none is created
-        from specx.store.db import Store
-        from specx.store.index import index_for
-
-        with Store(path) as store:
-            global_index = index_for(store, tokenizer_fingerprint(tok))
-        output.note(f"global index: {global_index.num_tokens:,} tokens from {path}")
+    # drafting from an empty index needs no store: none is created
+    stack = assemble(model, backend=backend, dtype=dtype, say=output.note, chat_template=chat_template,
+                     check_template=not raw, db=store_path(db), cost_aware=cost_aware, max_spec_tokens=max_spec_tokens,
+                     max_spec_factor=max_spec_factor)
+    engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
     if raw:
         prompt_ids = tok.encode(prompt, add_special_tokens=False)
     else:
-        prompt_ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=True)
-        prompt_ids = list(prompt_ids["input_ids"] if hasattr(prompt_ids, "keys") else prompt_ids)
+        prompt_ids = chat_tokens(tok, [{"role": "user", "content": prompt}])
     eos = tok.eos_token_id
     sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed)
-    cost = model_cost(net, model, output.note) if cost_aware else None
-    threads = thread_tuner(net, output.note)
 
     grammar = vocabulary = None
     if json_schema is not None:
-        grammar, vocabulary = _schema_grammar(json_schema), Vocabulary(tok, int(net.config.vocab_size), eos)
+        grammar, vocabulary = _schema_grammar(json_schema), Vocabulary(tok, engine.vocab_size, eos)
         try:
             vocabulary.check(grammar)
         except GrammarError as exc:
@@ -111,8 +97,8 @@ def generate_cmd(
         text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
         constraint = vocabulary.constraint(grammar) if grammar is not None else None
-        run = collect(generate(net, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
-                               constraint=constraint, threads=threads, learn=False, **sampling),
+        run = collect(generate(engine, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
+                               constraint=constraint, threads=stack.threads, learn=False, **sampling),
                       (lambda step, so_far: output.stdout.out(text.pop(), end="", highlight=False)) if stream else None)
         assert run is not None
         totals, tokens = run.stats, run.tokens
@@ -124,16 +110,13 @@ def generate_cmd(
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
-    no_trees = tree_unsupported(net)
-    if no_trees:
-        output.note(f"linear drafts (each tree's best path), not trees: {no_trees}")
-    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor)
+    drafter = stack.drafter
     result = run(drafter, stream=not json_out)
     if not json_out:
         output.stdout.out("")
         output.note(f"specx: {result['tokens']} tokens in {result['steps']} steps ({result['tokens_per_s']:.1f} tokens/s,"
                     f" {result['accepted_per_step']:.2f} draft tokens accepted per step;"
-                    f" global index {global_index.num_tokens:,} tokens)")
+                    f" global index {stack.global_index.num_tokens:,} tokens)")
     if compare:
         # the methods take turns, so that a machine that slows down weighs on both alike
         runs = {"specx": [result], "plain": []}
@@ -160,7 +143,7 @@ def generate_cmd(
             if busy:
                 output.note(busy)
     if verbose and cost is not None and not json_out:
-        output.note(f"kernels: {', '.join(getattr(net, 'specx_kernels', [])) or 'none (stock PyTorch)'}")
+        output.note(f"kernels: {', '.join(engine.kernels) or 'none (stock PyTorch)'}")
         curve = cost.snapshot()
         output.print_table(f"forward pass cost (ms) by tokens verified, learned from {cost.passes} passes",
                            ["tokens", f"ms, {curve.context}-token cache", "ms per token",

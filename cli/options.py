@@ -78,8 +78,9 @@ BackendOpt = Annotated[str, typer.Option(
     envvar="SPECX_BACKEND")]
 
 
-def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
-    """The model's forward-pass cost (core.cost.learned.LearnedCost), learned from the passes it runs:
+def model_cost(engine: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
+    """The forward-pass cost (core.cost.learned.LearnedCost) of `model` on `engine` (a
+    core.model.engine.Engine), learned from the passes it runs:
     nothing is timed at start. It starts from what earlier runs learned for this model, dtype,
     kernels and machine (kept in $SPECX_HOME/cost/learned-<digest of the key>.json; `relearn`:
     forgotten), else from a shipped curve's shape (the cpu curve; for a model on llama.cpp,
@@ -90,35 +91,21 @@ def model_cost(net: Any, model: str, say: Callable[[str], None], relearn: bool =
     from specx.core.cost.learned import load_learned_cost
     from specx.core.cost.shipped import shipped_curves
 
-    key, prior = _cost_key(net, model)
+    key, prior = _cost_key(engine, model)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = specx_home() / "cost" / f"learned-{digest}.json"
     return load_learned_cost(shipped_curves()[prior].cost, kept_at=path, key=key, say=say, relearn=relearn)
 
 
-def _cost_key(net: Any, model: str) -> tuple[dict[str, Any], str]:
-    """What a learned cost is kept by (the model, what runs it, the machine) and the name of the
-    shipped curve it starts from (core.cost.shipped)."""
+def _cost_key(engine: Any, model: str) -> tuple[dict[str, Any], str]:
+    """What a learned cost is kept by (the model, what runs it: Engine.cost_key, the machine) and
+    the name of the shipped curve it starts from (core.cost.shipped; Engine.cost_curve)."""
     import platform
 
     from specx.core.model.cpu import model_name
-    from specx.core.model.llamacpp import on_llamacpp
 
     machine = {"cpu": model_name(), "cpus": os.cpu_count(), "platform": platform.platform()}
-    if on_llamacpp(net):  # a core.model.llamacpp.LlamaModel
-        from importlib.metadata import version
-
-        key = {"model": model, "engine": "llama.cpp", "file": net.digest(), "cache_type": net.cache_type,
-               "llama_cpp": version("llama-cpp-python")} | machine
-        return key, "llamacpp"  # a pass costs nearly in proportion to its tokens there
-    import torch
-
-    device = str(net.device)
-    key = {"model": model, "model_type": getattr(net.config, "model_type", None),
-           "parameters": sum(p.numel() for p in net.parameters()), "dtype": str(net.dtype), "device": device,
-           "gpu": torch.cuda.get_device_name(net.device) if device.startswith("cuda") else None,
-           "kernels": list(getattr(net, "specx_kernels", [])), "torch": torch.__version__} | machine
-    return key, "cpu"
+    return {"model": model} | engine.cost_key() | machine, engine.cost_curve
 
 
 def keep_cost(cost: Any, say: Callable[[str], None] = lambda message: None) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from specx.core.serve.tools import PARSERS
-from .options import BackendOpt, DbOpt, check_api_key, keep_cost, model_cost, specx_home, store_path
+from .options import BackendOpt, DbOpt, check_api_key, keep_cost, specx_home, store_path
 
 
 def serve_cmd(
@@ -94,20 +94,13 @@ def serve_cmd(
                           max_spec_factor, vllm_arg or [])
     import uvicorn
 
-    from specx.core.decode.generate import thread_tuner
     from specx.core.decode.grammar import Vocabulary
-    from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.decode.verify import tree_unsupported
-    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
-    from specx.core.model.prefix_cache import PrefixCache
-    from specx.store.db import Store
-    from specx.store.index import index_for
-
     from specx.core.serve.metrics import Metrics
-    from specx.core.serve.worker import LockedTokenizer, Worker
+    from specx.core.serve.worker import Worker
     from specx.store.served import ServedRecorder
 
-    from .engines import resolve_backend, trial_possible
+    from .assemble import assemble
+    from .engines import trial_possible
     from .http.app import Api
 
     handler = logging.StreamHandler(sys.stderr)
@@ -128,42 +121,31 @@ def serve_cmd(
         try:
             api.stage = f"loading {model}"
             log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
-            engine = resolve_backend(model, backend, log.info)
-            net, tok = load_backend(model, specx_home() / "models", engine, dtype=dtype)
-            log.info("backend: %s", getattr(net, "engine", "transformers"))
-            use_chat_template(tok, chat_template, model)
-            context_length = int(net.config.max_position_embeddings)
-            no_trees = tree_unsupported(net)
-            if speculation and no_trees:
-                log.warning("linear drafts (each tree's best path), not trees: %s", no_trees)
-            speculate = speculation
+            path = store_path(db)
+            stack = assemble(model, backend=backend, dtype=dtype, say=log.info, chat_template=chat_template, db=path,
+                             create_store=True, speculation=speculation, cost_aware=speculation and cost_aware,
+                             max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor,
+                             prefix_cache_tokens=prefix_cache_tokens, stage=lambda what: setattr(api, "stage", what))
+            context_length = stack.engine.context_length
             if max_model_len is not None and max_model_len > context_length:
                 raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
                                          f"tokens)", param_hint="--max-model-len")
-            api.stage = "loading the global index"
-            path, fingerprint = store_path(db), tokenizer_fingerprint(tok)
-            with Store(path) as store:  # created when missing: the server writes what it serves
-                global_index = index_for(store, fingerprint)
-            # nothing is timed here: the cost is learned from the passes the requests run
-            cost = model_cost(net, model, log.info) if speculate and cost_aware else None
-            drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
-                if speculate else None
             api.stage = "the grammar vocabulary"  # response_format and tool_choice decode under grammars
-            vocabulary = Vocabulary(tok, int(net.config.vocab_size), tok.eos_token_id)
-            recorder = ServedRecorder(path, model, fingerprint, len(tok), speculate)
-            worker = Worker(net, LockedTokenizer(tok), global_index, drafter, cost, max_queue, metrics,
-                            PrefixCache(prefix_cache_tokens), recorder, debug=bool(os.environ.get("SPECX_DEBUG")),
-                            vocabulary=vocabulary, threads=thread_tuner(net, log.info),
-                            save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None)
+            tok, cost = stack.tokenizer, stack.cost
+            vocabulary = Vocabulary(tok, stack.engine.vocab_size, tok.eos_token_id)
+            recorder = ServedRecorder(path, model, stack.fingerprint, len(tok), speculation)
+            worker = Worker(stack, max_queue=max_queue, metrics=metrics, recorder=recorder, vocabulary=vocabulary,
+                            save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
+                            debug=bool(os.environ.get("SPECX_DEBUG")))
             api.ready(worker, min(max_model_len or context_length, context_length))
             tokenizers = api.tokenizers
             log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else
                      " (the chat template ignores tools: their schemas go into the system prompt)")
             log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
-                     ", ".join(names), host, port, "on" if speculate else "off", f"{global_index.num_tokens:,}",
-                     path)
-            if speculate and backend == "auto" and trial_possible(model):
-                threading.Thread(target=_engine_trials, args=(model, path, engine, metrics, log),
+                     ", ".join(names), host, port, "on" if speculation else "off",
+                     f"{stack.global_index.num_tokens:,}", path)
+            if speculation and backend == "auto" and trial_possible(model):
+                threading.Thread(target=_engine_trials, args=(model, path, stack.engine.name, metrics, log),
                                  name="specx-engine-trial", daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - reported after the server stops, as main reports it
             failed.append(exc)

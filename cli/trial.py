@@ -57,11 +57,11 @@ def engines_cmd(
     Example: [bold]specx engines[/]   (the built-in model: llama.cpp against transformers)
     Example: [bold]specx engines --model path/to/model.gguf --db agents.db --json[/]
     """
-    from specx.core.decode.generate import generate, thread_tuner
+    from specx.core.decode.generate import generate
     from specx.core.decode.loop import collect
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.model import llamacpp
-    from specx.core.model.load import ModelError, load_model, load_tokenizer
+    from specx.core.model.load import ModelError, load_backend, load_tokenizer
     from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
 
     lock = trial_lock()  # held until this process ends
@@ -94,11 +94,11 @@ def engines_cmd(
     eos = tok.eos_token_id
     runners, costs = {}, []
     for engine in engines:
-        net = llamacpp.LlamaModel(path) if engine == "llama.cpp" else load_model(model, specx_home() / "models")[0]
+        net, _ = load_backend(model, specx_home() / "models", engine)
         cost = model_cost(net, model, say)
         costs.append(cost)
         drafter = SuffixDrafter(global_index)
-        threads = thread_tuner(net, say)
+        threads = net.thread_tuner(say)
         runners[specx_method(engine)] = (lambda net, drafter, cost, threads: lambda prompt: timed(generate(
             net, prompt, drafter, max_new_tokens=max_tokens, eos_token_ids=eos, cost=cost, threads=threads,
             learn=False), collect))(net, drafter, cost, threads)

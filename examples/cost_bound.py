@@ -45,6 +45,7 @@ from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.draft import Draft, subtree
+from specx.core.model.hf_engine import TransformersEngine
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.predict.replay import replay_call
@@ -161,12 +162,13 @@ def main() -> None:
     net, tok = load_model("smollm2-135m", args.cache)
     prompts = [tok.encode(t, add_special_tokens=False)
                for t in spider_prompts(args.spider, args.warmup + args.requests)]
-    cost = calibrate(net)
+    cost, engine = calibrate(net), TransformersEngine(net)
     outputs, prefill, prefixes = [], [], PrefixCache()
     print(f"decoding {len(prompts)} requests plainly ...", file=sys.stderr)
     for prompt in prompts:
         t0 = time.perf_counter()
-        run = collect(generate(net, prompt, None, args.max_new_tokens, tok.eos_token_id, prefix_cache=prefixes))
+        run = collect(generate(engine, prompt, None, max_new_tokens=args.max_new_tokens, eos_token_ids=tok.eos_token_id,
+                               prefix_cache=prefixes))
         totals, tokens = run.stats, run.tokens
         outputs.append(tokens)
         prefill.append(time.perf_counter() - t0 - totals.draft_seconds - totals.verify_seconds)

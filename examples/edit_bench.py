@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from specx.cli.options import model_cost, specx_home
+from specx.cli.assemble import assemble
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
-from specx.core.model.load import BACKENDS, load_backend
+from specx.core.model.load import BACKENDS, chat_tokens
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.serve.worker import prediction_tokens
 
@@ -51,15 +51,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    net, tok = load_backend("smollm2-135m", specx_home() / "models", args.backend, dtype=args.dtype)
-    cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr))
+    stack = assemble("smollm2-135m", backend=args.backend, dtype=args.dtype, say=lambda m: print(m, file=sys.stderr),
+                     speculation=False)  # each method makes its drafter
+    net, tok, cost = stack.engine, stack.tokenizer, stack.cost
     requests = []
     for path, start, lines, old, new in TASKS:
         code = task_text(path, start, lines)
         ask = (f"Here is a Python file:\n```python\n{code}```\nRename `{old}` to `{new}` everywhere. Reply with the "
                f"whole updated file in one code block and nothing else.")
-        prompt = tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+        prompt = chat_tokens(tok, [{"role": "user", "content": ask}])
         prediction = tok.encode(f"```python\n{code}```", add_special_tokens=False)
         requests.append((prompt, prediction, len(prediction) + 32))
     methods = {"plain": lambda p: None, "specx": lambda p: SuffixDrafter(),
@@ -88,7 +88,7 @@ def main() -> None:
     for name, row in rows.items():
         row["speedup_vs_plain"] = row["tokens_per_s"] / rows["plain"]["tokens_per_s"]
         row["identical"] = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
-    report = {"tasks": len(requests), "backend": getattr(net, "engine", "transformers"), "methods": rows,
+    report = {"tasks": len(requests), "backend": net.name, "methods": rows,
               "example_output": tok.decode(outputs["plain"][0])[:300]}
     if args.json:
         print(json.dumps(report, indent=2))

@@ -43,12 +43,12 @@ from specx.cli.engines import llama_build, resolve_backend  # noqa: E402
 from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
 from specx.cli.output import progress  # noqa: E402
 from specx.core.cost.acceptance import AcceptanceModel  # noqa: E402
-from specx.core.decode.generate import generate, thread_tuner  # noqa: E402
+from specx.core.decode.generate import generate  # noqa: E402
 from specx.core.decode.loop import collect  # noqa: E402
 from specx.core.model import cpu  # noqa: E402
-from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel, on_llamacpp  # noqa: E402
+from specx.core.model.hf_engine import TransformersEngine  # noqa: E402
+from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
 from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402
-from specx.core.model.prefix_cache import PrefixCache  # noqa: E402
 from specx.core.decode.speculate import SuffixDrafter  # noqa: E402
 
 METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers",
@@ -148,14 +148,13 @@ def main() -> None:
         runners["llama.cpp prompt lookup"] = lambda p: stock_generate(lookup, p, args.max_new_tokens, eos)
     steps: dict[str, list[int]] = {m: [] for m in methods}
 
-    def specx_runner(name, net, cost, threads):
+    def specx_runner(name, engine, cost):
         drafter, acceptance = SuffixDrafter(max_spec_factor=4.0), AcceptanceModel()
-
-        prefixes = None if on_llamacpp(net) else PrefixCache(8192)
+        prefixes, threads = engine.new_prefix_cache(8192), engine.thread_tuner(say)
 
         def run(prompt):
-            run = collect(generate(net, prompt, drafter, args.max_new_tokens, eos, cost=cost, acceptance=acceptance,
-                                   threads=threads, prefix_cache=prefixes))
+            run = collect(generate(engine, prompt, drafter, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
+                                   cost=cost, acceptance=acceptance, threads=threads, prefix_cache=prefixes))
             steps[name].append(run.stats.steps)
             return run.tokens
         return run
@@ -164,15 +163,15 @@ def main() -> None:
         net = LlamaModel(path, n_ctx=N_CTX, threads=args.threads)
         cost = model_cost(net, "smollm2-135m", say)
         costs.append(cost)
-        runners["specx llama.cpp"] = specx_runner("specx llama.cpp", net, cost, thread_tuner(net, say))
+        runners["specx llama.cpp"] = specx_runner("specx llama.cpp", net, cost)
     if "specx transformers" in methods:
         import torch
 
         torch.set_grad_enabled(False)
-        hf, _ = load_model("smollm2-135m", specx_home() / "models")
+        hf = TransformersEngine(load_model("smollm2-135m", specx_home() / "models")[0])
         cost = model_cost(hf, "smollm2-135m", say)
         costs.append(cost)
-        runners["specx transformers"] = specx_runner("specx transformers", hf, cost, thread_tuner(hf, say))
+        runners["specx transformers"] = specx_runner("specx transformers", hf, cost)
     if "specx auto" in methods:
         engine = resolve_backend("smollm2-135m", "auto", say)
         if engine == "llama.cpp":
@@ -181,10 +180,10 @@ def main() -> None:
             import torch
 
             torch.set_grad_enabled(False)
-            net, _ = load_model("smollm2-135m", specx_home() / "models")
+            net = TransformersEngine(load_model("smollm2-135m", specx_home() / "models")[0])
         cost = model_cost(net, "smollm2-135m", say)
         costs.append(cost)
-        runners["specx auto"] = specx_runner("specx auto", net, cost, thread_tuner(net, say))
+        runners["specx auto"] = specx_runner("specx auto", net, cost)
 
     outputs = {m: [] for m in methods}
     seconds = {m: [] for m in methods}

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from specx.cli.options import model_cost, specx_home
+from specx.cli.assemble import assemble
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import Vocabulary, json_schema_grammar
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import SuffixDrafter
-from specx.core.model.load import BACKENDS, load_backend
+from specx.core.model.load import BACKENDS, chat_tokens
 from specx.core.model.prefix_cache import PrefixCache
 
 HERE = Path(__file__).resolve().parent
@@ -92,14 +92,13 @@ def main() -> None:
         sys.exit(f"error: no Spider data in {args.spider} (give --spider FOLDER with spider_dev.json)")
     torch.set_grad_enabled(False)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    net, tok = load_backend("smollm2-135m", specx_home() / "models", args.backend, dtype=args.dtype)
-    cost = model_cost(net, "smollm2-135m", say)
-    vocabulary = Vocabulary(tok, net.config.vocab_size, tok.eos_token_id)
+    stack = assemble("smollm2-135m", backend=args.backend, dtype=args.dtype, say=say, speculation=False)
+    net, tok, cost = stack.engine, stack.tokenizer, stack.cost
+    vocabulary = Vocabulary(tok, net.vocab_size, tok.eos_token_id)
     grammar = json_schema_grammar(SCHEMA)
     prompts = []
     for chat in spider_chats(args.spider, args.warmup + args.requests):
-        ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        prompts.append(chat_tokens(tok, chat))
     drafter = SuffixDrafter()  # one global index for all requests, as the server has
     methods = {"constrained_plain": None, "specx": drafter}
     rows, outputs = {}, {}
@@ -126,7 +125,7 @@ def main() -> None:
     for name, row in rows.items():
         row["speedup_vs_constrained_plain"] = row["tokens_per_s"] / rows["constrained_plain"]["tokens_per_s"]
         row["identical"] = sum(a == b for a, b in zip(outputs[name], outputs["constrained_plain"]))
-    report = {"requests": args.requests, "warmup": args.warmup, "backend": getattr(net, "engine", "transformers"),
+    report = {"requests": args.requests, "warmup": args.warmup, "backend": net.name,
               "schema": SCHEMA, "methods": rows,
               "example_output": tok.decode(outputs["specx"][0])}
     if args.json:

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.cli.options import keep_cost, model_cost, specx_home
+from specx.cli.assemble import assemble
+from specx.cli.options import keep_cost, specx_home
 from specx.cli.output import progress
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
@@ -66,15 +67,17 @@ def spider_prompts(folder: Path, num: int, shots: int = 3) -> list[str]:
     return prompts
 
 
-def serve_history(net, tok, prompts, drafter, max_new_tokens, cost, prefix_cache_tokens) -> list[list[int]]:
+def serve_history(engine, tok, prompts, drafter, max_new_tokens, cost, prefix_cache_tokens) -> list[list[int]]:
     """specx alone over `prompts` (untimed): its global index learns every answer, as when serving.
     Returns the answers."""
-    acceptance, prefixes = AcceptanceModel(), PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+    acceptance = AcceptanceModel()
+    prefixes = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
     answers = []
     with progress() as bar:
         for prompt in bar.track(prompts, description=f"history: specx serves {len(prompts)} earlier requests"):
-            answers.append(collect(generate(net, prompt, drafter, max_new_tokens, tok.eos_token_id, cost=cost,
-                                            acceptance=acceptance, prefix_cache=prefixes)).tokens)
+            answers.append(collect(generate(engine, prompt, drafter, max_new_tokens=max_new_tokens,
+                                            eos_token_ids=tok.eos_token_id, cost=cost, acceptance=acceptance,
+                                            prefix_cache=prefixes)).tokens)
     return answers
 
 
@@ -170,14 +173,15 @@ def main() -> None:
     if not (args.spider / "spider_dev.json").is_file():
         sys.exit(f"error: no spider_dev.json in {args.spider} (pass --spider FOLDER)")
     torch.set_grad_enabled(False)
-    net, tok = load_model("smollm2-135m", args.cache, dtype=args.dtype)
+    stack = assemble("smollm2-135m", backend="transformers", dtype=args.dtype, say=lambda m: print(m, file=sys.stderr),
+                     check_template=False, speculation=False, relearn=args.relearn, cache_dir=args.cache)
+    engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
     texts = spider_prompts(args.spider, args.history + args.warmup + args.requests, args.shots)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
-    cost = model_cost(net, "smollm2-135m", lambda m: print(m, file=sys.stderr), relearn=args.relearn)
     drafter = SuffixDrafter(max_spec_factor=args.max_spec_factor)
     history = []
     if args.history:
-        history = serve_history(net, tok, prompts[: args.history], drafter, args.max_new_tokens, cost,
+        history = serve_history(engine, tok, prompts[: args.history], drafter, args.max_new_tokens, cost,
                                 args.prefix_cache_tokens)
         prompts = prompts[args.history :]
     methods = args.methods.split(",") + ([STOCK] if args.stock else [])
@@ -186,7 +190,8 @@ def main() -> None:
     print(f"running {', '.join(methods)} over {len(prompts)} requests, taking turns ...", file=sys.stderr)
     with progress() as bar:
         task = bar.add_task("requests x methods", total=len(prompts) * len(methods))
-        runs = compare(net, prompts, drafter, args.max_new_tokens, tok.eos_token_id, methods, cost=cost, timed=timed,
+        runs = compare(engine, prompts, drafter, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id,
+                       methods=methods, cost=cost, timed=timed,
                        stock_model=stock, prefix_cache_tokens=args.prefix_cache_tokens,
                        on_call=lambda: bar.advance(task))
     summed = summary(runs, timed)
@@ -194,14 +199,13 @@ def main() -> None:
     keep_cost(cost)
     projected = None
     if args.predict and "plain" in runs and "specx" in runs:
-        projected = projection(prompts, runs["plain"].outputs, history, timed, cost, prefill_curve(net),
+        projected = projection(prompts, runs["plain"].outputs, history, timed, cost, prefill_curve(engine.model),
                                args.max_spec_factor, args.prefix_cache_tokens)
     if args.json:
         print(json.dumps({"methods": summary_, "steady": summed.steady, "projected": projected, "requests": args.requests, "warmup": args.warmup, "history": args.history,
                           "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "prefix_cache_tokens": args.prefix_cache_tokens,
-                          "dtype": str(net.dtype).removeprefix("torch."),
-                          "kernels": getattr(net, "specx_kernels", [])}, indent=2))
+                          "dtype": engine.precision, "kernels": engine.kernels}, indent=2))
         return
     print(f"{'method':<15}{'tokens/s':>10}{'speedup':>9}{'past prefill':>14}{'identical':>11}")
     for name, s in summary_.items():

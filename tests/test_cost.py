@@ -9,6 +9,7 @@ from specx.core.cost.forward import ForwardCost
 from specx.core.cost.sizing import size_draft
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.draft import Draft, subtree
+from specx.core.model.hf_engine import TransformersEngine
 
 from test_generate import FakeDrafter, all_right, wide_tree
 from test_verify import tiny_model
@@ -71,7 +72,8 @@ def test_generation_with_cost_sizing_stays_lossless():
         reference = greedy_decode(model, prompt, 20)
         steep = ForwardCost((1, 64), (1.0, rng.choice([1.5, 8.0, 64.0])))
         for make in (all_right, wide_tree):
-            out = [t for s in generate(model, prompt, FakeDrafter(make, reference), max_new_tokens=20, cost=steep)
+            out = [t for s in generate(TransformersEngine(model), prompt, FakeDrafter(make, reference),
+                                       max_new_tokens=20, cost=steep)
                    for t in s.new_tokens]
             assert out == reference
 

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
 from specx.core.draft import GRAMMAR, Draft
+from specx.core.model.hf_engine import TransformersEngine
 
 from test_generate import MAKERS, FakeDrafter, collect
 
@@ -39,10 +40,11 @@ def test_speculative_constrained_greedy_equals_constrained_plain(model, builtin_
         want = greedy_decode(model, prompt, 48, eos, builtin_vocabulary.constraint(grammar))
         assert builtin_tokenizer.decode(want).startswith('{"sql": "')  # the grammar, not the random model, decided
         for seed in range(3):
-            out, steps = collect(generate(model, prompt, FakeDrafter(make, want, seed), max_new_tokens=48,
-                                          eos_token_ids=eos, constraint=builtin_vocabulary.constraint(grammar)))
+            out, steps = collect(generate(TransformersEngine(model), prompt, FakeDrafter(make, want, seed),
+                                          max_new_tokens=48, eos_token_ids=eos,
+                                          constraint=builtin_vocabulary.constraint(grammar)))
             assert out == want, (make.__name__, seed)
-        plain, steps = collect(generate(model, prompt, None, max_new_tokens=48, eos_token_ids=eos,
+        plain, steps = collect(generate(TransformersEngine(model), prompt, None, max_new_tokens=48, eos_token_ids=eos,
                                         constraint=builtin_vocabulary.constraint(grammar)))
         assert plain == want and len(steps) == len(want)  # no drafter: one token a pass, no forced drafts
 
@@ -52,13 +54,15 @@ def test_seeded_sampling_under_a_grammar_is_the_same_with_and_without_drafts(mod
     grammar = json_schema_grammar(SCHEMA)
     prompt = builtin_tokenizer.encode("JSON:")
     kwargs = dict(max_new_tokens=48, eos_token_ids=builtin_tokenizer.eos_token_id, temperature=0.8, top_p=0.95, seed=7)
-    plain, _ = collect(generate(model, prompt, None, constraint=builtin_vocabulary.constraint(grammar), **kwargs))
+    plain, _ = collect(generate(TransformersEngine(model), prompt, None,
+                                constraint=builtin_vocabulary.constraint(grammar), **kwargs))
     assert builtin_tokenizer.decode(plain).startswith('{"sql": "')
     for make in MAKERS:
-        spec, steps = collect(generate(model, prompt, FakeDrafter(make, plain + [0] * 48),
+        spec, steps = collect(generate(TransformersEngine(model), prompt, FakeDrafter(make, plain + [0] * 48),
                                        constraint=builtin_vocabulary.constraint(grammar), **kwargs))
         assert spec == plain, make.__name__
-    other, _ = collect(generate(model, prompt, None, constraint=builtin_vocabulary.constraint(grammar),
+    other, _ = collect(generate(TransformersEngine(model), prompt, None,
+                                constraint=builtin_vocabulary.constraint(grammar),
                                 **{**kwargs, "seed": 8}))
     assert other != plain
 
@@ -88,7 +92,7 @@ def test_forced_tokens_lead_the_draft_and_are_accepted(model, builtin_tokenizer,
     grammar = json_schema_grammar(SCHEMA)
     want = greedy_decode(model, prompt, 40, eos, builtin_vocabulary.constraint(grammar))
     drafter = FakeDrafter(MAKERS[-1], want)  # empty drafts: only the grammar drafts
-    out, steps = collect(generate(model, prompt, drafter, max_new_tokens=40, eos_token_ids=eos,
+    out, steps = collect(generate(TransformersEngine(model), prompt, drafter, max_new_tokens=40, eos_token_ids=eos,
                                   constraint=builtin_vocabulary.constraint(grammar)))
     assert out == want
     assert steps[0].accepted == 3  # the forced {"sql": came in the first pass, + the bonus token
@@ -138,7 +142,7 @@ def test_builtin_model_writes_schema_valid_json_every_time():
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         prompt = builtin_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-        out, _ = collect(generate(model, prompt, drafter, max_new_tokens=160,
+        out, _ = collect(generate(TransformersEngine(model), prompt, drafter, max_new_tokens=160,
                                   eos_token_ids=builtin_tokenizer.eos_token_id,
                                   constraint=builtin_vocabulary.constraint(grammar)))
         assert out[-1] == builtin_tokenizer.eos_token_id, builtin_tokenizer.decode(out)

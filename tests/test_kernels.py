@@ -10,8 +10,9 @@ import torch
 from transformers import DynamicCache
 
 from specx.core.decode.generate import generate, greedy_decode
-from specx.core.decode.verify import keep_accepted, tree_logits
 from specx.core.model import attention, kernels, kv_cache, matmul
+from specx.core.model.hf_engine import TransformersEngine
+from specx.core.model.tree import keep_accepted, tree_logits
 
 from test_generate import MAKERS, FakeDrafter, collect
 from test_verify import VOCAB, prefilled, random_tree, tiny_model
@@ -90,7 +91,7 @@ def test_growing_cache_holds_what_the_dynamic_cache_holds():
             num_kept = grown.get_seq_length() + 1
             accepted = sorted(rng.sample(range(len(draft)), rng.randrange(0, len(draft) + 1)))
             for cache in (grown, plain):
-                tree_logits(model, cache, pending, draft)
+                tree_logits(model, cache, pending, draft, linear=None)
                 keep_accepted(cache, num_kept, accepted, len(draft))
             for g, p in zip(grown.layers, plain.layers):
                 assert torch.equal(g.keys, p.keys) and torch.equal(g.values, p.values)
@@ -111,14 +112,14 @@ def test_accelerated_speculative_greedy_equals_plain_greedy(fast32, make):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 30))]
         ref = greedy_decode(fast32, prompt, 50)
         drafter = FakeDrafter(make, ref, seed=rng.randrange(100))
-        out, _ = collect(generate(fast32, prompt, drafter, max_new_tokens=20))
+        out, _ = collect(generate(TransformersEngine(fast32), prompt, drafter, max_new_tokens=20))
         assert out == ref[:20]
 
 
 def test_accelerated_model_under_transformers_generate(fast32):
     # transformers builds the masks for the registered attention as for sdpa: without that its
     # prompt lookup verified candidates against a cache cut to the candidates alone
-    from specx.core.predict.compare import hf_generate
+    from specx.core.model.hf_engine import hf_generate
 
     stock = tiny_model(torch.float32, seed=5)
     rng = random.Random(2)
@@ -133,4 +134,5 @@ def test_accelerate_leaves_other_dtypes_on_the_stock_linear():
     model = tiny_model(torch.float64)
     assert kernels.accelerate(model) == ["grouped-query attention"]
     assert not any(isinstance(m, matmul.SmallBatchLinear) for m in model.modules())
-    assert tree_logits(model, prefilled(model, [1, 2, 3]), [4], random_tree(random.Random(0), 5)).dtype == torch.float64
+    tree = random_tree(random.Random(0), 5)
+    assert tree_logits(model, prefilled(model, [1, 2, 3]), [4], tree, linear=None).dtype == torch.float64

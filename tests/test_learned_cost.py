@@ -161,11 +161,14 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
     equals plain greedy decoding token for token."""
     import torch
 
-    from specx.core.decode.generate import generate, greedy_decode, set_threads, thread_tuner
+    from specx.core.decode.generate import generate, greedy_decode
+    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.threads import set_threads
     from test_generate import FakeDrafter, all_right, deep_chain, wide_tree
     from test_verify import tiny_model
 
     model = tiny_model()
+    engine = TransformersEngine(model)
     threads = torch.get_num_threads()
     applied = []
     tuner = ThreadTuner((threads, 1), lambda n: (applied.append(n), set_threads(n)))
@@ -177,13 +180,13 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
             prompt = [rng.randrange(1, 90) for _ in range(rng.randrange(2, 12))]
             reference = greedy_decode(model, prompt, 24)
             for make in (all_right, deep_chain, wide_tree):
-                out = [t for s in generate(model, prompt, FakeDrafter(make, reference), max_new_tokens=24, cost=cost,
+                out = [t for s in generate(engine, prompt, FakeDrafter(make, reference), max_new_tokens=24, cost=cost,
                                            threads=tuner) for t in s.new_tokens]
                 assert out == reference
     finally:
         set_threads(threads)
     assert cost.passes > 0 and (threads == 1 or {threads, 1} <= set(applied))
-    assert thread_tuner(model) is None or thread_tuner(model).candidates == [threads, 1]
+    assert engine.thread_tuner() is None or engine.thread_tuner().candidates == [threads, 1]
 
 
 def test_a_linear_curve_is_learned_from_drafted_passes_and_the_anchors_they_leave():
@@ -285,10 +288,11 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     the shipped curve, sets the thing aside under a name that says so (one line naming it and
     why), and the next keep writes a good file in its place."""
     from specx.cli.options import keep_cost
+    from specx.core.model.hf_engine import TransformersEngine
     from test_verify import tiny_model
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))
-    net = tiny_model()
+    net = TransformersEngine(tiny_model())
     said: list[str] = []
     cost = _model_cost(net, said)
     busy_passes(cost.curve, STEEP, passes=100)
@@ -318,10 +322,11 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
 def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monkeypatch):
     """Issue 39, case 2: a directory where the cost is kept left a learned-*.PID.tmp behind."""
     from specx.cli.options import keep_cost
+    from specx.core.model.hf_engine import TransformersEngine
     from test_verify import tiny_model
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))
-    cost = _model_cost(tiny_model(), [])
+    cost = _model_cost(TransformersEngine(tiny_model()), [])
     busy_passes(cost.curve, STEEP, passes=20)
     cost.kept_at.parent.mkdir(parents=True, exist_ok=True)
     cost.kept_at.mkdir()

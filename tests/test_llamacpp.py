@@ -65,7 +65,7 @@ def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, builtin
         llama.keep(0)
         reference = greedy(llama, prompt, 40, [eos])
         out = []
-        for step in generate(llama, prompt, drafter, 40, eos):  # no cost: whole drafts, every one verified
+        for step in generate(llama, prompt, drafter, max_new_tokens=40, eos_token_ids=eos):  # no cost: whole drafts
             out += step.new_tokens
             accepted += step.accepted
         assert out == reference
@@ -101,7 +101,7 @@ def test_grammar_logprobs_and_sampling_on_llamacpp(llama, prompts, builtin_token
     prompt = builtin_tokenizer.encode("A singer as JSON with name and age: ", add_special_tokens=False)
 
     def run(drafter, **kw):
-        steps = list(generate(llama, prompt, drafter, 40, eos, **kw))
+        steps = list(generate(llama, prompt, drafter, max_new_tokens=40, eos_token_ids=eos, **kw))
         return [t for s in steps for t in s.new_tokens], steps
 
     plain, _ = run(None, constraint=builtin_vocabulary.constraint(grammar))

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from specx.core.decode.generate import generate, greedy_decode
+from specx.core.model.hf_engine import TransformersEngine, hf_generate
 from specx.core.model.kv_cache import cache_kwarg, new_cache
 from specx.core.model.prefix_cache import PrefixCache
-from specx.core.predict.compare import hf_generate
 
 from test_generate import MAKERS, FakeDrafter
 from test_verify import VOCAB, tiny_model
@@ -69,7 +69,8 @@ def test_speculative_greedy_through_the_prefix_cache_equals_plain(make):
     prefixes = PrefixCache()
     for i, prompt in enumerate(agent_prompts(rng, 6)):
         ref = greedy_decode(model, prompt, 16)
-        steps = generate(model, prompt, FakeDrafter(make, ref, seed=i), max_new_tokens=16, prefix_cache=prefixes)
+        steps = generate(TransformersEngine(model), prompt, FakeDrafter(make, ref, seed=i), max_new_tokens=16,
+                         prefix_cache=prefixes)
         assert [t for s in steps for t in s.new_tokens] == ref
     assert prefixes.hit_tokens >= 5 * len(SHARED)
 
@@ -119,12 +120,13 @@ def test_zero_budget_and_other_caches():
 def test_compare_times_the_prefill_apart():
     from specx.core.predict.compare import compare, summary
 
-    model = tiny_model(torch.float64)
+    engine = TransformersEngine(tiny_model(torch.float64))
     prompts = agent_prompts(random.Random(5), 3)
     from specx.core.decode.speculate import SuffixDrafter
 
     drafter = SuffixDrafter()
-    runs = compare(model, prompts, drafter, 12, None, ["plain", "specx"], prefix_cache_tokens=4096)
+    runs = compare(engine, prompts, drafter, max_new_tokens=12, eos_token_id=None, methods=["plain", "specx"],
+                   prefix_cache_tokens=4096)
     for run in runs.values():
         assert 0 < run.prefill_seconds < run.seconds
     rows = summary(runs).methods
@@ -132,8 +134,8 @@ def test_compare_times_the_prefill_apart():
     want = (specx.tokens / (specx.seconds - specx.prefill_seconds)) / (
         plain.tokens / (plain.seconds - plain.prefill_seconds))
     assert specx.decode_speedup_vs["plain"] == pytest.approx(want)
-    assert "plain" not in summary(compare(model, prompts[:1], drafter, 4, None,
-                                          ["plain", "specx"])).methods["specx"].decode_speedup_vs
+    assert "plain" not in summary(compare(engine, prompts[:1], drafter, max_new_tokens=4, eos_token_id=None,
+                                          methods=["plain", "specx"])).methods["specx"].decode_speedup_vs
 
 
 def test_plan_counts_what_prefill_prefills():

@@ -11,9 +11,10 @@ import pytest
 from conftest import AGENT_DATA
 from specx.core.cost.forward import ForwardCost
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
+from specx.core.decode.verifiers.recorded import ReplayMismatch
 from specx.core.draft import Draft
 from specx.core.index.suffix_index import SuffixIndex
-from specx.core.predict.replay import ReplayMismatch, replay, replay_call
+from specx.core.predict.replay import replay, replay_call
 
 from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
 

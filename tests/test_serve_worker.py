@@ -54,10 +54,12 @@ class IndexSize:
 
 
 def tiny_worker(recorder=None):
-    from specx.core.serve.worker import LockedTokenizer, Worker
+    from specx.core.decode.stack import Stack
+    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.serve.worker import Worker
     from test_verify import tiny_model
 
-    return Worker(tiny_model(), LockedTokenizer(CharTokenizer()), IndexSize(), recorder=recorder)
+    return Worker(Stack(TransformersEngine(tiny_model()), CharTokenizer(), "chars", IndexSize()), recorder=recorder)
 
 
 def tiny_request(**kwargs):

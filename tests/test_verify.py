@@ -7,9 +7,11 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from specx.core.decode.verify import Sampling, accept, check_draft, process_logits, tree_logits, verify
-from specx.core.draft import Draft
+from specx.core.decode.verify import Sampling, accept, process_logits, verify
+from specx.core.draft import Draft, check_draft
+from specx.core.model.hf_engine import TransformersSession
 from specx.core.model.kv_cache import cache_kwarg
+from specx.core.model.tree import tree_logits
 
 VOCAB = 97
 
@@ -57,7 +59,7 @@ def test_tree_logits_equal_path_logits(dtype, atol, attn, num_pending):
         pending = [rng.randrange(VOCAB) for _ in range(num_pending)]
         draft = random_tree(rng, 12)
         with torch.no_grad():
-            rows = tree_logits(model, prefilled(model, prefix), pending, draft)  # [P + N, V]
+            rows = tree_logits(model, prefilled(model, prefix), pending, draft, linear=None)  # [P + N, V]
             for j in range(num_pending):  # pending rows: plain causal logits
                 ref = model(input_ids=torch.tensor([prefix + pending[: j + 1]])).logits[0, -1]
                 torch.testing.assert_close(rows[j], ref, atol=atol, rtol=0)
@@ -78,7 +80,7 @@ def test_verify_prunes_cache_to_the_accepted_path():
     # the accepted path (first -> second) is nodes 2 and 4, not a prefix of the node list: gather needed
     draft = Draft([wrong[0], wrong[1], first, 7, second, 8], [-1, 0, -1, 2, 2, 4], [0.1] * 6, 0.6, 1)
     cache = prefilled(model, prefix)
-    verdict = verify(model, cache, pending, draft, Sampling())
+    verdict = verify(TransformersSession(model, cache), pending, draft, Sampling())
     assert verdict.accepted_nodes[:2] == [2, 4]
     assert verdict.tokens[:2] == [first, second]
     kept = prefix + pending + verdict.tokens[:-1]
@@ -98,19 +100,21 @@ def test_verify_guesses_what_follows_each_rejected_child():
     def after(tokens):
         return int(model(input_ids=torch.tensor([prefix + pending + tokens])).logits[0, -1].argmax())
 
+    def session():  # the model's KV cache of the prefix, as a request's
+        return TransformersSession(model, prefilled(model, prefix))
+
     with torch.no_grad():
         first = after([])
         second = after([first])
         wrong = [(first + 1) % VOCAB, (first + 2) % VOCAB, (second + 1) % VOCAB]
-        roots_wrong = verify(model, prefilled(model, prefix), pending, Draft(wrong[:2], [-1, -1], [0.5] * 2, 1, 1),
-                             Sampling())
+        roots_wrong = verify(session(), pending, Draft(wrong[:2], [-1, -1], [0.5] * 2, 1, 1), Sampling())
         assert roots_wrong.accepted_nodes == []
         assert roots_wrong.guesses == list(dict.fromkeys([after([wrong[0]]), after([wrong[1]])]))
         draft = Draft([wrong[0], first, wrong[2]], [-1, -1, 1], [0.5] * 3, 1.5, 1)
-        child_wrong = verify(model, prefilled(model, prefix), pending, draft, Sampling())
+        child_wrong = verify(session(), pending, draft, Sampling())
         assert child_wrong.accepted_nodes == [1] and child_wrong.tokens == [first, second]
         assert child_wrong.guesses == [after([first, wrong[2]])]  # not the rejected root's: that branch is gone
-        all_right = verify(model, prefilled(model, prefix), pending, Draft([first], [-1], [0.5], 0.5, 1), Sampling())
+        all_right = verify(session(), pending, Draft([first], [-1], [0.5], 0.5, 1), Sampling())
         assert all_right.guesses == []  # the accepted path ended at a leaf: nothing was rejected there
 
 

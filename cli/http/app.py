@@ -81,7 +81,7 @@ class Api:
     def ready(self, worker: Worker, context_length: int) -> None:
         """The model is loaded: start answering (the port was open, saying 503 loading, until now)."""
         self.context_length = context_length
-        self.tokenizers = Tokenizers(worker.tokenizer, int(worker.net.config.vocab_size), worker.vocabulary,
+        self.tokenizers = Tokenizers(worker.tokenizer, worker.stack.engine.vocab_size, worker.vocabulary,
                                     self.tool_parser)
         worker.start()
         self.worker = worker
@@ -121,8 +121,8 @@ class Api:
                                  f"{self.worker.died or 'unknown cause'}", "models": self.model_names},
                                 status_code=503)
         return JSONResponse({"status": "ok", "models": self.model_names, "queue_depth": self.worker.jobs.qsize(),
-                             "global_index_tokens": int(self.worker.global_index.num_tokens),
-                             "speculation": self.worker.drafter is not None})
+                             "global_index_tokens": int(self.worker.stack.global_index.num_tokens),
+                             "speculation": self.worker.stack.drafter is not None})
 
     async def prometheus(self, request: Request) -> Response:
         try:
@@ -226,7 +226,7 @@ class Api:
                     case ChoiceDone(choice):
                         choices.append(choice)
                     case Done(stats):
-                        index_tokens = int(self.worker.global_index.num_tokens)
+                        index_tokens = int(self.worker.stack.global_index.num_tokens)
                         return JSONResponse(completion_json(job.request, created, choices, stats, index_tokens,
                                                             self._token_text))
                     case Failed() as failed:
@@ -280,8 +280,8 @@ class Api:
                             kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
                             yield sse({"id": req.id, "object": kind, "created": created, "model": req.model,
                                         "system_fingerprint": None, "choices": [], "usage": usage_json(stats),
-                                        "specx": {**stats.to_json(),
-                                                  "global_index_tokens": int(self.worker.global_index.num_tokens)}})
+                                        "specx": {**stats.to_json(), "global_index_tokens":
+                                                  int(self.worker.stack.global_index.num_tokens)}})
                         yield b"data: [DONE]\n\n"
                         return
                     case Failed() as failed:  # the stream still ends as a stream does

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from specx.core.decode.grammar import GrammarError
+from specx.core.model.load import chat_tokens
 from specx.core.serve.worker import LockedTokenizer
 from specx.core.serve.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
                                     parser_for_template)
@@ -67,13 +68,10 @@ class Tokenizers:
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
              add_generation_prompt: bool = True) -> list[int]:
-        kwargs = {"tools": tools} if tools else {}
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=True, **kwargs)
+            return chat_tokens(self.tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # jinja errors, a template that rejects a role, ...
             raise ApiError(400, f"the model's chat template cannot render these messages: {exc}", "messages") from None
-        return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
 
     def text(self, prompt: str) -> list[int]:
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))

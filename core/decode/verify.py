@@ -1,18 +1,11 @@
-"""Tree verification (SpecInfer): score a whole draft tree in one forward pass, walk it with the
-greedy or sampling accept rule, and keep only the accepted path in the KV cache.
+"""Judging a verification pass: the accept walk (greedy or sampling) over a draft tree's logits,
+whatever engine computed them (the passes themselves: core.model.engine; on transformers, the tree
+pass of core.model.tree).
 
-One pass reads the *pending* tokens (committed but not yet in the cache: usually the previous
-step's bonus token) followed by every draft node. Worked example, cache of 5 tokens, pending
-[a], draft [x, y, z] with parents [-1, 0, 0] (x, then two alternatives y | z after it):
-
-    query   position   sees (besides the 5 cached tokens)
-    a       5          a
-    x       6          a x
-    y       7          a x y
-    z       7          a x     z
-
-y and z share a position (both are depth 2) and never see each other, so each node's logits are
-exactly those of the linear sequence prefix + its own path: lossless by construction.
+The walk starts at the root row (the last pending token's: it predicts the draft's roots) and moves
+to the child that carries the token plain decoding would choose there; the first token no child
+carries is the bonus token. Greedy output therefore equals plain greedy decoding, and sampling
+draws every token from exactly the target distribution.
 """
 
 from __future__ import annotations
@@ -22,17 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
-from ..draft import Draft, check_draft
-from ..model.attention import ATTENTION
-from ..model.llamacpp import on_llamacpp
+from ..draft import Draft
+from ..model.engine import Session
 from .loop import TokenLogprob, Verdict
-
-# Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.model.attention's); flash
-# kernels only know causal/padding masks and flex attention wants a BlockMask.
-_MASKABLE = ("sdpa", "eager", ATTENTION)
-
 
 # Temperatures below this decode greedily: dividing logits by 1e-320 (a subnormal) overflows to
 # inf, and softmax of infs is NaN, which sampled garbage; well before that, sampling at such a
@@ -54,81 +40,6 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return not self.temperature >= MIN_TEMPERATURE  # NaN too
-
-
-def tree_unsupported(model: Any) -> str | None:
-    """Why this model cannot verify draft trees (None: it can). A tree pass needs an attention
-    that takes an arbitrary 4D mask and a KV cache whose rows can be reordered: sliding-window
-    layers (Gemma 2/3, Mistral's windowed layers) build their own masks and keep a rolling cache.
-    Such a model verifies linear drafts (the tree's best path, core.decode.loop.best_path) with the
-    model's own causal masks, its rejected tokens cropped off: the caller says so at load."""
-    if on_llamacpp(model):
-        return "on llama.cpp a pass costs nearly in proportion to its tokens (core/model/llamacpp.py)"
-    config = model.config
-    impl = getattr(config, "_attn_implementation", "sdpa")
-    if impl not in _MASKABLE:
-        return f"its attention implementation {impl!r} takes no tree mask (one of {', '.join(_MASKABLE)} does)"
-    layer_types = getattr(config, "layer_types", None) or []
-    windowed = any("sliding" in str(t) for t in layer_types) or (
-        not layer_types and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
-    if windowed:
-        return (f"{type(model).__name__} has sliding-window attention layers (window "
-                f"{getattr(config, 'sliding_window', '?')}), whose cache cannot be reordered for draft trees")
-    return None
-
-
-def tree_inputs(pending: Sequence[int], draft: Draft, num_cached: int, dtype: torch.dtype,
-                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, position_ids, attention_mask) for one verification pass.
-
-    attention_mask is additive (0 = attend, dtype's min = masked), shape [1, 1, Q, num_cached + Q],
-    with Q = len(pending) + len(draft): transformers passes a 4D mask through unchanged to the
-    sdpa and eager attention functions, and an additive float mask means the same to both.
-    """
-    num_pending, num_nodes = len(pending), len(draft)
-    if num_pending < 1:
-        raise ValueError("verification needs at least one pending token (the root's logits come from it)")
-    q = num_pending + num_nodes
-    input_ids = torch.tensor([list(pending) + list(draft.token_ids)], dtype=torch.long, device=device)  # [1, Q]
-    depths = torch.tensor(draft.depths(), dtype=torch.long)  # [N]
-    positions = torch.cat([torch.arange(num_pending), num_pending - 1 + depths]) + num_cached  # [Q]
-
-    allowed = torch.zeros(q, num_cached + q, dtype=torch.bool)  # [Q, K]
-    allowed[:, :num_cached] = True
-    # pending tokens: plain causal attention among themselves; every node sees all of them
-    allowed[:, num_cached : num_cached + num_pending] = torch.ones(q, num_pending, dtype=torch.bool).tril()
-    ancestors = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)  # [N, N] row i: i and its ancestors
-    for i, parent in enumerate(draft.parents):
-        if parent >= 0:
-            ancestors[i] = ancestors[parent]
-        ancestors[i, i] = True
-    allowed[num_pending:, num_cached + num_pending :] = ancestors
-
-    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype)
-    mask.masked_fill_(allowed, 0.0)
-    return input_ids, positions.unsqueeze(0).to(device), mask[None, None].to(device)  # [1, Q] [1, Q] [1, 1, Q, K]
-
-
-def tree_logits(model: Any, cache: Any, pending: Sequence[int], draft: Draft) -> torch.Tensor:
-    """Run the model over pending tokens + draft nodes, appending all of them to `cache`.
-
-    Returns logits [P + N, V]: row P - 1 predicts the draft's roots, row P + i node i's children.
-    A linear draft on a model that cannot verify trees (tree_unsupported) goes through with the
-    model's own causal masks: the same attention, sliding windows included.
-    """
-    from ..model.kv_cache import cache_kwarg
-
-    why = tree_unsupported(model)
-    if why:
-        if any(p != i - 1 for i, p in enumerate(draft.parents)):
-            raise ValueError(f"this model verifies linear drafts only: {why}")
-        ids = torch.tensor([list(pending) + list(draft.token_ids)], dtype=torch.long, device=model.device)  # [1, Q]
-        return model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True).logits[0]  # [Q, V]
-    input_ids, position_ids, mask = tree_inputs(pending, draft, cache.get_seq_length(), model.dtype, model.device)
-
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                **{cache_kwarg(model): cache}, use_cache=True)
-    return out.logits[0]  # [Q, V]
 
 
 def process_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -217,36 +128,11 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> lis
     return [TokenLogprob(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), values.tolist())]
 
 
-def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_nodes: int) -> None:
-    """Prune `cache` to its first `num_kept` entries (cache + pending) followed by the accepted
-    nodes' entries, in path order: the cache plain decoding would hold.
-
-    The draft's entries sit at num_kept + node index. A draft whose accepted path is its first
-    nodes in order (always so for linear drafts) needs only a crop; otherwise the accepted rows
-    are gathered into place first.
-    """
-    num_accepted = len(accepted_nodes)
-    if list(accepted_nodes) != list(range(num_accepted)):
-        src = torch.tensor(accepted_nodes, dtype=torch.long) + num_kept  # [A]
-        for layer in cache.layers:
-            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
-                continue
-            if getattr(layer, "is_sliding", False) or not isinstance(layer, DynamicLayer):
-                raise ValueError(f"cannot reorder a {type(layer).__name__} cache layer; tree drafts need "
-                                 "full-attention layers")
-            idx = src.to(layer.keys.device)
-            # the right-hand side is a gathered copy, so overlapping source and target is safe
-            layer.keys[:, :, num_kept : num_kept + num_accepted] = layer.keys[:, :, idx]  # [B, H, A, D]
-            layer.values[:, :, num_kept : num_kept + num_accepted] = layer.values[:, :, idx]
-    # crop(0) leaves a full-attention layer as it is and trims a sliding one (recording its past,
-    # core.model.kv_cache.new_cache) back to its window
-    cache.crop(-(num_nodes - num_accepted))
-
-
 @torch.inference_mode()
-def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, sampling: Sampling,
-           allowed: Any = None, logprobs: int = -1) -> Verdict:
-    """One speculative step: score pending + draft in one pass, accept, prune the cache.
+def verify(session: Session, pending: Sequence[int], draft: Draft, sampling: Sampling, *, allowed: Any = None,
+           logprobs: int = -1) -> Verdict:
+    """One speculative step: score pending + draft in one pass of `session` (an engine's request,
+    core.model.engine.Session), judge it, keep the accepted path in its cache.
 
     Afterwards the cache holds the pending tokens and the accepted draft tokens; the verdict's last
     token (the bonus) is the next step's pending token. `allowed` (a grammar's: bool [1 + N, V],
@@ -254,11 +140,8 @@ def verify(model: Any, cache: Any, pending: Sequence[int], draft: Draft, samplin
     logits become -inf before the walk, as constrained plain decoding masks them. `logprobs` >= 0:
     each chosen token's log-probability and that many top alternatives (Verdict.logprobs).
     """
-    check_draft(draft, model.config.vocab_size)
-    num_kept = cache.get_seq_length() + len(pending)
-    logits = tree_logits(model, cache, pending, draft)  # [P + N, V]
-    verdict = judge(logits[len(pending) - 1 :], draft, sampling, allowed, logprobs)
-    keep_accepted(cache, num_kept, verdict.accepted_nodes, len(draft))
+    verdict = judge(session.score(pending, draft), draft, sampling, allowed, logprobs)
+    session.keep_path(verdict.accepted_nodes)
     return verdict
 
 

@@ -1,9 +1,12 @@
-"""The model: loading it and making its passes fast; nothing about drafts.
+"""The model: loading it and making its passes fast (a pass scores a given draft; which draft and
+which tokens to accept are decoding's).
 
-Owns: loading models and tokenizers, the built-in one included (`load`); transformers on the CPU
+Owns: the engine interface (`engine`: what decoding asks of a model, whatever runs it; no module
+outside this tower asks which engine it has); loading models and tokenizers, the built-in one
+included (`load`); transformers as an engine (`hf_engine`, its tree passes in `tree`) on the CPU
 with specx's small-batch kernels (`kernels`, `matmul`, `attention`), the KV cache and the prefix
-cache of recent prompts (`kv_cache`, `prefix_cache`); each pass's thread count (`threads`);
-GGUF models on llama.cpp (`llamacpp`, and `on_llamacpp`, the one check of which engine runs).
+cache of recent prompts (`kv_cache`, `prefix_cache`); each pass's thread count (`threads`); GGUF
+models on llama.cpp as an engine (`llamacpp`).
 
 May import: torch, transformers, llama-cpp-python (when installed), numba (through
 core.numba_cache). Not the index, decoding or anything above.

@@ -1,4 +1,4 @@
-"""A GGUF model on llama.cpp (llama-cpp-python) as the decode loop's verifier.
+"""A GGUF model on llama.cpp (llama-cpp-python) as an Engine (core.model.engine).
 
     model = LlamaModel("SmolLM2-135M-Instruct.Q4_1.gguf")
     steps = generate(model, prompt_ids, SuffixDrafter(), max_new_tokens=64, eos_token_ids=[2])
@@ -22,9 +22,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -71,20 +70,17 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def on_llamacpp(model: Any) -> bool:
-    """Whether `model` runs on llama.cpp (a LlamaModel) rather than transformers: the one check
-    everything that treats the two engines differently asks."""
-    return isinstance(model, LlamaModel)
-
-
 class LlamaModel:
-    """A GGUF file loaded by llama.cpp, with one sequence in its KV cache.
-
-    `config` carries what the rest of specx reads off a transformers model (vocab_size,
-    max_position_embeddings, model_type); `cached` the tokens the KV cache holds, in order.
+    """A GGUF file loaded by llama.cpp, with one sequence in its KV cache (`cached`: the tokens it
+    holds, in order): an Engine (core.model.engine) that is its own Session, since llama.cpp holds
+    one sequence; drafts are verified as their best path (`tree_unsupported`).
     """
 
-    engine = "llama.cpp"
+    name = "llama.cpp"
+    tree_unsupported = "on llama.cpp a pass costs nearly in proportion to its tokens (core/model/llamacpp.py)"
+    prompt_lookup = False  # transformers' prompt lookup does not run here (llama.cpp's own: examples/llamacpp_bench.py)
+    kernels = ()  # specx's kernels are transformers'
+    cost_curve = "llamacpp"  # a pass costs nearly in proportion to its tokens
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int | None = None,
                  cache_type: str = "q8_0") -> None:
@@ -117,10 +113,11 @@ class LlamaModel:
         desc = ctypes.create_string_buffer(256)
         lib.llama_model_desc(self.model, desc, len(desc))
         self.description = desc.value.decode(errors="replace")
-        self.config = SimpleNamespace(vocab_size=self.vocab_size, max_position_embeddings=self.n_ctx,
-                                      model_type=self.description.split()[0] if self.description else "gguf")
+        self.context_length = self.n_ctx
+        self.precision = f"{cache_type} KV cache"
         self.cached: list[int] = []
-        self.hit_tokens = 0  # prompt tokens found in the cache by LlamaVerifier.start (as PrefixCache counts them)
+        self.hit_tokens = 0  # prompt tokens `start` found in the cache (as PrefixCache counts them)
+        self._kept = 0  # entries before the draft's in the last pass: the cache + the pending tokens
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
@@ -142,6 +139,50 @@ class LlamaModel:
     def set_threads(self, n: int) -> None:
         """Run the next passes on n threads."""
         self.lib.llama_set_n_threads(self.ctx, n, n)
+
+    # ------------------------------------------------------------ the Engine (core.model.engine)
+
+    def start(self, tokens: Sequence[int], prefix_cache: Any = None) -> LlamaModel:
+        """The cache's longest prefix that `tokens` starts with kept (its length counted in
+        `hit_tokens`), the rest prefilled; `prefix_cache` is transformers' (llama.cpp keeps its own)."""
+        kept = self.reuse(tokens)
+        self.hit_tokens += kept
+        if kept < len(tokens):
+            self.forward(tokens[kept:])
+        return self
+
+    def score(self, pending: list[int], draft: Any) -> Any:
+        """Logits [1 + N, V] of the last pending token and each node of a linear draft, all appended."""
+        import torch
+
+        self._kept = len(self.cached) + len(pending)
+        return torch.from_numpy(self.forward(pending + list(draft.token_ids), logits_from=len(pending) - 1))
+
+    def keep_path(self, accepted_nodes: list[int]) -> None:
+        self.keep(self._kept + len(accepted_nodes))  # linear drafts: the accepted nodes lead
+
+    def new_prefix_cache(self, max_tokens: int) -> None:
+        return None  # `start` reuses the one sequence's prefix
+
+    def clear(self) -> None:
+        self.keep(0)
+
+    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> Any:
+        from .threads import ThreadTuner
+
+        return ThreadTuner((self.threads, 1), self.set_threads, say) if self.threads > 1 else None
+
+    def cost_key(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        return {"engine": self.name, "file": self.digest(), "cache_type": self.cache_type,
+                "llama_cpp": version("llama-cpp-python")}
+
+    def plain(self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, *,
+              prefix_cache: Any = None, lookup: int | None = None) -> list[int]:
+        if lookup:
+            raise ValueError("prompt lookup runs on transformers; on llama.cpp: plain decoding and specx")
+        return greedy(self, prompt, max_new_tokens, [] if eos_token_id is None else [eos_token_id])
 
     def keep(self, n: int) -> None:
         """Drop the KV entries past the first `n` tokens."""

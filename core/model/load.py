@@ -15,9 +15,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..kept import Unusable, check_kept_folder, set_aside
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 log = logging.getLogger("specx.model")
 
@@ -165,6 +168,15 @@ def use_chat_template(tokenizer: Any, template: str | None, model: str) -> None:
         raise ModelError(f"--chat-template cannot render a user message: {type(exc).__name__}: {exc}") from None
 
 
+def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of `messages` through the tokenizer's chat template (with `tools` when given):
+    apply_chat_template returns a list or, in some versions, a mapping holding "input_ids"."""
+    kwargs = {"tools": tools} if tools else {}
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
+    return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
     """A logged prompt as the text the model would read: the tokenizer's chat template when it has
     one, ChatML-style turns otherwise. A plain-text prompt (role "prompt_text") is its text.
@@ -251,9 +263,11 @@ def _first_line(exc: BaseException) -> str:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device: str | None = None,
+def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, *, device: str | None = None,
                dtype: Any = None, kernels: bool = True) -> tuple[Any, Any]:
-    """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id.
+    """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id;
+    the model is transformers' own (core.model.hf_engine.TransformersEngine makes it an Engine,
+    as load_backend does).
 
     The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype
     or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A GGUF (built-in or a file)
@@ -319,10 +333,11 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, device
 BACKENDS = ("auto", "llama.cpp", "transformers")
 
 
-def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto",
-                 dtype: Any = None, threads: int | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) on `backend`: "llama.cpp" runs a GGUF (the built-in model or a .gguf file)
-    on llama.cpp (a core.model.llamacpp.LlamaModel); "transformers" loads anything through load_model;
+def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto", *,
+                 dtype: Any = None, threads: int | None = None) -> tuple[Engine, Any]:
+    """(engine, tokenizer) on `backend` (the engine: core.model.engine.Engine): "llama.cpp" runs a
+    GGUF (the built-in model or a .gguf file) on llama.cpp (a core.model.llamacpp.LlamaModel);
+    "transformers" loads anything through load_model (a core.model.hf_engine.TransformersEngine);
     "auto" picks llama.cpp for a GGUF when llama-cpp-python is installed, else transformers. The
     tokenizer is transformers' in both cases (the same token ids: read from the same file)."""
     if backend not in BACKENDS:
@@ -339,7 +354,10 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
         except llamacpp.LlamaError as exc:
             raise ModelError(str(exc)) from None
         return net, load_tokenizer(model, cache_dir)
-    return load_model(model, cache_dir, dtype=dtype)
+    from .hf_engine import TransformersEngine
+
+    net, tokenizer = load_model(model, cache_dir, dtype=dtype)
+    return TransformersEngine(net), tokenizer
 
 
 def _clear_quantization(net: Any) -> None:

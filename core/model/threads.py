@@ -10,7 +10,7 @@ most passes on its current setting, now and then one on the other, and switches 
 was clearly faster than the passes just before it. A probe that loses makes the next one rarer
 (on a busy machine, a pass on the wrong setting costs ~10x one on the right one).
 
-    tuner = ThreadTuner((2, 1), apply=set_threads)
+    tuner = ThreadTuner((2, 1), apply=set_threads)   # an engine's thread_tuner() makes one
     threads = tuner.before_pass()          # the setting to run the next pass on (applied)
     tuner.after_pass(threads, seconds)     # seconds normalised by the pass's size
 """
@@ -79,3 +79,16 @@ class ThreadTuner:
         else:
             self._wait = min((4 if self._running is not None and y > self._running + math.log(2) else 2) * self._wait,
                              MAX_PROBE)
+
+
+def set_threads(n: int) -> None:
+    """Run this thread's next passes on n threads: torch's and numba's (core.model.matmul) pools
+    (a transformers model's; llama.cpp sets its own, core.model.llamacpp.LlamaModel.set_threads)."""
+    import numba
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    n = min(n, numba.config.NUMBA_NUM_THREADS)
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)

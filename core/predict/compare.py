@@ -6,7 +6,7 @@ on prompt 2, ...), so a machine that slows down or speeds up during the run weig
 alike. specx's drafter keeps its global index across prompts: every output it produces enters
 the index at once, as when serving.
 
-    runs = compare(model, prompts, drafter, max_new_tokens=64, eos_token_id=tok.eos_token_id)
+    runs = compare(engine, prompts, drafter, max_new_tokens=64, eos_token_id=tok.eos_token_id)
     summary(runs).methods["specx"].speedup_vs["plain"]
 """
 
@@ -15,19 +15,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from ..cost.acceptance import AcceptanceModel
 from ..cost.forward import ForwardCost
-from ..decode.generate import generate, thread_tuner
+from ..decode.generate import generate
 from ..decode.loop import DecodeStats, collect
-from ..model.kv_cache import cache_kwarg, new_cache
-from ..model.llamacpp import on_llamacpp
-from ..model.prefix_cache import PrefixCache
+from ..model.engine import Engine
+from ..model.hf_engine import hf_generate
 
 METHODS = ("plain", "prompt_lookup", "specx")
 STOCK = "stock_plain"  # optional: plain decoding on a model without core.model.kernels (pass stock_model)
@@ -47,62 +44,28 @@ class MethodRun:
     call_rates: list[float] = field(default_factory=list)  # tokens/s of each timed call past its prefill
 
 
-def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None,
-                prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False,
-                prefix_cache: PrefixCache | None = None) -> list[int]:
-    """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
-    same KV cache class as specx (core.model.kv_cache.new_cache), so that only the decoding differs;
-    `stock_cache`: on transformers' default cache instead. With `prefix_cache`, the prompt but its
-    last token is prefilled through it first (transformers then runs only the last token)."""
-    ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
-    extra = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
-    cache = DynamicCache() if stock_cache else new_cache(model)
-    if prefix_cache is not None:
-        cache = prefix_cache.prefill(model, prompt[:-1], cache)
-    if prefix_cache is not None or not stock_cache:
-        extra[cache_kwarg(model)] = cache
-    if prompt_lookup_num_tokens and cache.get_seq_length():
-        # transformers' assisted decoding runs its first pass over the whole prompt even when the
-        # cache already holds all of it but the last token; run it over the uncached tokens only
-        model.prepare_inputs_for_generation = partial(_uncached_first_pass, type(model).prepare_inputs_for_generation,
-                                                      model)
-    try:
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id, **extra)
-    finally:
-        model.__dict__.pop("prepare_inputs_for_generation", None)
-    return out[0, ids.shape[1] :].tolist()
-
-
-def _uncached_first_pass(prepare: Callable[..., Any], model: Any, input_ids: torch.Tensor,
-                         next_sequence_length: int | None = None, is_first_iteration: bool | None = False,
-                         **kwargs: Any) -> Any:
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.2x: `cache`
-    if is_first_iteration and next_sequence_length is None and cache is not None:
-        next_sequence_length = input_ids.shape[1] - cache.get_seq_length()
-    return prepare(model, input_ids, next_sequence_length=next_sequence_length, is_first_iteration=is_first_iteration,
-                   **kwargs)
-
-
-def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_tokens: int,
+def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, max_new_tokens: int,
             eos_token_id: int | None, methods: Sequence[str] = METHODS, cost: ForwardCost | None = None,
             timed: Callable[[int], bool] = lambda i: True, on_call: Callable[[], None] = lambda: None,
             prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, stock_model: Any = None,
             prefix_cache_tokens: int = 0) -> dict[str, MethodRun]:
     """Run every method on every prompt (greedy); totals count only prompts where `timed(i)`.
-    STOCK runs plain decoding on `stock_model` (the same weights loaded without core.model.kernels).
-    `prefix_cache_tokens` > 0 gives every method a prefix cache of that many tokens (its own, so
-    that each method's cached entries are computed as it would compute them)."""
+    "plain" and "prompt_lookup" are the engine's own decoding (Engine.plain; prompt lookup where
+    it runs, `engine.prompt_lookup`). STOCK runs plain decoding on `stock_model` (the same weights
+    loaded without core.model.kernels, a transformers model). `prefix_cache_tokens` > 0 gives every
+    method a prefix cache of that many tokens where the engine takes one (its own, so that each
+    method's cached entries are computed as it would compute them)."""
     unknown = [m for m in methods if m not in (*METHODS, STOCK)]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join((*METHODS, STOCK))}")
     if STOCK in methods and stock_model is None:
         raise ValueError(f"method {STOCK} needs stock_model")
+    if "prompt_lookup" in methods and not engine.prompt_lookup:
+        raise ValueError(f"method prompt_lookup runs on transformers; on {engine.name}: plain and specx")
     runs = {m: MethodRun() for m in methods}
-    llama = on_llamacpp(model)  # a core.model.llamacpp.LlamaModel: no prefix cache
-    prefixes = {m: PrefixCache(prefix_cache_tokens) if prefix_cache_tokens and not llama else None for m in methods}
+    prefixes = {m: engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
     acceptance = AcceptanceModel()  # what the drafts are worth, learned from the verdicts across prompts
-    threads = thread_tuner(model)  # specx's passes choose the thread count; the other methods run on its choice
+    threads = engine.thread_tuner()  # specx's passes choose the thread count; the other methods run on its choice
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             for method in methods:
@@ -111,16 +74,9 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                 t0 = time.perf_counter()
                 prefilled = prefixes[method].seconds if prefixes[method] is not None else 0.0
                 missed = prefixes[method].miss_tokens if prefixes[method] is not None else 0
-                if llama:  # one KV sequence, shared by the methods: each call prefills its whole prompt
-                    model.keep(0)
-                if llama and method != "specx":
-                    if method != "plain":
-                        raise ValueError(f"method {method} runs on transformers; on llama.cpp: plain and specx")
-                    from ..model.llamacpp import greedy
-
-                    out = greedy(model, prompt, max_new_tokens, [] if eos_token_id is None else [eos_token_id])
-                elif method == "specx":
-                    decoded = collect(generate(model, prompt, drafter, max_new_tokens=max_new_tokens,
+                engine.clear()  # what the engine keeps between requests is not shared by the methods
+                if method == "specx":
+                    decoded = collect(generate(engine, prompt, drafter, max_new_tokens=max_new_tokens,
                                                eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
                                                prefix_cache=prefixes[method], threads=threads))
                     assert decoded is not None
@@ -129,9 +85,8 @@ def compare(model: Any, prompts: Sequence[Sequence[int]], drafter: Any, max_new_
                     out = hf_generate(stock_model, prompt, max_new_tokens, eos_token_id, stock_cache=True,
                                       prefix_cache=prefixes[method])
                 else:
-                    out = hf_generate(model, prompt, max_new_tokens, eos_token_id,
-                                      prompt_lookup_tokens if method == "prompt_lookup" else None,
-                                      prefix_cache=prefixes[method])
+                    out = engine.plain(prompt, max_new_tokens, eos_token_id, prefix_cache=prefixes[method],
+                                       lookup=prompt_lookup_tokens if method == "prompt_lookup" else None)
                 elapsed = time.perf_counter() - t0
                 run.outputs.append(out)
                 if timed(i):

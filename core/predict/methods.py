@@ -24,6 +24,7 @@ import numpy as np
 from ..decode.speculate import PromptLookupDrafter, SuffixDrafter
 from ..draft import Draft
 from ..index.suffix_index import SuffixIndex
+from ..model.engine import Engine
 from .compare import Comparison, compare, summary
 from .replay import ReplayResult, replay
 
@@ -167,18 +168,19 @@ class ModelReplay:
                                             "backend": self.backend, "dtype": self.dtype}
 
 
-def run_model_replay(net: Any, tokenizer: Any, prompts: list[list[int]], warm: list[np.ndarray],
+def run_model_replay(engine: Engine, tokenizer: Any, prompts: list[list[int]], warm: list[np.ndarray], *,
                      params: dict[str, Any], methods: list[str], max_tokens: int, cost: Any,
                      on_call: Callable[[], None] = lambda: None, prefix_cache_tokens: int = 0) -> ModelReplay:
     """Plain decoding, transformers' prompt lookup and specx on the same prompts, with the model
-    (greedy); specx learns each output online."""
+    (greedy, `engine`: core.model.engine.Engine); specx learns each output online."""
     drafter = make_drafter("specx", params)
     for tokens in warm:
         drafter.global_index.add(tokens)
     _warm_up(params)
-    compare(net, [prompts[0][-16:]], None, 4, tokenizer.eos_token_id, ["plain"])  # first passes are slow
-    runs = compare(net, prompts, drafter, max_tokens, tokenizer.eos_token_id, methods, cost=cost, on_call=on_call,
-                   prefix_cache_tokens=prefix_cache_tokens)
+    compare(engine, [prompts[0][-16:]], None, max_new_tokens=4, eos_token_id=tokenizer.eos_token_id,
+            methods=["plain"])  # first passes are slow
+    runs = compare(engine, prompts, drafter, max_new_tokens=max_tokens, eos_token_id=tokenizer.eos_token_id,
+                   methods=methods, cost=cost, on_call=on_call, prefix_cache_tokens=prefix_cache_tokens)
     return ModelReplay(summary(runs), params | {"max_tokens": max_tokens, "prefix_cache_tokens": prefix_cache_tokens},
                        len(prompts), sum(len(p) for p in prompts))
 

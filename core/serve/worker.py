@@ -13,7 +13,7 @@ has already entered the global index (the drafter's finish_request); the worker 
 its Recorder (the "request finished" hook: `specx serve` passes store.served.ServedRecorder,
 which stores it in one transaction) and now and then asks it to persist the index, so a
 restarted server drafts from everything it served. This module reads no store and no
-environment: what it needs is passed in.
+environment: what it needs is passed in (the engine, drafter and cost in a core.decode.stack.Stack).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from ..decode.generate import generate
 from ..decode.grammar import GrammarError
 from ..decode.loop import DecodeStats, Decoded, collect
 from ..decode.speculate import PredictionDrafter
+from ..decode.stack import Stack
 from ..decode.text import TextStream
-from ..model.llamacpp import on_llamacpp
 from .events import Choice, ChoiceDone, Delta, Done, Event, Failed
 from .metrics import Metrics, Stats
 
@@ -129,27 +129,23 @@ class Worker:
     """Owns the model; answers jobs one at a time and hands each finished one to `recorder`
     (None: nothing is kept but the global index in memory). `debug`: log tracebacks."""
 
-    def __init__(self, net: Any, tokenizer: LockedTokenizer, global_index: Any, drafter: Any = None,
-                 cost: Any = None, max_queue: int = 16, metrics: Metrics | None = None, prefix_cache: Any = None,
-                 recorder: Recorder | None = None, debug: bool = False, vocabulary: Any = None,
-                 threads: Any = None, save_cost: Callable[[], None] | None = None) -> None:
-        self.net = net
-        self.threads = threads  # core.model.threads.ThreadTuner: each pass's thread count, from the passes' times
+    def __init__(self, stack: Stack, *, max_queue: int = 16, metrics: Metrics | None = None,
+                 recorder: Recorder | None = None, vocabulary: Any = None,
+                 save_cost: Callable[[], None] | None = None, debug: bool = False) -> None:
+        # the engine, its tokenizer, the global index, the drafter (None: plain decoding), the cost,
+        # the thread tuner, the prefix cache: shared by the requests
+        self.stack = stack
+        self.tokenizer = LockedTokenizer(stack.tokenizer)  # the event loop encodes while this thread decodes
         self.save_cost = save_cost  # keeps what the learned cost has learned, with the index
         self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: requests with a grammar decode under it
-        self.tokenizer = tokenizer
-        self.global_index = global_index
-        self.drafter = drafter
-        self.cost = cost if drafter is not None else None
-        self.prefix_cache = prefix_cache  # core.model.prefix_cache.PrefixCache shared by the requests (None: off)
         self.recorder = recorder
         self.debug = debug
         self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
-        self.eos = tokenizer.tokenizer.eos_token_id
+        self.eos = stack.tokenizer.eos_token_id
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.jobs.qsize)
-        self.metrics.index_tokens.set_function(lambda: self.global_index.num_tokens)
+        self.metrics.index_tokens.set_function(lambda: self.stack.global_index.num_tokens)
         self._stopping = threading.Event()
         self._current: Job | None = None  # the job being decoded
         self.died: str | None = None  # why the worker thread ended, when a bug ended it
@@ -261,16 +257,14 @@ class Worker:
         t0 = time.perf_counter()
         queue_seconds = t0 - job.enqueued
         choices = []
-        # llama.cpp reuses its one KV sequence (core.model.llamacpp.LlamaModel counts the hits), transformers
-        # the prefix cache
-        counter = self.net if on_llamacpp(self.net) else self.prefix_cache
-        hits = counter.hit_tokens if counter is not None else 0
+        engine = self.stack.engine  # it counts the prompt tokens it found cached (Engine.hit_tokens)
+        hits = engine.hit_tokens
         cached = 0
         try:
             for i in range(req.n):
                 choice = self._decode(job, i)
-                if i == 0 and counter is not None:  # the prompt as the first choice found it
-                    cached = counter.hit_tokens - hits
+                if i == 0:  # the prompt as the first choice found it
+                    cached = engine.hit_tokens - hits
                 if choice is None and self._stopping.is_set():
                     log.info("%s %s stopped after %.2f s: the server is shutting down", req.id, req.endpoint,
                              time.perf_counter() - t0)
@@ -322,15 +316,17 @@ class Worker:
         """One choice, streamed as deltas; None when the client went away."""
         req = job.request
         text = TextStream(self.tokenizer, stop=req.stop)
-        drafter = self.drafter
+        stack = self.stack
+        drafter = stack.drafter
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
-        steps = generate(self.net, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
+        steps = generate(stack.engine, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                         seed=None if req.seed is None else req.seed + index, cost=self.cost, stop=text,
-                         acceptance=self.acceptance, prefix_cache=self.prefix_cache,
+                         seed=None if req.seed is None else req.seed + index,
+                         cost=stack.cost if stack.drafter is not None else None, stop=text,
+                         acceptance=self.acceptance, prefix_cache=stack.prefix_cache,
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
-                         logprobs=req.logprobs, threads=self.threads)
+                         logprobs=req.logprobs, threads=stack.threads)
         sent = 0  # tokens whose text went out in a delta
 
         def stream(step: Any, run: Decoded) -> bool:

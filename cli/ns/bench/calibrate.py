@@ -16,7 +16,7 @@ import torch
 from specx.core.cost.forward import ForwardCost
 from specx.core.draft import Draft
 from specx.core.model.prefix_cache import PrefixCache
-from specx.core.decode.verify import tree_logits
+from specx.core.model.tree import tree_logits, tree_unsupported
 
 # On a CPU, core.model.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
 # a step function there, so both ends of each step are measured up to 25, where most drafts end
@@ -45,6 +45,7 @@ def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -
     rng = np.random.default_rng(0)
     vocab = int(model.config.vocab_size)
     cache = PrefixCache(0).prefill(model, rng.integers(0, vocab, size=context).tolist())
+    linear = tree_unsupported(model)
     seconds = []
     # a GPU runs the pass asynchronously: wait for it (a step waits too, when it reads the logits)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
@@ -56,7 +57,7 @@ def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -
             for r in range(repeats + 1):
                 sync()
                 t0 = time.perf_counter()
-                tree_logits(model, cache, [int(rng.integers(vocab))], draft)
+                tree_logits(model, cache, [int(rng.integers(vocab))], draft, linear=linear)
                 sync()
                 if r:  # the first run warms up
                     runs.append(time.perf_counter() - t0)

@@ -1,0 +1,68 @@
+"""The one assembly of what decoding with a model needs, from the command line's options: engine,
+tokenizer and chat template, the global index, the forward-pass cost, the thread tuner, the
+drafter, the prefix cache (a core.decode.stack.Stack). `specx serve`, `specx generate`,
+`specx replay --model` and the benches build theirs here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .options import model_cost, specx_home
+
+if TYPE_CHECKING:
+    from specx.core.decode.stack import Stack
+
+
+def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str], None],
+             chat_template: str | None = None, check_template: bool = True, db: Path | None = None,
+             create_store: bool = False, speculation: bool = True, cost_aware: bool = True,
+             relearn: bool = False, max_spec_tokens: int = 32, max_spec_factor: float = 4.0,
+             prefix_cache_tokens: int = 0, cache_dir: Path | None = None,
+             stage: Callable[[str], None] = lambda what: None) -> Stack:
+    """Load `model` on `backend` (auto: the engine chosen for this machine, cli.engines) in `dtype`,
+    then build the chain in order, `say` hearing what was chosen:
+
+    - the chat template: `chat_template` (a file or the template itself) given to the tokenizer,
+      else its own checked (with `check_template`: raw text needs none);
+    - the global index: the store at `db`'s outputs for this tokenizer (`create_store`: the store is
+      made when missing, as the server writes what it serves; else no store means an empty index;
+      no `db`: an empty index);
+    - the forward-pass cost, learned from the passes (`cost_aware`; `relearn`: forgetting what
+      earlier runs kept), the engine's thread tuner, and with `speculation` a SuffixDrafter of
+      `max_spec_tokens` and `max_spec_factor` over the global index;
+    - a prefix cache of `prefix_cache_tokens` where the engine takes one.
+
+    Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
+    step as it begins (the server's /health shows it)."""
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.decode.stack import Stack
+    from specx.core.index.suffix_index import SuffixIndex
+    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+
+    from .engines import resolve_backend
+
+    engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
+                                     dtype=dtype)
+    say(f"backend: {engine.name}")
+    if check_template or chat_template is not None:
+        use_chat_template(tokenizer, chat_template, model)
+    if speculation and engine.tree_unsupported:
+        say(f"linear drafts (each tree's best path), not trees: {engine.tree_unsupported}")
+    fingerprint, global_index = tokenizer_fingerprint(tokenizer), SuffixIndex()
+    if db is not None and (create_store or db.exists()):
+        from specx.store.db import Store
+        from specx.store.index import index_for
+
+        stage("loading the global index")
+        with Store(db) as store:  # created when missing
+            global_index = index_for(store, fingerprint)
+        say(f"global index: {global_index.num_tokens:,} tokens from {db}")
+    # nothing is timed here: the cost is learned from the passes the requests run
+    cost = model_cost(engine, model, say, relearn=relearn) if cost_aware else None
+    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
+        if speculation else None
+    prefix_cache = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
+    return Stack(engine, tokenizer, fingerprint, global_index, drafter=drafter, cost=cost,
+                 threads=engine.thread_tuner(say), prefix_cache=prefix_cache)
