@@ -1,6 +1,8 @@
 """The package's structure (issue 32): core/'s towers import one way, nothing imports in a cycle
 (imports inside functions and under TYPE_CHECKING included), the product never imports the
-measuring package, and no product file passes 400 lines. Read from the sources with `ast`."""
+measuring package, no product file passes 400 lines, and nothing outside core/model asks which
+engine runs a model (issue 40: the engine answers, core.model.engine). Read from the sources
+with `ast`."""
 
 import ast
 import tomllib
@@ -124,6 +126,46 @@ def test_no_product_file_over_400_lines(graph):
     assert not long, long
 
 
+# the engines (core.model.engine.Engine's implementations), and the test of which one runs that they replaced
+ENGINE_CLASSES = {"LlamaModel", "TransformersEngine", "TransformersSession"}
+ENGINE_CHECKS = {"on_llamacpp"}
+
+
+def engine_tests(source: str) -> list[int]:
+    """Lines of `source` that ask which engine they have: isinstance/issubclass or `type(x) is`
+    against an engine class, or an engine check by name."""
+
+    def names(node: ast.AST) -> set[str]:
+        return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+                if isinstance(n, (ast.Name, ast.Attribute))}
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        call = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+        if call in ("isinstance", "issubclass"):
+            if len(node.args) == 2 and names(node.args[1]) & ENGINE_CLASSES:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.Eq)) for op in node.ops):
+            sides = [node.left, *node.comparators]
+            typed = any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id == "type" for x in sides)
+            if typed and any(names(x) & ENGINE_CLASSES for x in sides if not isinstance(x, ast.Call)):
+                lines.append(node.lineno)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and (node.id if isinstance(node, ast.Name) else node.attr) \
+                in ENGINE_CHECKS:
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_no_engine_test_outside_the_engines(graph):
+    """What differs between engines is the engine's to answer (core.model.engine.Engine): no module
+    outside core/model, product or example, tests which engine it has."""
+    _, found = graph
+    paths = {name: path for name, path in found.items() if not name.startswith("specx.core.model")}
+    paths |= {f"examples/{p.name}": p for p in sorted((ROOT / "examples").glob("*.py"))}
+    wrong = [f"{name}:{line}" for name, path in paths.items() for line in engine_tests(path.read_text())]
+    assert not wrong, "engine tests outside core/model:\n" + "\n".join(wrong)
+
+
 def test_the_checks_can_fail(graph):
     """A planted import from the index into the decode loop is against the towers and closes a
     cycle (the loop reaches the index through the drafters)."""
@@ -132,3 +174,6 @@ def test_the_checks_can_fail(graph):
     planted["specx.core.index.suffix_index"].add("specx.core.decode.loop")
     assert against_towers(planted) == ["specx.core.index.suffix_index -> specx.core.decode.loop"]
     assert find_cycle(planted) is not None
+    planted_tests = ("x = isinstance(model, LlamaModel)\nif on_llamacpp(model): pass\n"
+                     "y = type(engine) is llamacpp.LlamaModel\nz = isinstance(model, (int, str))\n")
+    assert engine_tests(planted_tests) == [1, 2, 3]
