@@ -22,7 +22,10 @@ from collections.abc import Callable, Sequence
 
 FIRST_PROBE = 2  # passes before the first probe of the other setting
 AFTER_SWITCH = 8  # passes before the first probe after a switch
-MAX_PROBE = 512  # the longest wait between probes (a lost probe doubles the wait, quadruples it when it lost 2x)
+MAX_PROBE = 512  # the longest wait between probes
+BACKOFF = 2  # a lost probe multiplies the wait before the next by this
+BADLY_LOST = 2.0  # a probe that took this many times the current setting's time lost badly...
+BADLY_LOST_BACKOFF = 4  # ...and multiplies the wait by this instead
 SWITCH_GAIN = 0.1  # the other setting must be this much faster (log time) to switch
 WEIGHT = 0.5  # the latest pass's weight in the current setting's running log time
 
@@ -77,8 +80,8 @@ class ThreadTuner:
             self.current, self._running, self._wait = threads, y, AFTER_SWITCH
             self.switches += 1
         else:
-            self._wait = min((4 if self._running is not None and y > self._running + math.log(2) else 2) * self._wait,
-                             MAX_PROBE)
+            badly = self._running is not None and y > self._running + math.log(BADLY_LOST)
+            self._wait = min((BADLY_LOST_BACKOFF if badly else BACKOFF) * self._wait, MAX_PROBE)
 
 
 def set_threads(n: int) -> None:
