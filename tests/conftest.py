@@ -1,4 +1,9 @@
+import contextlib
+import io
 import os
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,8 +40,56 @@ def builtin_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def builtin_model(tmp_path_factory):
+    """The built-in model and its tokenizer, loaded once for the tests that decode with it and only
+    read it (the first load converts its GGUF into the tests' models folder, ~30 s; later ones, in
+    the commands the tests run, read that copy)."""
+    from specx.core.model.load import load_model
+
+    return load_model("smollm2-135m", specx_test_home(tmp_path_factory) / "models", device="cpu")
+
+
+@pytest.fixture(scope="session")
 def builtin_vocabulary(builtin_tokenizer):
     """The built-in tokenizer as llguidance reads it (core.decode.grammar.Vocabulary)."""
     from specx.core.decode.grammar import Vocabulary
 
     return Vocabulary(builtin_tokenizer, len(builtin_tokenizer), builtin_tokenizer.eos_token_id)
+
+
+def specx_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`specx ARGS` run in this process by the console script's own entry point (cli.app.main: its
+    exit status, errors as one line, stdout and stderr captured), as `python -m specx ARGS` would
+    run it, without a fresh interpreter's imports and the model kernel's compile (a few seconds
+    each). `env` is set for the call only; torch's and numba's thread counts, which a command's
+    thread tuner may change, are restored after. Tests about the process itself (signals, a child
+    that dies, two processes at once, the stderr of a fresh interpreter) spawn one instead."""
+    import numba
+    import torch
+
+    from specx.cli.app import main
+
+    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    saved_argv, saved_main = sys.argv, sys.modules["__main__"]
+    threads = torch.get_num_threads(), numba.get_num_threads()
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update(env or {})
+    # click names the program from __main__ and argv[0]: "specx", as the console script (not pytest's)
+    sys.argv, sys.modules["__main__"] = ["specx", *args], types.ModuleType("__main__")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv, sys.modules["__main__"] = saved_argv, saved_main
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads(threads[0])
+        numba.set_num_threads(threads[1])
+    return subprocess.CompletedProcess(["specx", *args], code, out.getvalue(), err.getvalue())

@@ -12,6 +12,7 @@ from specx.core.decode.loop import Step, limit_depth
 from specx.core.draft import Draft
 from specx.core.model.hf_engine import TransformersEngine
 
+from conftest import specx_in_process
 from test_verify import VOCAB, tiny_model
 
 
@@ -216,15 +217,13 @@ def test_bad_arguments(model64):
 
 
 @pytest.mark.slow
-def test_builtin_model_speculative_greedy_equals_plain():
+def test_builtin_model_speculative_greedy_equals_plain(builtin_model):
     from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.model.load import load_model
 
     # conftest points SPECX_HOME at a per-session folder (or SPECX_TEST_HOME, kept between runs):
     # the first load converts the GGUF (~30 s), later ones read the safetensors copy (< 1 s).
-    cache_dir = Path(os.environ["SPECX_HOME"]) / "models"
-    model, tokenizer = load_model("smollm2-135m", cache_dir, device="cpu")
-    assert (cache_dir / "smollm2-135m" / "model.safetensors").is_file()
+    model, tokenizer = builtin_model
+    assert (Path(os.environ["SPECX_HOME"]) / "models" / "smollm2-135m" / "model.safetensors").is_file()
     text = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
             "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n")
     prompt = tokenizer.encode(text)
@@ -239,14 +238,9 @@ def test_builtin_model_speculative_greedy_equals_plain():
 @pytest.mark.slow
 def test_generate_command_is_lossless(tmp_path):
     import json
-    import os
-    import subprocess
-    import sys
 
-    env = {**os.environ, "SPECX_HOME": os.environ.get("SPECX_HOME", str(tmp_path))}
-    res = subprocess.run([sys.executable, "-m", "specx", "generate", "Count from one to ten in words.",
-                          "--max-tokens", "24", "--compare", "--json", "--db", str(tmp_path / "none.db")],
-                         capture_output=True, text=True, timeout=600, env=env)
+    res = specx_in_process("generate", "Count from one to ten in words.", "--max-tokens", "24", "--compare", "--json",
+                           "--db", str(tmp_path / "none.db"))
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(res.stdout)
     assert data["identical"] is True
@@ -255,16 +249,13 @@ def test_generate_command_is_lossless(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gives_one(tmp_path):
+def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gives_one(tmp_path, builtin_model):
     import json
     import shutil
     import subprocess
     import sys
 
-    from specx.core.model.load import load_model
-
-    home = Path(os.environ["SPECX_HOME"])
-    load_model("smollm2-135m", home / "models", device="cpu", kernels=False)  # converted once
+    home = Path(os.environ["SPECX_HOME"])  # builtin_model converted the GGUF there
     bare = tmp_path / "no-template"
     shutil.copytree(home / "models" / "smollm2-135m", bare)
     (bare / "chat_template.jinja").unlink(missing_ok=True)
@@ -275,12 +266,14 @@ def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gi
     template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-    def generate_cmd(*args):
-        return subprocess.run([sys.executable, "-m", "specx", "generate", "Say hi.", "--model", str(bare),
-                               "--max-tokens", "4", "--fixed-size", "--json", "--db", str(tmp_path / "none.db"), *args],
-                              capture_output=True, text=True, timeout=600, env={**os.environ, "SPECX_HOME": str(home)})
+    command = ["generate", "Say hi.", "--model", str(bare), "--max-tokens", "4", "--fixed-size", "--json", "--db",
+               str(tmp_path / "none.db")]
 
-    refused = generate_cmd()
+    def generate_cmd(*args):
+        return specx_in_process(*command, *args)
+
+    # the refusal as a user meets it: a real process, one line, exit status 1
+    refused = subprocess.run([sys.executable, "-m", "specx", *command], capture_output=True, text=True, timeout=600)
     assert refused.returncode == 1 and "has no chat template" in refused.stderr and "--chat-template" in refused.stderr
     assert "Traceback" not in refused.stderr
     for args in (["--chat-template", str(template)], ["--chat-template", template.read_text()], ["--raw"]):
@@ -381,14 +374,26 @@ def test_a_gguf_file_is_converted_once_and_again_when_it_changes(tmp_path, monke
     assert converted_cache(str(gguf), cache) != kept
 
 
+@pytest.fixture(scope="module")
+def converted_tokenizer(tmp_path_factory):
+    """A models folder holding the built-in tokenizer converted from its GGUF (once), and the tokenizer."""
+    from specx.core.model.load import load_tokenizer
+
+    cache = tmp_path_factory.mktemp("converted") / "models"
+    return cache, load_tokenizer("smollm2-135m", cache)
+
+
 @pytest.mark.parametrize("damage", ["dev_zero", "deep_json", "fifo"])
-def test_a_damaged_converted_tokenizer_is_set_aside_and_made_anew(tmp_path, damage):
+def test_a_damaged_converted_tokenizer_is_set_aside_and_made_anew(tmp_path, damage, converted_tokenizer):
     """Issue 39: a kept copy that cannot be used never stops a start (the tokenizer of the
     built-in model, converted from its GGUF: a symlink to /dev/zero, JSON nested too deep, a FIFO)."""
+    import shutil
+
     from specx.core.model.load import converted_cache, load_tokenizer
 
+    converted, reference = converted_tokenizer
     cache = tmp_path / "models"
-    reference = load_tokenizer("smollm2-135m", cache)
+    shutil.copytree(converted, cache)  # the kept copy a first start made
     kept = converted_cache("smollm2-135m", cache)
     target = kept / "tokenizer.json"
     target.unlink()

@@ -2,8 +2,6 @@
 plain greedy decoding token for token, whatever the drafts; refused draft nodes are pruned."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_gram
 from specx.core.draft import GRAMMAR, Draft
 from specx.core.model.hf_engine import TransformersEngine
 
+from conftest import specx_in_process
 from test_generate import MAKERS, FakeDrafter, collect
 
 SCHEMA = {"type": "object", "properties": {"sql": {"type": "string"}, "tables": {"type": "array",
@@ -126,11 +125,10 @@ def test_grammar_bit_has_its_own_acceptance_cell():
 
 
 @pytest.mark.slow
-def test_builtin_model_writes_schema_valid_json_every_time():
+def test_builtin_model_writes_schema_valid_json_every_time(builtin_model):
     from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.model.load import load_model
 
-    model, builtin_tokenizer = load_model("smollm2-135m", Path(os.environ["SPECX_HOME"]) / "models", device="cpu")
+    model, builtin_tokenizer = builtin_model
     builtin_vocabulary = Vocabulary(builtin_tokenizer, model.config.vocab_size, builtin_tokenizer.eos_token_id)
     grammar = json_schema_grammar(SCHEMA)
     drafter = SuffixDrafter()
@@ -152,18 +150,13 @@ def test_builtin_model_writes_schema_valid_json_every_time():
 
 @pytest.mark.slow
 def test_generate_json_schema_is_lossless_and_valid(tmp_path):
-    import subprocess
-    import sys
-
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     (tmp_path / "cat.json").write_text(json.dumps(schema))
 
     def generate(*args):
-        return subprocess.run([sys.executable, "-m", "specx", "generate",
-                               "Describe a cat as JSON with its name and age.",
-                               "--max-tokens", "60", "--fixed-size", "--db", str(tmp_path / "none.db"), *args],
-                              capture_output=True, text=True, timeout=600)
+        return specx_in_process("generate", "Describe a cat as JSON with its name and age.", "--max-tokens", "60",
+                                "--fixed-size", "--db", str(tmp_path / "none.db"), *args)
 
     run = generate("--json-schema", str(tmp_path / "cat.json"), "--compare", "--json")
     assert run.returncode == 0, run.stderr[-2000:]
