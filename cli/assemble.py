@@ -13,13 +13,15 @@ from .options import model_cost, specx_home
 
 if TYPE_CHECKING:
     from specx.core.decode.stack import Stack
+    from specx.core.index.successors import SuccessorTable
+    from specx.store.db import Store
 
 
 def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str], None],
              chat_template: str | None = None, check_template: bool = True, db: Path | None = None,
              create_store: bool = False, speculation: bool = True, cost_aware: bool = True,
              relearn: bool = False, max_spec_tokens: int = 32, max_spec_factor: float = 4.0,
-             prefix_cache_tokens: int = 0, cache_dir: Path | None = None,
+             prefix_cache_tokens: int = 0, cache_dir: Path | None = None, drafter: str = "suffix",
              stage: Callable[[str], None] = lambda what: None) -> Stack:
     """Load `model` on `backend` (auto: the engine chosen for this machine, cli.engines) in `dtype`,
     then build the chain in order, `say` hearing what was chosen:
@@ -31,18 +33,25 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
       no `db`: an empty index);
     - the forward-pass cost, learned from the passes (`cost_aware`; `relearn`: forgetting what
       earlier runs kept), the engine's thread tuner, and with `speculation` a SuffixDrafter of
-      `max_spec_tokens` and `max_spec_factor` over the global index;
+      `max_spec_tokens` and `max_spec_factor` over the global index (`drafter`: suffix; table: the
+      model's successor table alone, hybrid: both, core.decode.hybrid; the table is the store's,
+      kept per model, else a new one);
     - a prefix cache of `prefix_cache_tokens` where the engine takes one.
 
     Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
     step as it begins (the server's /health shows it)."""
+    from specx.core.decode.hybrid import DRAFTERS, HybridDrafter
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.stack import Stack
+    from specx.core.index.successors import SuccessorTable
     from specx.core.index.suffix_index import SuffixIndex
     from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from specx.store.successors import table_key
 
     from .engines import resolve_backend
 
+    if drafter not in DRAFTERS:
+        raise ValueError(f"unknown drafter {drafter!r}: choose from {', '.join(DRAFTERS)}")
     engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
                                      dtype=dtype)
     say(f"backend: {engine.name}")
@@ -50,7 +59,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         use_chat_template(tokenizer, chat_template, model)
     if speculation and engine.tree_unsupported:
         say(f"linear drafts (each tree's best path), not trees: {engine.tree_unsupported}")
-    fingerprint, global_index = tokenizer_fingerprint(tokenizer), SuffixIndex()
+    fingerprint, global_index, successors = tokenizer_fingerprint(tokenizer), SuffixIndex(), None
     if db is not None and (create_store or db.exists()):
         from specx.store.db import Store
         from specx.store.index import index_for
@@ -58,11 +67,33 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         stage("loading the global index")
         with Store(db) as store:  # created when missing
             global_index = index_for(store, fingerprint)
+            if speculation and drafter != "suffix":
+                successors = _kept_table(store, table_key(Path(model).name, fingerprint), engine.vocab_size, say)
         say(f"global index: {global_index.num_tokens:,} tokens from {db}")
     # nothing is timed here: the cost is learned from the passes the requests run
     cost = model_cost(engine, model, say, relearn=relearn) if cost_aware else None
-    drafter = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
-        if speculation else None
+    suffix = SuffixDrafter(global_index, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor) \
+        if speculation and drafter != "table" else None
+    if speculation and drafter != "suffix":
+        successors = successors if successors is not None else SuccessorTable(engine.vocab_size)
+        say(f"drafter: {drafter} (successor table: {len(successors):,} tokens with successors)")
+        chosen = HybridDrafter(suffix, successors)
+    else:
+        successors, chosen = None, suffix
     prefix_cache = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
-    return Stack(engine, tokenizer, fingerprint, global_index, drafter=drafter, cost=cost,
-                 threads=engine.thread_tuner(say), prefix_cache=prefix_cache)
+    return Stack(engine, tokenizer, fingerprint, global_index, drafter=chosen, cost=cost,
+                 threads=engine.thread_tuner(say), prefix_cache=prefix_cache, successors=successors,
+                 successors_key=table_key(Path(model).name, fingerprint) if successors is not None else None)
+
+
+def _kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], None]) -> SuccessorTable | None:
+    """The successor table the store keeps for this model, or None (none kept, or a damaged one: said,
+    and a new table replaces it at the next save)."""
+    from specx.store.db import StoreError
+    from specx.store.successors import load_table
+
+    try:
+        return load_table(store, key, vocab_size)
+    except StoreError as exc:
+        say(f"warning: {exc}; starting a new successor table")
+        return None

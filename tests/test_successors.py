@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from specx.core.decode.hybrid import HybridDrafter
 from specx.core.decode.speculate import SuffixDrafter
@@ -101,3 +102,89 @@ def test_kept_in_the_store_and_merged(tmp_path):
     a.db.conn.commit()
     with pytest.raises(StoreError, match=r"successor table of tiny\|fp is damaged"):
         load_table(a, key, 10)
+
+
+def _hybrid(vocab_size, index_outputs=()):
+    """A hybrid drafter over a suffix index of `index_outputs` and a fresh table (returned too)."""
+    table = SuccessorTable(vocab_size)
+    return HybridDrafter(SuffixDrafter(SuffixIndex.build([list(o) for o in index_outputs])), table, tau=1e9), table
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["table", "hybrid"])
+def test_table_drafts_are_lossless_greedy_and_sampled(alone):
+    """The table learns from every pass and its trees are verified like any draft: greedy output is
+    plain greedy's token for token, seeded sampling the plain sampler's (transformers engine)."""
+    from specx.core.decode.generate import generate, greedy_decode
+    from specx.core.decode.loop import collect
+    from specx.core.model.hf_engine import TransformersEngine
+    from test_verify import VOCAB, tiny_model
+
+    model = tiny_model(torch.float64)
+    engine = TransformersEngine(model)
+    rng = np.random.default_rng(3)
+    drafter, table = _hybrid(VOCAB)
+    if alone:
+        drafter.inner = None
+    prompts = [rng.integers(0, VOCAB, size=6).tolist() for _ in range(3)]
+    drafted = 0
+    for prompt in prompts * 2:  # the second time round the table has learnt these prompts' passes
+        run = collect(generate(engine, prompt, drafter, max_new_tokens=40, successors=table))
+        assert run.tokens == greedy_decode(model, prompt, 40)
+        drafted += run.stats.drafted
+    assert len(table) > 20 and drafted > 0
+    kwargs = dict(max_new_tokens=40, temperature=0.8, top_k=10, top_p=0.9, seed=5)
+    plain = collect(generate(engine, prompts[0], None, **kwargs)).tokens
+    spec = collect(generate(engine, prompts[0], drafter, successors=table, **kwargs))
+    assert spec.tokens == plain and spec.stats.steps < len(plain)  # drafts were accepted
+
+
+def test_table_drafts_are_lossless_under_a_grammar(builtin_tokenizer, builtin_vocabulary):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specx.core.decode.generate import generate, greedy_decode
+    from specx.core.decode.grammar import json_schema_grammar
+    from specx.core.decode.loop import collect
+    from specx.core.model.hf_engine import TransformersEngine
+
+    config = LlamaConfig(vocab_size=len(builtin_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.3, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.float64).eval().requires_grad_(False)
+    grammar = json_schema_grammar({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]})
+    eos = builtin_tokenizer.eos_token_id
+    drafter, table = _hybrid(len(builtin_tokenizer))
+    prompt = builtin_tokenizer.encode("Answer in JSON:")
+    want = greedy_decode(model, prompt, 32, eos, builtin_vocabulary.constraint(grammar))
+    for _ in range(2):
+        out = collect(generate(TransformersEngine(model), prompt, drafter, max_new_tokens=32, eos_token_ids=eos,
+                               constraint=builtin_vocabulary.constraint(grammar), successors=table)).tokens
+        assert out == want
+    assert len(table) > 0
+
+
+@pytest.mark.slow
+def test_table_drafts_are_lossless_on_llamacpp(builtin_tokenizer):
+    """On llama.cpp (linear drafts: the table's best path), the built-in GGUF writes llama.cpp's own
+    greedy tokens with the hybrid drafter, and the table learns from its rows."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup installs it)")
+    from specx.core.decode.generate import generate
+    from specx.core.decode.loop import collect
+    from specx.core.model.llamacpp import LlamaModel, greedy
+    from specx.core.model.load import builtin_gguf
+
+    llama = LlamaModel(builtin_gguf("smollm2-135m"), threads=2)
+    try:
+        eos = builtin_tokenizer.eos_token_id
+        drafter, table = _hybrid(llama.vocab_size)
+        prompts = [builtin_tokenizer.encode(f"/* Question: {q} */\nSELECT", add_special_tokens=False)
+                   for q in ("Names of singers older than 30", "Countries of singers", "Names of singers older than 30")]
+        steps = 0
+        for prompt in prompts:
+            reference = greedy(llama, prompt, 32, [eos])
+            run = collect(generate(llama, prompt, drafter, max_new_tokens=32, eos_token_ids=eos, successors=table))
+            assert run.tokens == reference
+            steps += run.stats.steps
+        assert len(table) > 20 and steps < sum(len(greedy(llama, p, 32, [eos])) for p in prompts)
+    finally:
+        llama.close()

@@ -16,6 +16,7 @@ import torch
 from ..cost.acceptance import AcceptanceModel
 from ..cost.forward import PassCost
 from ..draft import Draft
+from ..index.successors import SuccessorTable
 from ..model.engine import Engine
 from ..model.threads import ThreadTuner
 from .loop import Step, decode
@@ -30,7 +31,7 @@ def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None 
              stop: Callable[[list[int]], int | None] | None = None,
              acceptance: AcceptanceModel | None = None, prefix_cache: Any = None,
              constraint: Any = None, logprobs: int = -1, threads: ThreadTuner | None = None,
-             learn: bool = True) -> Iterator[Step]:
+             learn: bool = True, successors: SuccessorTable | None = None) -> Iterator[Step]:
     """Decode up to `max_new_tokens` after `prompt_ids` with the model, yielding one Step per
     forward pass of `engine`: core.decode.loop.decode with a ModelVerifier (its docstring says what `drafter`,
     `cost`, `stop` and `acceptance` do).
@@ -46,6 +47,8 @@ def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None 
     log-probabilities and that many top alternatives (core.decode.verify.token_logprobs). `threads` (the
     engine's `thread_tuner()`) picks each pass's thread count from the passes' times (a busy machine).
     `learn`: the drafter learns the output at the end (False: its indexes stay as they were).
+    `successors` (a core.index.successors.SuccessorTable, the one a HybridDrafter drafts from): every
+    pass's rows teach it the model's likely next tokens (core.decode.verify.learn_successors).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -60,7 +63,8 @@ def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None 
     else:
         generator.manual_seed(seed)
     sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
-    verifier = ModelVerifier(engine, sampling, prefix_cache=prefix_cache, constraint=constraint, logprobs=logprobs)
+    verifier = ModelVerifier(engine, sampling, prefix_cache=prefix_cache, constraint=constraint, logprobs=logprobs,
+                             successors=successors)
     yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance,
                       learn=learn, constraint=constraint, threads=threads)
 

@@ -39,6 +39,11 @@ class HybridDrafter:
         self.inner, self.table, self.tau, self.max_nodes = inner, table, tau, max_nodes
         self.last = -1  # the context's last token: the table's tree grows after it
 
+    @property
+    def max_spec_tokens(self) -> int:
+        """The most draft tokens a step proposes (a PredictionDrafter wrapping this one drafts as many)."""
+        return max(getattr(self.inner, "max_spec_tokens", 0), self.max_nodes)
+
     def start_request(self, prompt: Sequence[int]) -> None:
         if self.inner is not None:
             self.inner.start_request(prompt)

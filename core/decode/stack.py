@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cost.forward import PassCost
+from ..index.successors import SuccessorTable
 from ..index.suffix_index import SuffixIndex
 from ..model.engine import Engine
 from ..model.prefix_cache import PrefixCache
 from ..model.threads import ThreadTuner
+from .hybrid import HybridDrafter
 from .speculate import SuffixDrafter
 
 
@@ -27,7 +29,9 @@ class Stack:
     tokenizer: Any
     fingerprint: str
     global_index: SuffixIndex
-    drafter: SuffixDrafter | None = None
+    drafter: SuffixDrafter | HybridDrafter | None = None
     cost: PassCost | None = None
     threads: ThreadTuner | None = None
     prefix_cache: PrefixCache | None = None
+    successors: SuccessorTable | None = None  # the table the drafter drafts from and each pass teaches
+    successors_key: str | None = None  # the key it is kept under in the store (store.successors.table_key)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..draft import Draft
+from ..index.successors import SuccessorTable
 from ..model.engine import Session
 from .loop import TokenLogprob, Verdict
 
@@ -130,7 +131,7 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> lis
 
 @torch.inference_mode()
 def verify(session: Session, pending: Sequence[int], draft: Draft, sampling: Sampling, *, allowed: Any = None,
-           logprobs: int = -1) -> Verdict:
+           logprobs: int = -1, successors: SuccessorTable | None = None) -> Verdict:
     """One speculative step: score pending + draft in one pass of `session` (an engine's request,
     core.model.engine.Session), judge it, keep the accepted path in its cache.
 
@@ -139,8 +140,12 @@ def verify(session: Session, pending: Sequence[int], draft: Draft, sampling: Sam
     core.decode.grammar.Constraint.allowed): the tokens each row may choose, the root's first; the others'
     logits become -inf before the walk, as constrained plain decoding masks them. `logprobs` >= 0:
     each chosen token's log-probability and that many top alternatives (Verdict.logprobs).
+    `successors`: every row's most likely next tokens go into this table (learn_successors).
     """
-    verdict = judge(session.score(pending, draft), draft, sampling, allowed, logprobs)
+    logits = session.score(pending, draft)
+    if successors is not None:
+        learn_successors(successors, [pending[-1], *draft.token_ids], logits)
+    verdict = judge(logits, draft, sampling, allowed, logprobs)
     session.keep_path(verdict.accepted_nodes)
     return verdict
 
@@ -165,3 +170,12 @@ def judge(logits: torch.Tensor, draft: Draft, sampling: Sampling, allowed: Any =
     if logprobs >= 0:
         verdict.logprobs = token_logprobs(raw[[0] + [1 + i for i in verdict.accepted_nodes]], verdict.tokens, logprobs)
     return verdict
+
+
+def learn_successors(table: SuccessorTable, inputs: Sequence[int], logits: torch.Tensor) -> None:
+    """Each row of a pass's logits [R, V] (the model's raw distribution after `inputs` [R]: the last
+    pending token, then each draft node) gives its input token's entry in `table`: its k most
+    likely next tokens and their probabilities (Token Recycling's update)."""
+    values, ids = torch.topk(logits, table.k, dim=-1)  # [R, k]
+    probs = torch.exp(values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))  # [R, k]
+    table.learn(inputs, ids.cpu().numpy(), probs.cpu().numpy())

@@ -13,7 +13,7 @@ the index at once, as when serving.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +23,12 @@ from ..cost.acceptance import AcceptanceModel
 from ..cost.forward import ForwardCost
 from ..decode.generate import generate
 from ..decode.loop import DecodeStats, collect
+from ..index.successors import SuccessorTable
 from ..model.engine import Engine
 from ..model.hf_engine import hf_generate
 
 METHODS = ("plain", "prompt_lookup", "specx")
+DRAFTER_METHODS = {"suffix": "specx", "table": "specx_table", "hybrid": "specx_hybrid"}  # --drafter -> method name
 STOCK = "stock_plain"  # optional: plain decoding on a model without core.model.kernels (pass stock_model)
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value (and vLLM's n-gram default range)
 
@@ -44,27 +46,39 @@ class MethodRun:
     call_rates: list[float] = field(default_factory=list)  # tokens/s of each timed call past its prefill
 
 
+@dataclass(frozen=True)
+class Speculator:
+    """A specx method of a comparison: its drafter and the successor table its passes teach (None:
+    none; core.decode.hybrid.HybridDrafter drafts from one)."""
+
+    drafter: Any
+    successors: SuccessorTable | None = None
+
+
 def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, max_new_tokens: int,
             eos_token_id: int | None, methods: Sequence[str] = METHODS, cost: ForwardCost | None = None,
             timed: Callable[[int], bool] = lambda i: True, on_call: Callable[[], None] = lambda: None,
             prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS, stock_model: Any = None,
-            prefix_cache_tokens: int = 0) -> dict[str, MethodRun]:
+            prefix_cache_tokens: int = 0, speculators: Mapping[str, Speculator] | None = None) -> dict[str, MethodRun]:
     """Run every method on every prompt (greedy); totals count only prompts where `timed(i)`.
     "plain" and "prompt_lookup" are the engine's own decoding (Engine.plain; prompt lookup where
     it runs, `engine.prompt_lookup`). STOCK runs plain decoding on `stock_model` (the same weights
     loaded without core.model.kernels, a transformers model). `prefix_cache_tokens` > 0 gives every
     method a prefix cache of that many tokens where the engine takes one (its own, so that each
-    method's cached entries are computed as it would compute them)."""
-    unknown = [m for m in methods if m not in (*METHODS, STOCK)]
+    method's cached entries are computed as it would compute them). `speculators` names more specx
+    methods (e.g. "specx_hybrid"), each with its own drafter, successor table and acceptance model;
+    "specx" is `drafter` unless `speculators` names it."""
+    specx = {"specx": Speculator(drafter)} | dict(speculators or {})
+    unknown = [m for m in methods if m not in (*METHODS, STOCK, *specx)]
     if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join((*METHODS, STOCK))}")
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join((*METHODS, STOCK, *specx))}")
     if STOCK in methods and stock_model is None:
         raise ValueError(f"method {STOCK} needs stock_model")
     if "prompt_lookup" in methods and not engine.prompt_lookup:
         raise ValueError(f"method prompt_lookup runs on transformers; on {engine.name}: plain and specx")
     runs = {m: MethodRun() for m in methods}
     prefixes = {m: engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
-    acceptance = AcceptanceModel()  # what the drafts are worth, learned from the verdicts across prompts
+    acceptance = {m: AcceptanceModel() for m in specx}  # what the drafts are worth, learned across prompts
     threads = engine.thread_tuner()  # specx's passes choose the thread count; the other methods run on its choice
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
@@ -75,10 +89,11 @@ def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, m
                 prefilled = prefixes[method].seconds if prefixes[method] is not None else 0.0
                 missed = prefixes[method].miss_tokens if prefixes[method] is not None else 0
                 engine.clear()  # what the engine keeps between requests is not shared by the methods
-                if method == "specx":
-                    decoded = collect(generate(engine, prompt, drafter, max_new_tokens=max_new_tokens,
-                                               eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance,
-                                               prefix_cache=prefixes[method], threads=threads))
+                if method in specx:
+                    decoded = collect(generate(engine, prompt, specx[method].drafter, max_new_tokens=max_new_tokens,
+                                               eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance[method],
+                                               prefix_cache=prefixes[method], threads=threads,
+                                               successors=specx[method].successors))
                     assert decoded is not None
                     out, totals = decoded.tokens, decoded.stats
                 elif method == STOCK:
@@ -125,7 +140,7 @@ class MethodFigures:
     identical_calls: int | None  # outputs equal to plain decoding's token for token (None: plain not run)
     speedup_vs: dict[str, float] = field(default_factory=dict)  # base method -> this one's tokens/s over its
     decode_speedup_vs: dict[str, float] = field(default_factory=dict)  # the same, past each prompt's prefill
-    steps: int | None = None  # specx only: its verification passes and what they carried
+    steps: int | None = None  # specx's methods only: their verification passes and what they carried
     tokens_per_step: float | None = None
     accepted_per_step: float | None = None
     drafted_per_step: float | None = None
@@ -165,7 +180,7 @@ def summary(runs: dict[str, MethodRun], timed: Callable[[int], bool] = lambda i:
         row = MethodFigures(run.stats.tokens / run.seconds if run.seconds else 0.0, run.stats.tokens, run.seconds,
                             len(idx), run.prefill_seconds, run.prefill_tokens, run.call_rates,
                             None if reference is None else sum(run.outputs[i] == reference[i] for i in idx))
-        if name == "specx":
+        if run.stats.steps:  # a specx method: its verification passes
             st = run.stats
             row.steps, row.accepted_per_step = st.steps, st.accepted_per_step
             row.tokens_per_step = st.tokens / st.steps if st.steps else 0.0

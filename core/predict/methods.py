@@ -14,18 +14,20 @@ examples/build_reference.sh), so replay runs it when it is installed and says so
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..decode.hybrid import HybridDrafter
 from ..decode.speculate import PromptLookupDrafter, SuffixDrafter
 from ..draft import Draft
+from ..index.successors import SuccessorTable
 from ..index.suffix_index import SuffixIndex
 from ..model.engine import Engine
-from .compare import Comparison, compare, summary
+from .compare import DRAFTER_METHODS, Comparison, Speculator, compare, summary
 from .replay import ReplayResult, replay
 
 METHODS = ("specx", "specx_unmerged", "global_only", "request_only", "prompt_lookup", "reference")
@@ -170,17 +172,29 @@ class ModelReplay:
 
 def run_model_replay(engine: Engine, tokenizer: Any, prompts: list[list[int]], warm: list[np.ndarray], *,
                      params: dict[str, Any], methods: list[str], max_tokens: int, cost: Any,
-                     on_call: Callable[[], None] = lambda: None, prefix_cache_tokens: int = 0) -> ModelReplay:
-    """Plain decoding, transformers' prompt lookup and specx on the same prompts, with the model
-    (greedy, `engine`: core.model.engine.Engine); specx learns each output online."""
-    drafter = make_drafter("specx", params)
-    for tokens in warm:
-        drafter.global_index.add(tokens)
+                     on_call: Callable[[], None] = lambda: None, prefix_cache_tokens: int = 0,
+                     drafters: Sequence[str] = ("suffix",),
+                     table: Callable[[], SuccessorTable] | None = None) -> ModelReplay:
+    """Plain decoding, transformers' prompt lookup (where `methods` name them) and specx with each of
+    `drafters` (suffix: "specx", table: "specx_table", hybrid: "specx_hybrid";
+    core.predict.compare.DRAFTER_METHODS) on the same prompts, with the model (greedy, `engine`:
+    core.model.engine.Engine); specx learns each output online, its successor tables (each made by
+    `table`: a fresh one, or a copy of the store's) every pass."""
+    speculators = {}
+    for kind in drafters:
+        suffix = make_drafter("specx", params) if kind != "table" else None
+        for tokens in warm if suffix is not None else ():
+            suffix.global_index.add(tokens)
+        successors = (table or (lambda: SuccessorTable(engine.vocab_size)))() if kind != "suffix" else None
+        drafter = suffix if successors is None else HybridDrafter(suffix, successors)
+        speculators[DRAFTER_METHODS[kind]] = Speculator(drafter, successors)
     _warm_up(params)
     compare(engine, [prompts[0][-16:]], None, max_new_tokens=4, eos_token_id=tokenizer.eos_token_id,
             methods=["plain"])  # first passes are slow
-    runs = compare(engine, prompts, drafter, max_new_tokens=max_tokens, eos_token_id=tokenizer.eos_token_id,
-                   methods=methods, cost=cost, on_call=on_call, prefix_cache_tokens=prefix_cache_tokens)
+    methods = [m for m in methods if m != "specx"] + list(speculators)
+    runs = compare(engine, prompts, None, max_new_tokens=max_tokens, eos_token_id=tokenizer.eos_token_id,
+                   methods=methods, cost=cost, on_call=on_call, prefix_cache_tokens=prefix_cache_tokens,
+                   speculators=speculators)
     return ModelReplay(summary(runs), params | {"max_tokens": max_tokens, "prefix_cache_tokens": prefix_cache_tokens},
                        len(prompts), sum(len(p) for p in prompts))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...draft import Draft
+from ...index.successors import SuccessorTable
 from ...model.engine import Engine, Session
 from ..loop import Verdict
 from ..verify import Sampling, verify
@@ -21,10 +22,11 @@ class ModelVerifier:
     finished = False
 
     def __init__(self, engine: Engine, sampling: Sampling, *, prefix_cache: Any = None, constraint: Any = None,
-                 logprobs: int = -1) -> None:
+                 logprobs: int = -1, successors: SuccessorTable | None = None) -> None:
         self.engine, self.sampling, self.prefix_cache = engine, sampling, prefix_cache
         self.logprobs = logprobs  # >= 0: each token's log-probability and that many alternatives
         self.constraint = constraint  # core.decode.grammar.Constraint: the draft comes pruned (core.decode.loop)
+        self.successors = successors  # core.index.successors.SuccessorTable: each pass's rows teach it
         self.vocab_size = engine.vocab_size
         self.linear = engine.tree_unsupported is not None
         self.session: Session | None = None
@@ -36,7 +38,8 @@ class ModelVerifier:
 
     def verify(self, draft: Draft) -> Verdict:
         allowed = self.constraint.allowed(draft) if self.constraint is not None else None
-        verdict = verify(self.session, self.pending, draft, self.sampling, allowed=allowed, logprobs=self.logprobs)
+        verdict = verify(self.session, self.pending, draft, self.sampling, allowed=allowed, logprobs=self.logprobs,
+                         successors=self.successors)
         if self.constraint is not None:
             self.constraint.advance(verdict.tokens)
         self.pending = [verdict.tokens[-1]]
