@@ -250,8 +250,9 @@ def replay_cmd(
     if curves:
         with output.progress() as bar:
             task = bar.add_task("projection", total=len(calls))
-            result.projection = predict_lib.project_replay(calls, prompts, outputs, warm_tokens, params, by, curves,
-                                                           result, on_call=lambda: bar.advance(task))
+            result.projection = predict_lib.project_replay(calls, prompts, outputs, warm=warm_tokens, params=params,
+                                                           by=by, curves=curves, result=result,
+                                                           on_call=lambda: bar.advance(task))
         result.cost_curves = predict_lib.curves_json(curves)
     if plot_file is not None:
         replay_lib.plot(result, plot_file)

@@ -108,8 +108,9 @@ def entropy_cmd(
                         "their history")
             with output.progress() as bar:
                 task = bar.add_task("predict", total=n)
-                prediction = predict_lib.predict_selection(store, tok, tokenizer_id, calls, by, curves, sample_calls,
-                                                           seed, sampling, on_call=lambda: bar.advance(task),
+                prediction = predict_lib.predict_selection(store, tok, tokenizer_id, calls, by=by, curves=curves,
+                                                           sample_calls=sample_calls, seed=seed, sampling=sampling,
+                                                           on_call=lambda: bar.advance(task),
                                                            on_sample=lambda k: bar.update(task, total=k))
             for row in rows:
                 row.update(prediction["groups"][row["key"]])

@@ -72,8 +72,8 @@ def curves_json(curves: Sequence[CostCurve]) -> dict[str, Any]:
     return {c.name: {"about": c.about, "cost": c.points()} for c in curves}
 
 
-def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list, by: str, curves: Sequence[CostCurve],
-                      sample_calls: int | None, seed: int, sampling: str = "weighted",
+def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list, *, by: str,
+                      curves: Sequence[CostCurve], sample_calls: int | None, seed: int, sampling: str = "weighted",
                       params: dict[str, Any] | None = None,
                       on_call: Callable[[], None] = lambda: None,
                       on_sample: Callable[[int], None] = lambda calls: None) -> dict[str, Any]:
@@ -93,7 +93,8 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
     prompts = Prefetched(iter_prompt_tokens(PromptMessages(store, chosen), tokenizer, chosen,
                                                        params["prompt_window"]), len(chosen))
     replayed = replay_sample(outputs, groups, positions, prompts, lambda: replay_lib.make_drafter("specx", params),
-                             lambda: replay_lib.make_drafter("prompt_lookup", params), curves, on_call=on_call)
+                             make_prompt_lookup=lambda: replay_lib.make_drafter("prompt_lookup", params),
+                             curves=curves, on_call=on_call)
     sizes: dict[str, int] = {}
     for key in groups:
         sizes[key] = sizes.get(key, 0) + 1
@@ -179,7 +180,7 @@ def plot(prediction: dict[str, Any], by: str, path: Path) -> None:
     plt.close(fig)
 
 
-def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndarray], warm: list[np.ndarray],
+def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndarray], *, warm: list[np.ndarray],
                    params: dict[str, Any], by: str, curves: Sequence[CostCurve], result: MethodReplays,
                    on_call: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """`specx replay`'s projected speedups from its own replay of every call: {"overall": {curve:
@@ -193,7 +194,8 @@ def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndar
     groups = [c.group(by) for c in calls]
     replayed = replay_sample(outputs, groups, list(range(len(calls))), prompts,
                              lambda: replay_lib.make_drafter("specx", params),
-                             lambda: replay_lib.make_drafter("prompt_lookup", params), curves, warm=warm,
+                             make_prompt_lookup=lambda: replay_lib.make_drafter("prompt_lookup", params),
+                             curves=curves, warm=warm,
                              unsized=False, specx_steps=specx_steps, lookup_steps=lookup_steps, on_call=on_call)
     names = [c.name for c in curves]
     keys = sorted(set(groups))

@@ -90,8 +90,9 @@ def serve_cmd(
     if tool_call_parser is not None and tool_call_parser not in PARSERS:
         raise typer.BadParameter(f"must be one of {', '.join(PARSERS)}", param_hint="--tool-call-parser")
     if engine == "vllm":
-        return _exec_vllm(vllm_bin, model, store_path(db), host, port, api_key, served_model_name, max_spec_tokens,
-                          max_spec_factor, vllm_arg or [])
+        return _exec_vllm(vllm_bin, model, db=store_path(db), host=host, port=port, api_key=api_key,
+                          names=served_model_name, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor,
+                          extra=vllm_arg or [])
     import uvicorn
 
     from specx.core.decode.grammar import Vocabulary
@@ -215,7 +216,7 @@ def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging
                 return
 
 
-def _exec_vllm(vllm_bin: str, model: str, db: Path, host: str, port: int, api_key: str | None,
+def _exec_vllm(vllm_bin: str, model: str, *, db: Path, host: str, port: int, api_key: str | None,
                names: list[str] | None, max_spec_tokens: int, max_spec_factor: float, extra: list[str]) -> None:
     """Replace this process with `vllm serve`, specx drafting (a thin convenience: same flags, same store)."""
     from specx.core.model.load import BUILTIN, ModelError, load_model

@@ -115,8 +115,8 @@ def check(store: Store, tok: Any, tokenizer_id: int, name: str, calls: list, arg
     predicted = {}
     for sampling in ("weighted", "calls"):
         t0 = time.perf_counter()
-        result = predict_lib.predict_selection(store, tok, tokenizer_id, calls, "format", [], sample_calls,
-                                               args.seed, sampling)
+        result = predict_lib.predict_selection(store, tok, tokenizer_id, calls, by="format", curves=[],
+                                               sample_calls=sample_calls, seed=args.seed, sampling=sampling)
         seconds = time.perf_counter() - t0
         predicted[sampling] = result
         overall = result["overall"]
@@ -146,12 +146,13 @@ def check(store: Store, tok: Any, tokenizer_id: int, name: str, calls: list, arg
     row["entropy_bits"] = empirical_entropy(outputs, max_depth=64).entropy_bits
     if args.speedup:
         t0 = time.perf_counter()
-        guess = predict_lib.predict_selection(store, tok, tokenizer_id, calls, "format", curves, sample_calls,
-                                              args.seed, "weighted")
+        guess = predict_lib.predict_selection(store, tok, tokenizer_id, calls, by="format", curves=curves,
+                                              sample_calls=sample_calls, seed=args.seed, sampling="weighted")
         row["predict_speedup_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        projection = predict_lib.project_replay(calls, prompts, outputs, [], dict(predict_lib.REPLAY_DEFAULTS),
-                                                "format", curves, full)
+        projection = predict_lib.project_replay(calls, prompts, outputs, warm=[],
+                                                params=dict(predict_lib.REPLAY_DEFAULTS), by="format",
+                                                curves=curves, result=full)
         row["projection_seconds"] = time.perf_counter() - t0
         row["predicted_speedup"] = guess["overall"]["predicted_speedup"]
         row["projected_speedup"] = projection["overall"]

@@ -134,7 +134,8 @@ def test_speedup_on_a_hand_made_call():
     steep = CostCurve("steep", ForwardCost((1, 2), (1.0, 1.5)))
     flat = builtin_curves()["flat"]
     outputs = [arr(7, 8, 9), arr(7, 8, 9, 5)]
-    replayed = replay_sample(outputs, ["a", "a"], [1], [arr(1)], SuffixDrafter, PromptLookupDrafter, [steep, flat])
+    replayed = replay_sample(outputs, ["a", "a"], [1], [arr(1)], SuffixDrafter, make_prompt_lookup=PromptLookupDrafter,
+                             curves=[steep, flat])
     (call,) = replayed
     assert (call.index, call.history_tokens, call.stats.tokens, call.stats.steps) == (1, 3, 4, 3)
     assert call.costs == {"steep": (4.0, 3.5, 4.0), "flat": (4.0, 3.0, 4.0)}
@@ -147,8 +148,8 @@ def test_speedup_on_a_hand_made_call():
     assert prediction.tokens_per_step.value == pytest.approx(4 / 3) and prediction.tokens_per_step.se == 0
     assert prediction.speedup["steep"]["vs_plain"].value == pytest.approx(4 / 3.5)
     # A prefill costing 6 one-token passes is paid by every method: (6 + 4) / (6 + 3.5) on the steep curve.
-    with_prefill = replay_sample(outputs, ["a", "a"], [1], [arr(1)], SuffixDrafter, PromptLookupDrafter, [steep],
-                                 prefill=[6.0])
+    with_prefill = replay_sample(outputs, ["a", "a"], [1], [arr(1)], SuffixDrafter,
+                                 make_prompt_lookup=PromptLookupDrafter, curves=[steep], prefill=[6.0])
     assert with_prefill[0].costs == {"steep": (10.0, 9.5, 10.0)}
     # Without its history the call drafts nothing: 4 steps.
     alone = replay_sample(outputs[1:], ["a"], [0], [arr(1)], SuffixDrafter)
@@ -251,8 +252,8 @@ def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokeniz
     curves = [builtin_curves()["flat"], steep]
     specx = lambda: make_drafter("specx", REPLAY_DEFAULTS)  # noqa: E731
     lookup = lambda: make_drafter("prompt_lookup", REPLAY_DEFAULTS)  # noqa: E731
-    sampled = replay_sample(outputs, ["g"] * len(calls), positions, [prompts[i] for i in positions], specx, lookup,
-                            curves)
+    sampled = replay_sample(outputs, ["g"] * len(calls), positions, [prompts[i] for i in positions], specx,
+                            make_prompt_lookup=lookup, curves=curves)
     for call in sampled:
         want = full.groups[str(call.index)]
         got = call.stats
@@ -261,8 +262,9 @@ def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokeniz
         assert call.history_tokens == sum(len(o) for o in outputs[: call.index])
     # The projection over every call (as `specx replay` computes it) gives the sampled calls the
     # same costs: drafts cut on the steep curve depend on nothing but the call and its history.
-    everything = replay_sample(outputs, ["g"] * len(calls), list(range(len(calls))), prompts, specx, lookup, curves,
-                               unsized=False, specx_steps=[s for _, s in full.curve])
+    everything = replay_sample(outputs, ["g"] * len(calls), list(range(len(calls))), prompts, specx,
+                               make_prompt_lookup=lookup, curves=curves, unsized=False,
+                               specx_steps=[s for _, s in full.curve])
     by_index = {c.index: c for c in everything}
     for call in sampled:
         assert by_index[call.index].costs == call.costs

@@ -227,8 +227,8 @@ class Api:
                         choices.append(choice)
                     case Done(stats):
                         index_tokens = int(self.worker.stack.global_index.num_tokens)
-                        return JSONResponse(completion_json(job.request, created, choices, stats, index_tokens,
-                                                            self._token_text))
+                        return JSONResponse(completion_json(job.request, created, choices, stats,
+                                                            index_tokens=index_tokens, decode=self._token_text))
                     case Failed() as failed:
                         return ApiError.from_failure(failed).response()
                     case Cancelled():

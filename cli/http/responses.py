@@ -28,7 +28,7 @@ def usage_json(stats: Stats) -> dict[str, Any]:
                                           "rejected_prediction_tokens": rejected}}
 
 
-def completion_json(req: GenerationRequest, created: int, choices: list[Choice], stats: Stats,
+def completion_json(req: GenerationRequest, created: int, choices: list[Choice], stats: Stats, *,
                     index_tokens: int, decode: Decode) -> dict[str, Any]:
     """The non-streaming body; `specx` (not part of OpenAI's API) holds the speculation figures."""
     def logprobs(c: Choice) -> dict[str, Any] | None:
@@ -66,7 +66,7 @@ def sse(data: Any) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
-def delta(req: GenerationRequest, index: int, text: str | None, finish_reason: str | None, role: bool = False,
+def delta(req: GenerationRequest, index: int, text: str | None, finish_reason: str | None, *, role: bool = False,
           logprobs: dict[str, Any] | None = None, calls: dict[str, Any] | None = None) -> dict[str, Any]:
     """One choice's part of a stream chunk (`logprobs`: logprobs_json of the tokens it carries;
     `calls`: a HeldText tool_calls delta)."""

@@ -262,7 +262,7 @@ class EngineDrafter:
                 lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=False),
                 session_prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}/", after_rowid=after_rowid,
                 on_rows=self._incoming.extend, sync_s=sync_s, max_depth=MAX_DEPTH)
-        self.cache = SuffixCache(index, max_tree_depth, max_cached_requests,
+        self.cache = SuffixCache(index, max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests,
                                  on_finish=self._on_finish if self.writer is not None else None, linger_s=linger_s)
         warm_up(SuffixCache)  # compile (or load) the drafting kernels now, not in the first requests
         self.path = path

@@ -114,7 +114,7 @@ class SuffixDrafter:
         if not self.use_global:
             return best
         if not self.merge_indexes:
-            better = self.global_index.speculate(ctx, *args, (best.score, best.match_len), checked=True)
+            better = self.global_index.speculate(ctx, *args, floor=(best.score, best.match_len), checked=True)
             return better.tagged(GLOBAL) if better is not None else best
         other = (self.global_index.speculate(ctx, *args, checked=True) or Draft()).tagged(GLOBAL)
         return best.union(other, self.max_spec_tokens)

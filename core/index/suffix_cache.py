@@ -86,7 +86,7 @@ class SuffixCache:
     its own byte budget instead (`SuffixIndex(budget_bytes=...)`), not by a request count.
     """
 
-    def __init__(self, global_index: SuffixIndex | None = None, max_tree_depth: int = 64,
+    def __init__(self, global_index: SuffixIndex | None = None, *, max_tree_depth: int = 64,
                  max_cached_requests: int = -1, on_finish: OnFinish | None = None, linger_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.global_index = global_index if global_index is not None else SuffixIndex(64)

@@ -228,18 +228,19 @@ class SuffixIndex:
         return dict(zip(tok.tolist(), cnt.tolist()))
 
     def speculate(self, context: Sequence[int], max_spec_tokens: int = 32, max_spec_factor: float = 1.0,
-                  min_token_prob: float = 0.1, tree: bool = True,
+                  min_token_prob: float = 0.1, tree: bool = True, *,
                   floor: tuple[float, int] = (0.0, 0), checked: bool = False) -> Draft | None:
         """Best draft for `context` from this index alone, or None if none beats `floor` (score, match_len).
         `checked`: `context` came from check_tokens and the other arguments passed check_speculate_args."""
         if checked:
-            return self._speculate(context, max_spec_tokens, max_spec_factor, min_token_prob, tree, floor)  # type: ignore[arg-type]
+            return self._speculate(context, max_spec_tokens, max_spec_factor, min_token_prob, tree,  # type: ignore[arg-type]
+                                   floor=floor)
         ctx = check_tokens(context, self.vocab_size, "context")
         check_speculate_args(ctx, max_spec_tokens, max_spec_factor, min_token_prob, self.max_depth)
-        return self._speculate(ctx, max_spec_tokens, max_spec_factor, min_token_prob, tree, floor)
+        return self._speculate(ctx, max_spec_tokens, max_spec_factor, min_token_prob, tree, floor=floor)
 
     def _speculate(self, ctx: np.ndarray, max_spec_tokens: int, max_spec_factor: float, min_token_prob: float,
-                   tree: bool, floor: tuple[float, int]) -> Draft | None:
+                   tree: bool, *, floor: tuple[float, int]) -> Draft | None:
         # Arguments already checked (the drafter's hot path).
         if len(self._out_tok) < max_spec_tokens:
             self._out_tok = np.empty(max_spec_tokens, dtype=np.int32)

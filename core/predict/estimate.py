@@ -174,7 +174,7 @@ class SampledCall:
 
 
 def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: Sequence[int],
-                  prompts: Sequence[np.ndarray], make_specx: Callable[[], Any],
+                  prompts: Sequence[np.ndarray], make_specx: Callable[[], Any], *,
                   make_prompt_lookup: Callable[[], Any] | None = None, curves: Sequence[CostCurve] = (),
                   warm: Sequence[np.ndarray] = (), unsized: bool = True,
                   specx_steps: Sequence[int] | None = None, lookup_steps: Sequence[int] | None = None,

@@ -55,7 +55,7 @@ class _Timed:
         self.seconds += time.perf_counter() - t0
 
 
-def replay_call(drafter: Drafter, prompt: np.ndarray, output: np.ndarray, learn: bool = True,
+def replay_call(drafter: Drafter, prompt: np.ndarray, output: np.ndarray, *, learn: bool = True,
                 trace: list[tuple[int, int]] | None = None, cost: ForwardCost | None = None, size: bool = True,
                 acceptance: AcceptanceModel | None = None) -> DecodeStats:
     """Replay one recorded output through `drafter` (core.decode.loop.decode with a RecordedVerifier);

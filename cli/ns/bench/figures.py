@@ -62,13 +62,14 @@ def bench_corpus(name: str, docs: list[np.ndarray], *, num_positions: int = 2000
     on_step(f"{name}: specx build")
     result = {"corpus": name, "documents": len(train), "held_out_documents": len(test),
               "positions": len(positions), "specx": _bench_specx(train, test, contexts, continuations,
-                                                                max_depth, max_spec_tokens)}
+                                                                max_depth=max_depth, max_spec_tokens=max_spec_tokens)}
     result["reference"] = None
     if with_reference and reference_available():
         on_step(f"{name}: reference build")
         # The reference matches at most len(context) - 1 tokens: give it one more token of context.
         ref_contexts = [np.ascontiguousarray(test[k][max(0, pos - max_depth - 1) : pos]) for k, pos in positions]
-        result["reference"] = reference_figures(train, test, ref_contexts, continuations, max_depth, max_spec_tokens)
+        result["reference"] = reference_figures(train, test, ref_contexts, continuations, max_depth=max_depth,
+                                                max_spec_tokens=max_spec_tokens)
     return result
 
 
@@ -83,7 +84,7 @@ def _warm_up(max_depth: int) -> None:
     SuffixIndex.from_bytes(index.to_bytes()).count([1])
 
 
-def _bench_specx(train, test, contexts, continuations, max_depth, max_spec_tokens) -> dict[str, Any]:
+def _bench_specx(train, test, contexts, continuations, *, max_depth, max_spec_tokens) -> dict[str, Any]:
     num_tokens = int(sum(len(d) for d in train))
     _warm_up(max_depth)
     build_s = _median_of(3, lambda: SuffixIndex.build(train, max_depth=max_depth))
@@ -239,7 +240,7 @@ def bench_ingest(root: Path, workdir: Path, tokenizer: Any, on_step: Callable[[s
 
 
 def reference_figures(train: list[np.ndarray], test: list[np.ndarray], contexts: list[np.ndarray],
-                      continuations: list[list[int]], max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
+                      continuations: list[list[int]], *, max_depth: int, max_spec_tokens: int) -> dict[str, Any]:
     """The same figures as specx's, where the reference has them (it cannot save or load),
     measured and summarised by the benchmark's own code, as specx's are."""
     c = reference_module()
