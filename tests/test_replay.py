@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import AGENT_DATA
+from conftest import AGENT_DATA, specx_in_process
 from specx.core.cost.forward import ForwardCost
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.decode.verifiers.recorded import ReplayMismatch
@@ -138,9 +138,10 @@ def run(*args):
 
 
 def test_replay_and_entropy_commands(tmp_path, tokenizer):  # noqa: F811
+    """replay and entropy as real processes (JSON alone on stdout, exit statuses); the other calls in-process."""
     tokenizer.get()
     db = str(tmp_path / "cli.db")
-    assert run("ingest", str(good_logs(tmp_path)), "--db", db).returncode == 0
+    assert specx_in_process("ingest", str(good_logs(tmp_path)), "--db", db).returncode == 0
     plot = tmp_path / "curve.png"
     res = run("replay", "--db", db, "--json", "--plot", str(plot), "--by", "format")
     assert res.returncode == 0, res.stderr
@@ -153,9 +154,9 @@ def test_replay_and_entropy_commands(tmp_path, tokenizer):  # noqa: F811
     assert all(set(b) == keys for b in data["baselines"].values())
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sum(g["calls"] for g in data["groups"]) == data["overall"]["calls"]
-    res = run("replay", "--db", db, "--format", "swe-agent", "--limit", "1", "--no-baselines", "--json")
+    res = specx_in_process("replay", "--db", db, "--format", "swe-agent", "--limit", "1", "--no-baselines", "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["overall"]["calls"] == 1
-    res = run("replay", "--db", db, "--format", "nonexistent")
+    res = specx_in_process("replay", "--db", db, "--format", "nonexistent")
     assert res.returncode == 2 and "no stored call" in res.stderr
     res = run("entropy", "--db", db, "--by", "agent", "--json")
     assert res.returncode == 0, res.stderr
@@ -168,9 +169,9 @@ def test_replay_and_entropy_commands(tmp_path, tokenizer):  # noqa: F811
 def test_replay_with_the_model_is_lossless_and_learns(tmp_path, tokenizer):  # noqa: F811
     tokenizer.get()
     db = str(tmp_path / "model.db")
-    assert run("ingest", str(good_logs(tmp_path)), "--db", db).returncode == 0
-    res = run("replay", "--db", db, "--model", "smollm2-135m", "--limit", "4", "--max-tokens", "12",
-              "--prompt-window", "256", "--json")
+    assert specx_in_process("ingest", str(good_logs(tmp_path)), "--db", db).returncode == 0
+    res = specx_in_process("replay", "--db", db, "--model", "smollm2-135m", "--limit", "4", "--max-tokens", "12",
+                           "--prompt-window", "256", "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(res.stdout)
     methods = data["methods"]
@@ -182,7 +183,7 @@ def test_replay_with_the_model_is_lossless_and_learns(tmp_path, tokenizer):  # n
     assert methods["specx"]["steps"] <= methods["specx"]["tokens"]
     assert methods["specx"]["speedup_vs_plain"] == pytest.approx(
         methods["specx"]["tokens_per_s"] / methods["plain"]["tokens_per_s"])
-    res = run("replay", "--db", db, "--model", "smollm2-135m", "--plot", str(tmp_path / "x.png"))
+    res = specx_in_process("replay", "--db", db, "--model", "smollm2-135m", "--plot", str(tmp_path / "x.png"))
     assert res.returncode == 2 and "--plot" in res.stderr
 
 
