@@ -3,13 +3,11 @@ on a real store, and the commands' prediction, projection and bad input."""
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import AGENT_DATA
+from conftest import AGENT_DATA, specx_in_process
 from specx.core.cost.forward import ForwardCost
 from specx.core.cost.shipped import FOLDER
 from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
@@ -305,7 +303,7 @@ def test_prompts_tokenized_in_a_thread_from_a_snapshot_equal_prompt_tokens(tmp_p
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "specx", *args], capture_output=True, text=True, timeout=600)
+    return specx_in_process(*args)  # test_replay.py runs these commands as real processes
 
 
 @pytest.fixture(scope="module")
