@@ -29,7 +29,8 @@ def check_against_brute(index: SuffixIndex, pats: list[list[int]]) -> None:
 
 
 def test_textbook_example():
-    # DESIGN.md / module docstring: [1,2,3,1,2,4], pattern [1,2] -> children {3: 1, 4: 1}.
+    # docs/design.md, "Drafting" and core/index/suffix_array.py's docstring: [1,2,3,1,2,4], pattern [1,2] ->
+    # children {3: 1, 4: 1}.
     text = np.array([1, 2, 3, 1, 2, 4, SEP], dtype=np.int32)
     assert build_suffix_array(text).tolist() == [0, 3, 1, 4, 2, 5]
     index = SuffixIndex.build([[1, 2, 3, 1, 2, 4]])

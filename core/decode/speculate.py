@@ -6,8 +6,8 @@ all match lengths; a tie goes to the longer match) and, by default, verifies the
 better tree first, then the other's nodes while max_spec_tokens allows. The union accepts at
 least as much as either tree, and on agent logs it adds about 0.1-0.15 tokens per step for under
 one more draft token (see the README); `merge_indexes=False` keeps only the better tree (a tie
-goes to the request index), as in DESIGN.md section 1. When a request finishes, its output
-enters the global index (online learning).
+goes to the request index), the original method's rule (docs/design.md, "The method"). When a
+request finishes, its output enters the global index (online learning).
 
 >>> from specx.core.index.suffix_index import SuffixIndex
 >>> drafter = SuffixDrafter(SuffixIndex.build([[5, 6, 7, 8]]))
@@ -46,7 +46,7 @@ class Drafter(Protocol):
 
 
 class SuffixDrafter:
-    """SuffixDecoding over a global and a per-request suffix index (DESIGN.md section 1)."""
+    """SuffixDecoding over a global and a per-request suffix index (docs/design.md, "The method")."""
 
     def __init__(self, global_index: SuffixIndex | None = None, *, max_depth: int = 64, max_spec_tokens: int = 32,
                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1, tree: bool = True,

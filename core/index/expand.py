@@ -6,7 +6,7 @@ that every count is exact over the whole index:
 - live sequences: regions of one token arena plus their prefix arrays (a parallel arena); a node
   is a list of occurrence starts.
 
-Notation (DESIGN.md section 1): COUNT(N) = occurrences of N's string; C(N) = COUNT(N) /
+Notation (docs/design.md, "The method"): COUNT(N) = occurrences of N's string; C(N) = COUNT(N) /
 COUNT(parent); D(N) = product of C from the matched node N_p down to N; SCORE = sum of D.
 Children of a node are pushed in order of count (descending), then token id, each with a
 sequence number, and the heap pops the highest D first and the lowest sequence number among equal
@@ -87,6 +87,7 @@ def _heap_pop(hd, hs, hn, size):
 
 
 WS_CAP = 64  # draft nodes the workspaces hold before they grow
+SPEC_SLACK = 1e-6  # MAX_SPEC(p) = floor(alpha * p): the slack keeps 0.29 * 100 = 28.999... from flooring to 28
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -291,7 +292,7 @@ def speculate_index(text, sa, seg_lo, seg_hi, seg_bucket, seg_vocab, buckets, li
     improved = False
     longer_count = -1  # COUNT(N_{p+1}) when p+1 was considered
     for p in range(max(live_pmax, fwd_pmax), 0, -1):
-        max_spec = min(max_spec_tokens, int(p * alpha + 1e-6))
+        max_spec = min(max_spec_tokens, int(p * alpha + SPEC_SLACK))
         if max_spec < 0:
             max_spec = 0
         if best_score > max_spec or (best_score == max_spec and best_len >= p):

@@ -1,6 +1,6 @@
 """The suffix index: many token sequences, exact pattern counts, drafts in microseconds.
 
-An enhanced suffix array instead of a pointer tree (DESIGN.md section 3): sealed (finished)
+An enhanced suffix array instead of a pointer tree (docs/design.md, "The index"): sealed (finished)
 sequences in one text and one suffix array of sorted segments that merge like a binary counter
 (core/index/sealed.py); live sequences (the request index: prompt plus output so far) in a prefix array
 that takes one token in O(log n) (core/index/live.py). Everything is flat arrays: `to_bytes` writes

@@ -1,6 +1,6 @@
 """Empirical entropy of a workload: how predictable is the next token from the text before it?
 
-SuffixDecoding (DESIGN.md section 1) drafts the continuation of a context from what followed the
+SuffixDecoding (docs/design.md, "The method") drafts the continuation of a context from what followed the
 same context in earlier outputs. If what follows a context is nearly always the same token, drafts
 are long and accepted; if it is spread over many tokens, drafting is guesswork. The empirical
 entropy measures that spread on a sample of outputs before any GPU time is spent.

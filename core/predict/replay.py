@@ -1,4 +1,4 @@
-"""Model-free replay: the simulated verifier of DESIGN.md section 1 (core.decode.verifiers.recorded).
+"""Model-free replay: the simulated verifier of docs/design.md, "The method" (core.decode.verifiers.recorded).
 
 Replay a recorded output as if the model were producing it: at each step draft from the indexes,
 accept the longest draft path equal to the recorded continuation, add one bonus token (what the
