@@ -50,6 +50,18 @@ def builtin_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """`specx serve --api-key` on the built-in model, one process for the session: the requests of
+    test_serve.py and test_serve_agents.py share it (servers started with other options, or for one
+    test, are test_serve_lifecycle.py's)."""
+    from test_serve import KEY, Server
+
+    srv = Server(str(specx_test_home(tmp_path_factory)), tmp_path_factory.mktemp("serve") / "served.db", "--api-key", KEY)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
 def builtin_vocabulary(builtin_tokenizer):
     """The built-in tokenizer as llguidance reads it (core.decode.grammar.Vocabulary)."""
     from specx.core.decode.grammar import Vocabulary

@@ -1,4 +1,5 @@
-"""`specx serve` as agents use it: a real server on a free loopback port, the official openai client.
+"""`specx serve` as agents use it: a real server on a free loopback port (conftest's `server`, shared
+with test_serve_agents.py), the official openai client.
 
 Request validation has its own fast tests (test_http_requests.py); servers started for one test
 each (restart, start options, SIGTERM, loading) are test_serve_lifecycle.py's, agents' features
@@ -21,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from conftest import specx_in_process
 
 MODEL = "smollm2-135m"
 KEY = "test-key"
@@ -103,13 +106,6 @@ def post(url: str, data: bytes, key: str | None = KEY) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("serve") / "served.db", "--api-key", KEY)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def busy_server(tmp_path_factory):
     """One request decoded at a time, one waiting, plain decoding (slow steps: easy to be busy)."""
     srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("busy") / "busy.db", "--max-queue", "1",
@@ -132,9 +128,8 @@ def test_text_identical_to_specx_generate(server, tmp_path):
     for extra, answer, usage in [([], chat.choices[0].message.content, chat.usage),
                                  (["--raw"], raw.choices[0].text, raw.usage)]:
         # --fixed-size: no cost calibration (the text is the same either way; lossless)
-        run = subprocess.run([sys.executable, "-m", "specx", "generate", prompt, "--max-tokens", "24", "--json",
-                              "--fixed-size", "--db", str(tmp_path / "none.db"), *extra], capture_output=True,
-                             text=True, timeout=600)
+        run = specx_in_process("generate", prompt, "--max-tokens", "24", "--json", "--fixed-size", "--db",
+                               str(tmp_path / "none.db"), *extra)
         assert run.returncode == 0, run.stderr[-2000:]
         reference = json.loads(run.stdout)
         assert answer == reference["text"]

@@ -1,11 +1,12 @@
 """`specx serve` for agents, with real clients on loopback: structured output (response_format),
-logprobs, tool calls. The server is test_serve.Server (`python -m specx serve`, the built-in model)."""
+logprobs, tool calls. The server is conftest's `server` (`python -m specx serve`, the built-in model),
+shared with test_serve.py."""
 
 import json
 
 import pytest
 
-from conftest import specx_test_home
+from conftest import specx_in_process, specx_test_home
 from test_serve import KEY, MODEL, Server
 
 pytestmark = pytest.mark.slow
@@ -16,21 +17,12 @@ SQL_SYSTEM = ("Tables: singer(singer_id, name, country, age), concert(concert_id
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(str(specx_test_home(tmp_path_factory)), tmp_path_factory.mktemp("agents") / "served.db",
-                 "--api-key", KEY)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(builtin_model):
     """Constrained plain greedy decoding with the same model, in this process: what the server must write."""
     from specx.core.decode.generate import greedy_decode
     from specx.core.decode.grammar import Vocabulary
-    from specx.core.model.load import load_model
 
-    model, tokenizer = load_model(MODEL, specx_test_home(tmp_path_factory) / "models", device="cpu")
+    model, tokenizer = builtin_model
     vocabulary = Vocabulary(tokenizer, model.config.vocab_size, tokenizer.eos_token_id)
 
     def decode(prompt_ids, grammar, max_tokens):
@@ -289,12 +281,8 @@ def windowed_model(tmp_path_factory):
 
 
 def test_a_sliding_window_model_verifies_linear_drafts_decided_at_load(windowed_model, tmp_path, tmp_path_factory):
-    import subprocess
-    import sys
-
-    run = subprocess.run([sys.executable, "-m", "specx", "generate", "Count to ten.", "--model", str(windowed_model),
-                          "--max-tokens", "12", "--json", "--compare", "--db", str(tmp_path / "none.db")],
-                         capture_output=True, text=True, timeout=600)
+    run = specx_in_process("generate", "Count to ten.", "--model", str(windowed_model), "--max-tokens", "12", "--json",
+                           "--compare", "--db", str(tmp_path / "none.db"))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)
     assert "linear drafts (each tree's best path)" in run.stderr and result["tokens"] == 12 and result["identical"]
