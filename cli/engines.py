@@ -1,4 +1,4 @@
-"""`specx engines` and `--backend auto`: which engine runs the model, proven and measured here.
+"""`--backend auto` and what `specx engines` keeps: which engine runs the model, proven and measured here.
 
 Two things are kept per machine in $SPECX_HOME/engines (JSON, one file each):
 

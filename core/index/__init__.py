@@ -3,8 +3,9 @@
 Owns: suffix arrays and their compiled search (`suffix_array`), finished sequences in segments
 (`sealed`), the request's own growing sequence (`live`), a node's children and the best-first
 draft tree (`children`, `expand`), the index itself and its file format (`suffix_index`,
-`index_format`), token-id checks (`tokens`), and what a serving engine drives for many requests at
-once (`suffix_cache`, `engine_step`).
+`index_format`), token-id checks (`tokens`), what a serving engine drives for many requests at
+once (`suffix_cache`, `engine_step`), and the successor table, each token's likely next tokens as
+the model predicted them (`successors`).
 
 May import: numpy, numba (through core.numba_cache), core.draft. Nothing about models.
 """

@@ -6,7 +6,8 @@ outside this tower asks which engine it has); loading models and tokenizers, the
 included (`load`); transformers as an engine (`hf_engine`, its tree passes in `tree`) on the CPU
 with specx's small-batch kernels (`kernels`, `matmul`, `attention`), the KV cache and the prefix
 cache of recent prompts (`kv_cache`, `prefix_cache`); each pass's thread count (`threads`); GGUF
-models on llama.cpp as an engine (`llamacpp`).
+models on llama.cpp as an engine (`llamacpp`), the machine's instruction sets and llama.cpp's build
+flags (`cpu`), and an engine proven in a child process before it runs in this one (`probe`).
 
 May import: torch, transformers, llama-cpp-python (when installed), numba (through
 core.numba_cache). Not the index, decoding or anything above.
