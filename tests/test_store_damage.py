@@ -1,7 +1,8 @@
 """Damage and hostility a probe found past SQLite's own checks (issue 31): a compressed block
 damaged inside, a block that would expand to gigabytes, JSON nested thousands deep, a lone
 surrogate escape, a record too large to tokenize, two ingests creating one store at once. Each
-runs the command line as a user would (a real subprocess) and checks what is stored."""
+runs the command line's entry point (test_store_hostile.specx: in this process, or a real process
+for the deep JSON and the lone surrogate, and the two ingests at once) and checks what is stored."""
 
 import json
 import sqlite3
@@ -83,7 +84,7 @@ def test_deep_json_a_lone_surrogate_and_a_huge_output_are_named_and_the_rest_sto
     (logs / "d.jsonl").write_text(json.dumps({"prompt": "s", "completion": "x" * (MAX_OUTPUT_CHARS + 1)}) + "\n"
                                   + json.dumps({"prompt": "s", "completion": "SELECT 2;"}) + "\n")
     write_pairs(logs / "e.jsonl", tag="e")
-    res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json")
+    res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", real=True)  # its own stack and stdout
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     report = json.loads(res.stdout)
     errors = {(Path(e["path"]).name, e.get("line")): e["message"] for e in report["errors"]}

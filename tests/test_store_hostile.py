@@ -1,6 +1,8 @@
 """Ingest and the store under hostile conditions (issue 20): link loops, unreadable files, stores
 from a newer specx or with damaged pages, nothing to read, the multi-submission SWE-agent layout,
-calls read twice. Each runs the command line as a user would: a real subprocess."""
+calls read twice. Each runs the command line's entry point and checks its exit status and output:
+in this process, or as a real process where the process matters (a user without root's file
+access, a link loop bounded by a timeout)."""
 
 import hashlib
 import json
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import specx_in_process
 from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.store.db import Store
 from specx.store.ingest import Tokenizer, ingest
@@ -31,7 +34,11 @@ def tokenizer(tmp_path_factory):
     return tok
 
 
-def specx(*args: str, prefix: list[str] = (), timeout: float = 300) -> subprocess.CompletedProcess:
+def specx(*args: str, real: bool = False, prefix: list[str] = (), timeout: float = 300) -> subprocess.CompletedProcess:
+    """`specx ARGS` in this process (conftest.specx_in_process: the same entry point, exit status and
+    output), or with `real` as a process of its own (after a `prefix` command, e.g. setpriv)."""
+    if not real:
+        return specx_in_process(*args)
     return subprocess.run([*prefix, sys.executable, "-m", "specx", *args], capture_output=True, text=True,
                           timeout=timeout)
 
@@ -75,7 +82,7 @@ def test_link_loops_end_and_each_file_is_read_once(tmp_path, tokenizer):
     (logs / "b").symlink_to(".")
     (logs / "sub").mkdir()
     (logs / "sub" / "up").symlink_to("..")
-    res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", timeout=60)
+    res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", real=True, timeout=60)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert (data["files"], data["calls"], data["new_calls"]) == (1, 6, 6)
@@ -91,7 +98,7 @@ def test_unreadable_file_and_folder_are_errors_and_the_rest_is_read(tmp_path, to
     secret.chmod(0)
     locked.chmod(0)
     try:
-        res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", prefix=UNPRIVILEGED)
+        res = specx("ingest", str(logs), "--db", str(tmp_path / "s.db"), "--json", real=True, prefix=UNPRIVILEGED)
     finally:
         locked.chmod(0o755)
         secret.chmod(0o644)
