@@ -32,6 +32,8 @@ REPLAY_DEFAULTS = {"max_spec_tokens": 32, "max_spec_factor": 1.0, "min_token_pro
                    "tree": True, "merge": True, "prompt_window": 4096}
 DEFAULT_SAMPLE_CALLS = 200
 SAMPLINGS = {"weighted": 0.5, "calls": 0.0}  # --sampling: a call's chance ~ tokens ** power
+CURVE_POINTS = 10  # a learning curve's window: a tenth of the sampled calls...
+CURVE_WINDOW_MIN = 5  # ...and at least this many
 
 
 def fail(message: str) -> typer.Exit:
@@ -100,6 +102,7 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
         sizes[key] = sizes.get(key, 0) + 1
     names = [c.name for c in curves]
     overall, by_group = predict_groups(samples, replayed, sizes, names)
+    window = max(CURVE_WINDOW_MIN, len(positions) // CURVE_POINTS)
     return {"overall": overall.to_json(), "groups": {k: p.to_json() for k, p in by_group.items()},
             "sample": {"calls": len(positions), "draws": sum(len(p.hits) for p in samples.values()),
                        "sampling": sampling, "seed": seed, "by": by,
@@ -107,9 +110,9 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
                        "seconds": time.perf_counter() - started,
                        "interval": "value +- 1.96 standard errors of the (combined) ratio estimator",
                        "params": params, "curves": curves_json(curves)},
-            "learning_curve": learning_curve(replayed, samples, window=max(5, len(positions) // 10)),
-            "group_curves": {key: learning_curve([c for c in replayed if c.group == key], samples,
-                                                 window=max(5, len(positions) // 10)) for key in sizes}}
+            "learning_curve": learning_curve(replayed, samples, window=window),
+            "group_curves": {key: learning_curve([c for c in replayed if c.group == key], samples, window=window)
+                             for key in sizes}}
 
 
 class Prefetched(Sequence):

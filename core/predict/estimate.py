@@ -50,6 +50,7 @@ from .replay import replay_call
 from .sampling import RatioEstimate, Sample, combined_ratio, ratio_estimate
 
 FLAT_UPTO = 64  # the shipped flat curve: 1.0 for every k up to this
+UNSAID_DRAFT = 32  # a drafter's largest draft when it does not say (SuffixDrafter's max_spec_tokens default)
 
 
 class PredictError(ValueError):
@@ -199,9 +200,9 @@ def replay_sample(outputs: Sequence[np.ndarray], groups: Sequence[str], sample: 
         raise PredictError("the sample must be distinct positions of the calls, in order")
     specx = make_specx()
     lookup = make_prompt_lookup() if make_prompt_lookup is not None else None
-    longest = 1 + int(getattr(specx, "max_spec_tokens", 32))
+    longest = 1 + int(getattr(specx, "max_spec_tokens", UNSAID_DRAFT))
     if lookup is not None:
-        longest = max(longest, 1 + int(getattr(lookup, "max_spec_tokens", 32)))
+        longest = max(longest, 1 + int(getattr(lookup, "max_spec_tokens", UNSAID_DRAFT)))
     flat = {c.name: c.flat(longest) for c in curves}
     any_flat = any(flat.values())
     index = specx.global_index
