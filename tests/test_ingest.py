@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import brute
-from conftest import AGENT_DATA
+from conftest import AGENT_DATA, specx_in_process
 from specx.core.index.suffix_index import SuffixIndex
 from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.store.db import Store
@@ -274,10 +274,9 @@ def test_ingest_all_public_agent_logs(tmp_path, tokenizer):
 def test_bench_ingest_command(tmp_path, tokenizer):
     tokenizer.get()
     root = good_logs(tmp_path)
-    proc = run_cli("bench", "ingest", str(root), "--json")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    data = json.loads(out)
+    res = specx_in_process("bench", "ingest", str(root), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
     assert data["calls"] == expected_calls(root) and data["errors"] == 0
     assert data["reingest_new_calls"] == 0
     assert 0 < data["store_bytes"] and data["log_bytes"] > 0

@@ -2,14 +2,13 @@
 llama.cpp's own greedy decoding, and the server and the CLI on it."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup installs it)")
 
+from conftest import specx_in_process  # noqa: E402
 from specx.core.model.llamacpp import LlamaModel, greedy  # noqa: E402
 from specx.core.model.load import builtin_gguf  # noqa: E402
 
@@ -117,9 +116,8 @@ def test_grammar_logprobs_and_sampling_on_llamacpp(llama, prompts, builtin_token
 
 @pytest.mark.slow
 def test_cli_generate_and_serve_on_llamacpp(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "specx", "generate", "List three SQL keywords.", "--backend",
-                          "llama.cpp", "--max-tokens", "24", "--compare", "--repeats", "1", "--json",
-                          "--db", str(tmp_path / "none.db")], capture_output=True, text=True, timeout=600)
+    run = specx_in_process("generate", "List three SQL keywords.", "--backend", "llama.cpp", "--max-tokens", "24",
+                           "--compare", "--repeats", "1", "--json", "--db", str(tmp_path / "none.db"))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)
     assert result["identical"] is True and "backend: llama.cpp" in run.stderr
