@@ -64,7 +64,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="timed requests (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=8, help="requests run first, untimed (the tables learn)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--methods", default="plain,prompt_lookup,specx,specx_table,specx_hybrid")
+    parser.add_argument("--methods", default="plain,prompt_lookup,specx,specx_table,specx_hybrid",
+                        help="of plain, prompt_lookup, specx (suffix only), specx_table, specx_hybrid and "
+                             "specx_hybrid_tau1 (the table's tree joins only below a suffix score of 1)")
     parser.add_argument("--tau", type=float, default=TAU, help="the hybrid's suffix score below which the table joins")
     parser.add_argument("--table-nodes", type=int, default=TABLE_NODES, help="the table's tree before sizing")
     parser.add_argument("--k", type=int, default=TABLE_K, help="successors kept per token")
@@ -85,13 +87,15 @@ def main() -> None:
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     suffix = lambda: SuffixDrafter(max_spec_factor=4.0)  # noqa: E731  (text2sql_bench's specx)
     table = lambda: SuccessorTable(engine.vocab_size, k=args.k)  # noqa: E731
-    tables = {"specx_table": table(), "specx_hybrid": table()}
+    tables = {"specx_table": table(), "specx_hybrid": table(), "specx_hybrid_tau1": table()}
     speculators = {
         "specx": Speculator(suffix()),
         "specx_table": Speculator(HybridDrafter(None, tables["specx_table"], max_nodes=args.table_nodes),
                                   tables["specx_table"]),
         "specx_hybrid": Speculator(HybridDrafter(suffix(), tables["specx_hybrid"], tau=args.tau,
                                                  max_nodes=args.table_nodes), tables["specx_hybrid"]),
+        "specx_hybrid_tau1": Speculator(HybridDrafter(suffix(), tables["specx_hybrid_tau1"], tau=1.0,
+                                                      max_nodes=args.table_nodes), tables["specx_hybrid_tau1"]),
     }
     methods = args.methods.split(",")
     if not engine.prompt_lookup:
@@ -114,7 +118,8 @@ def main() -> None:
         print(json.dumps({"workload": args.workload, "methods": rows, "steady": summed.steady, "busy": summed.busy,
                           "requests": args.requests, "warmup": args.warmup, "max_new_tokens": args.max_new_tokens,
                           "tau": args.tau, "table_nodes": args.table_nodes, "k": args.k, "backend": engine.name,
-                          "dtype": engine.precision, "device": str(getattr(engine, "device", "cpu")),
+                          "dtype": engine.precision,
+                          "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                           "table_tokens": {m: len(t) for m, t in tables.items()}}, indent=2))
         return
     print(f"{'method':<14}{'tokens/s':>10}{'x plain':>9}{'tokens/step':>13}{'x suffix':>10}{'drafted':>9}{'identical':>11}")

@@ -5,7 +5,10 @@ Each step the inner drafter (a SuffixDrafter) proposes its tree. When its score 
 tokens) is below `tau`, and always when it is empty, the successor table's tree after the
 context's last token joins it: one tree holding both (the suffix nodes first, a node both propose
 shared), tagged TABLE, which the decode loop then sizes on the cost curve like any draft, the
-acceptance model having learnt the table's nodes as a source of their own. The table learns from
+acceptance model having learnt the table's nodes as a source of their own. By default tau is
+infinite (the table joins every step and the sizing alone decides what is verified): on an H200,
+text-to-SQL 0-shot, that gave 5.37 tokens per step against 4.59 with tau = 1 and 4.56 for the
+suffix tree alone (docs/design.md, "The successor table"). The table learns from
 every verification pass (the verifier writes each row's top k into it), so it needs no second
 model and no training.
 
@@ -20,13 +23,14 @@ model and no training.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..draft import TABLE, Draft
 from ..index.successors import SuccessorTable
 from .speculate import Drafter
 
-TAU = 1.0  # the suffix tree's score below which the table's tree joins it (docs/design.md, "The successor table")
+TAU = math.inf  # the suffix tree's score below which the table's tree joins it (docs/design.md, "The successor table")
 TABLE_NODES = 24  # the table's tree before sizing: what sizing on a flat curve still keeps (same section)
 DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices
 
