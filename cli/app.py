@@ -19,7 +19,8 @@ from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, existing_store, keep_cost, specx_home, store_path
+from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, keep_cost, specx_home,
+                      store_path)
 from .serve import serve_cmd
 from .trial import engines_cmd
 
@@ -139,6 +140,8 @@ def replay_cmd(
     max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
     dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
     backend: BackendOpt = "auto",
+    drafters: Annotated[str, typer.Option("--drafter", help="With --model: specx's drafter(s), comma-separated: suffix "
+                                          "(specx), table (specx_table), hybrid (specx_hybrid).")] = "suffix",
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="With --model: KV entries of past prompts each "
                                                                  "method may reuse for prompts that start the same "
                                                                  "way (0: prefill every prompt whole).")] = 8192,
@@ -186,11 +189,13 @@ def replay_cmd(
 
     With --model, the stored prompts go through the model instead: plain greedy decoding,
     transformers' prompt lookup and specx take turns call by call, each output of specx entering
-    the global index at once, as when serving. Reported: tokens/s, speedups, and the calls whose
+    the global index at once, as when serving (--drafter: each drafter a method of its own; the
+    table and the hybrid learn the model's successor table from their passes, warm from the store's). Reported: tokens/s, speedups, and the calls whose
     output is identical to plain decoding's.
 
     Example: [bold]specx replay --format swe-agent --plot swe.png[/]
     Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
+    Example: [bold]specx replay --model smollm2-135m --source multi-agent --limit 24 --drafter suffix,hybrid[/]
     """
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.core.predict import methods as replay_lib
@@ -208,10 +213,15 @@ def replay_cmd(
         prompt_window = 4096 if model is None else 1024
     if max_spec_factor is None:
         max_spec_factor = 1.0 if model is None else 4.0
+    if model is None and drafters != "suffix":
+        raise typer.BadParameter("the model-free replay drafts from the suffix index only: the successor table "
+                                 "holds the model's own predictions, which only a replay with --model has",
+                                 param_hint="--drafter")
     if model is not None:
         if plot_file is not None:
             raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
         return _replay_with_model(path, model, dtype=dtype, backend=backend, window=prompt_window,
+                                  drafters=check_drafters(drafters, many=True),
                                   max_tokens=max_tokens, warm=warm, baselines=baselines, json_out=json_out,
                                   selection=dict(formats=fmt, sources=source, models=llm, agents=agent,
                                                  sessions=session, limit=limit),
@@ -284,11 +294,13 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 
 def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, window: int, max_tokens: int, warm: bool,
                        baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
-                       prefix_cache_tokens: int = 0) -> None:
+                       prefix_cache_tokens: int = 0, drafters: list[str]) -> None:
     from specx.core.predict import methods as replay_lib
     from specx.store.db import Store
     from specx.store.prompts import model_prompts
+    from specx.core.index.successors import SuccessorTable
     from specx.store.selection import outside_sessions, select_calls
+    from specx.store.successors import load_table, table_key
 
     from .assemble import assemble
 
@@ -307,6 +319,9 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
                                      param_hint="--format/--source/...")
         warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
             if warm else []
+        kept = load_table(store, table_key(Path(model).name, stack.fingerprint), engine.vocab_size) \
+            if warm and drafters != ["suffix"] else None
+    tables = (lambda: SuccessorTable.from_bytes(kept.to_bytes())) if kept is not None else None  # a warm copy each
     methods = ["plain", "prompt_lookup", "specx"] if baselines and engine.prompt_lookup else ["plain", "specx"]
     if baselines and not engine.prompt_lookup:
         output.note("on llama.cpp the replay compares plain decoding and specx (llama.cpp's own prompt lookup: "
@@ -318,7 +333,8 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
         result = replay_lib.run_model_replay(engine, tok, prompts, warm_tokens,
                                              params=params | {"warm_outputs": len(warm_tokens)}, methods=methods,
                                              max_tokens=max_tokens, cost=cost, on_call=lambda: bar.advance(task),
-                                             prefix_cache_tokens=prefix_cache_tokens)
+                                             prefix_cache_tokens=prefix_cache_tokens, drafters=drafters,
+                                             table=tables)
     keep_cost(cost, output.note)
     result.model, result.backend, result.dtype = model, engine.name, engine.precision
     if result.comparison.busy:

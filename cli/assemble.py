@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .options import model_cost, specx_home
+from .options import DRAFTERS, model_cost, specx_home
 
 if TYPE_CHECKING:
     from specx.core.decode.stack import Stack
@@ -40,7 +40,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
 
     Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
     step as it begins (the server's /health shows it)."""
-    from specx.core.decode.hybrid import DRAFTERS, HybridDrafter
+    from specx.core.decode.hybrid import HybridDrafter
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.stack import Stack
     from specx.core.index.successors import SuccessorTable
@@ -97,3 +97,18 @@ def _kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], No
     except StoreError as exc:
         say(f"warning: {exc}; starting a new successor table")
         return None
+
+
+def keep_successors(stack: Stack, db: Path | None, say: Callable[[str], None]) -> None:
+    """Keep the stack's successor table (if it has one) in the store at `db` (if there is one), so
+    the next run starts warm; a failure is said, not raised (the answer is out already)."""
+    if stack.successors is None or stack.successors_key is None or db is None or not db.exists():
+        return
+    from specx.store.db import Store, StoreError
+    from specx.store.successors import save_table
+
+    try:
+        with Store(db) as store:
+            save_table(store, stack.successors_key, stack.successors)
+    except (StoreError, OSError) as exc:
+        say(f"warning: could not keep the successor table in {db}: {exc}")

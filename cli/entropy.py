@@ -119,8 +119,8 @@ def entropy_cmd(
         predict_lib.plot(prediction, by, plot_file)
         output.note(f"plot: {plot_file}")
     if json_out:
-        extra = {"prediction": prediction["sample"] | {"learning_curve": prediction["learning_curve"]}} \
-            if prediction else {}
+        extra = {"prediction": prediction["sample"] | {"learning_curve": prediction["learning_curve"],
+                                                       "not_covered": NOT_COVERED}} if prediction else {}
         output.print_json({"by": by, "max_depth": max_depth, "sample": sample, "groups": rows, "overall": overall}
                           | extra)
         return
@@ -134,9 +134,16 @@ def entropy_cmd(
             line += [r["sample_calls"], r["predicted_tokens_per_step"], _interval(r)]
             line += [predict_lib.speedups_cell(r["predicted_speedup"][c.name]) for c in curves]
         caption += ("; tokens/step: predicted `specx replay` figure (higher is better), 95% interval; x: predicted"
-                    " speedup on that cost curve (higher is better)")
+                    " speedup on that cost curve (higher is better); not covered: " + NOT_COVERED)
     output.print_table(f"empirical entropy by {by} (bits; contexts of 1-{max_depth} tokens)", [by] + columns, table,
                        caption=caption)
+
+
+# What the prediction cannot see: it replays the logs' outputs through the suffix drafter, and no log
+# holds the model's own next-token distribution that --drafter table|hybrid drafts from.
+NOT_COVERED = ("the successor table of --drafter table and hybrid (the model's own predictions, which no log "
+               "holds): the figures are the suffix drafter's; the hybrid adds to them where the model repeats "
+               "itself (docs/design.md, \"The successor table\")")
 
 
 def _interval(row: dict) -> str:

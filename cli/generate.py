@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from . import output
-from .options import BackendOpt, DbOpt, JsonOpt, keep_cost, store_path
+from .options import DEFAULT_DRAFTER, BackendOpt, DbOpt, DrafterOpt, JsonOpt, check_drafters, keep_cost, store_path
 
 
 def generate_cmd(
@@ -46,6 +46,7 @@ def generate_cmd(
                                              "draft where expected tokens per second is best (default), or verify "
                                              "whole drafts.")] = True,
     verbose: Annotated[bool, typer.Option(help="Show the forward-pass cost curve learned so far.")] = False,
+    drafter_name: DrafterOpt = DEFAULT_DRAFTER,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text with the model, drafting from the suffix index (lossless speculative decoding).
@@ -56,6 +57,7 @@ def generate_cmd(
 
     Example: [bold]specx generate "List the tables of a SQL database about singers." --compare[/]
     Example: [bold]specx generate "SELECT name FROM" --raw --stop ";" --max-tokens 32[/]
+    Example: [bold]specx generate "Why is the sky blue?" --drafter hybrid --compare[/]
     Example: [bold]specx generate "A cat as JSON." --json-schema '{"type": "object", "properties": {"name": {"type": "string"}}}'[/]
     """
     import statistics
@@ -64,18 +66,20 @@ def generate_cmd(
     from specx.core.decode.generate import generate
     from specx.core.decode.grammar import GrammarError, Vocabulary
     from specx.core.decode.loop import collect
+    from specx.core.decode.hybrid import HybridDrafter
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.text import TextStream
     from specx.core.model.load import chat_tokens
     from specx.core.predict.compare import busy_note, steady
 
-    from .assemble import assemble
+    from .assemble import assemble, keep_successors
 
+    check_drafters(drafter_name)
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     # drafting from an empty index needs no store: none is created
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, chat_template=chat_template,
                      check_template=not raw, db=store_path(db), cost_aware=cost_aware, max_spec_tokens=max_spec_tokens,
-                     max_spec_factor=max_spec_factor)
+                     max_spec_factor=max_spec_factor, drafter=drafter_name)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
     if raw:
         prompt_ids = tok.encode(prompt, add_special_tokens=False)
@@ -93,12 +97,13 @@ def generate_cmd(
         except GrammarError as exc:
             raise typer.BadParameter(str(exc), param_hint="--json-schema") from None
 
-    def run(drafter: SuffixDrafter | None, stream: bool) -> dict:
+    def run(drafter: SuffixDrafter | HybridDrafter | None, stream: bool) -> dict:
         text = TextStream(tok, stop=stop)
         t0 = time.perf_counter()
         constraint = vocabulary.constraint(grammar) if grammar is not None else None
         run = collect(generate(engine, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
-                               constraint=constraint, threads=stack.threads, learn=False, **sampling),
+                               constraint=constraint, threads=stack.threads, learn=False,
+                               successors=stack.successors if drafter is not None else None, **sampling),
                       (lambda step, so_far: output.stdout.out(text.pop(), end="", highlight=False)) if stream else None)
         assert run is not None
         totals, tokens = run.stats, run.tokens
@@ -152,6 +157,7 @@ def generate_cmd(
                             for n, t, lt in zip(curve.sizes, curve.seconds, curve.long_seconds)])
     if cost is not None:
         keep_cost(cost, output.note)
+    keep_successors(stack, store_path(db), output.note)
     if json_out:
         result.pop("token_ids")
         if cost is not None:

@@ -77,6 +77,23 @@ BackendOpt = Annotated[str, typer.Option(
          "installed; else transformers), llama.cpp or transformers (HF folders, the GPU, draft trees).",
     envvar="SPECX_BACKEND")]
 
+DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices (cli/assemble.py builds them)
+DEFAULT_DRAFTER = "suffix"  # what serve, generate and replay --model draft with unless told
+DrafterOpt = Annotated[str, typer.Option(
+    "--drafter", help="What drafts: suffix (the suffix index of past outputs and the prompt), table (the model's own successor "
+         "table, learned from its verification passes and kept in the store), or hybrid (both in one tree, sized "
+         "by the learned cost).", envvar="SPECX_DRAFTER")]
+
+
+def check_drafters(value: str, *, many: bool = False) -> list[str]:
+    """--drafter's value as a list (`many`: a comma-separated list), or BadParameter naming the choices."""
+    names = [v.strip() for v in value.split(",")] if many else [value]
+    unknown = [n for n in names if n not in DRAFTERS]
+    if unknown or not names:
+        raise typer.BadParameter(f"{', '.join(unknown) or value!r}: choose {'from' if many else 'one of'} "
+                                 f"{', '.join(DRAFTERS)}", param_hint="--drafter")
+    return names
+
 
 def model_cost(engine: Any, model: str, say: Callable[[str], None], relearn: bool = False) -> Any:
     """The forward-pass cost (core.cost.learned.LearnedCost) of `model` on `engine` (a

@@ -17,7 +17,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from specx.core.serve.tools import PARSERS
-from .options import BackendOpt, DbOpt, check_api_key, keep_cost, specx_home, store_path
+from .options import (DEFAULT_DRAFTER, BackendOpt, DbOpt, DrafterOpt, check_api_key, check_drafters, keep_cost,
+                      specx_home, store_path)
 
 
 def serve_cmd(
@@ -35,6 +36,7 @@ def serve_cmd(
         help="Name(s) clients use for the model (repeatable; default: the --model value).")] = None,
     speculation: Annotated[bool, typer.Option("--speculation/--no-speculation", help="Draft from the suffix index "
                                               "(default), or decode plainly, for comparison.")] = True,
+    drafter_name: DrafterOpt = DEFAULT_DRAFTER,
     max_queue: Annotated[int, typer.Option(min=1, help="Requests that may wait while one is decoded; more get "
                                                        "HTTP 429.")] = 16,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
@@ -85,6 +87,7 @@ def serve_cmd(
     Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/python --db agents.db --vllm-arg=--gpu-memory-utilization=0.3[/]
     """
     api_key = check_api_key(api_key)  # one line at start for a key no client could send
+    check_drafters(drafter_name)
     if engine not in ("specx", "vllm"):
         raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
     if tool_call_parser is not None and tool_call_parser not in PARSERS:
@@ -126,7 +129,8 @@ def serve_cmd(
             stack = assemble(model, backend=backend, dtype=dtype, say=log.info, chat_template=chat_template, db=path,
                              create_store=True, speculation=speculation, cost_aware=speculation and cost_aware,
                              max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor,
-                             prefix_cache_tokens=prefix_cache_tokens, stage=lambda what: setattr(api, "stage", what))
+                             prefix_cache_tokens=prefix_cache_tokens, drafter=drafter_name,
+                             stage=lambda what: setattr(api, "stage", what))
             context_length = stack.engine.context_length
             if max_model_len is not None and max_model_len > context_length:
                 raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
@@ -134,7 +138,8 @@ def serve_cmd(
             api.stage = "the grammar vocabulary"  # response_format and tool_choice decode under grammars
             tok, cost = stack.tokenizer, stack.cost
             vocabulary = Vocabulary(tok, stack.engine.vocab_size, tok.eos_token_id)
-            recorder = ServedRecorder(path, model, stack.fingerprint, len(tok), speculation)
+            recorder = ServedRecorder(path, model, stack.fingerprint, len(tok), speculation,
+                                      successors=stack.successors, successors_key=stack.successors_key)
             worker = Worker(stack, max_queue=max_queue, metrics=metrics, recorder=recorder, vocabulary=vocabulary,
                             save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
                             debug=bool(os.environ.get("SPECX_DEBUG")))

@@ -22,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from specx.core.index.successors import SuccessorTable
+
 from .calls import ids_without_tokens, insert_calls, insert_tokens
 from .db import Store, StoreError, content_key
 from .formats import Call
 from .index import update_index
+from .successors import save_table
 
 log = logging.getLogger("specx.served")
 serve_log = logging.getLogger("specx.serve")  # `specx serve`'s log: ServedRecorder writes there
@@ -37,14 +40,16 @@ class ServedRecorder:
     """`specx serve`'s "request finished" hook (core.serve.worker.Recorder): each answered request
     stored as a served session (record_served, one transaction), the global index persisted when
     the worker asks (update_index: the persisted index plus every token row added since, whoever
-    added it), so the next start loads it instead of rebuilding. Opens its own connection on the
-    worker's thread; a store failure is logged, never raised: the server keeps answering."""
+    added it), so the next start loads it instead of rebuilding, and with it the drafter's successor
+    table when it has one (store/successors.py). Opens its own connection on the worker's thread; a store failure is logged, never raised: the server keeps answering."""
 
     def __init__(self, path: Path, model_name: str, tokenizer_fingerprint: str, vocab_size: int,
-                 speculation: bool) -> None:
+                 speculation: bool, *, successors: SuccessorTable | None = None, successors_key: str | None = None) -> None:
         self.path, self.model_name, self.speculation = path, model_name, speculation
         self.fingerprint, self.vocab_size = tokenizer_fingerprint, vocab_size
         self.store: Store | None = None
+        self.successors, self.successors_key = successors, successors_key  # kept with the index (store/successors.py)
+        self._rows_kept = successors.rows_learned if successors is not None else 0
 
     def open(self) -> None:
         self.store = Store(self.path)
@@ -74,6 +79,11 @@ class ServedRecorder:
                 result = update_index(self.store, tokenizer_id)
                 serve_log.info("index persisted: %s, %d outputs, %d tokens (%.2f s)", result["action"], result["calls"],
                          result["tokens"], result["seconds"])
+            table = self.successors
+            if table is not None and self.successors_key is not None and table.rows_learned != self._rows_kept:
+                save_table(self.store, self.successors_key, table)
+                self._rows_kept = table.rows_learned
+                serve_log.info("successor table kept: %d tokens with successors", len(table))
             return True
         except (sqlite3.Error, StoreError, OSError) as exc:
             serve_log.error("could not persist the index: %s", exc)

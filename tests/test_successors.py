@@ -188,3 +188,29 @@ def test_table_drafts_are_lossless_on_llamacpp(builtin_tokenizer):
         assert len(table) > 20 and steps < sum(len(greedy(llama, p, 32, [eos])) for p in prompts)
     finally:
         llama.close()
+
+
+@pytest.mark.slow
+def test_generate_keeps_the_table_and_starts_warm_from_it(tmp_path):
+    """`specx generate --drafter hybrid` keeps the table its passes taught in the store; the next run
+    loads it (warm), and its output stays plain decoding's (--compare)."""
+    import json
+
+    from conftest import specx_in_process
+    from specx.store.db import Store
+
+    db = tmp_path / "s.db"
+    Store(db).close()
+    args = ["generate", "SELECT name FROM singer WHERE", "--raw", "--max-tokens", "24", "--db", str(db),
+            "--drafter", "hybrid", "--json"]
+    first = specx_in_process(*args)
+    assert first.returncode == 0, first.stderr
+    with Store(db) as store:
+        (tokens,) = store.db.execute("SELECT tokens FROM successors").fetchone()
+    assert tokens > 10
+    second = specx_in_process(*args, "--compare")
+    assert second.returncode == 0, second.stderr
+    assert f"successor table: {tokens:,} tokens with successors" in second.stderr
+    assert json.loads(second.stdout)["identical"] is True
+    bad = specx_in_process("generate", "x", "--drafter", "bogus")
+    assert bad.returncode == 2 and "choose one of suffix, table, hybrid" in bad.stderr

@@ -326,7 +326,8 @@ class Worker:
                          cost=stack.cost if stack.drafter is not None else None, stop=text,
                          acceptance=self.acceptance, prefix_cache=stack.prefix_cache,
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
-                         logprobs=req.logprobs, threads=stack.threads)
+                         logprobs=req.logprobs, threads=stack.threads,
+                         successors=stack.successors if stack.drafter is not None else None)
         sent = 0  # tokens whose text went out in a delta
 
         def stream(step: Any, run: Decoded) -> bool:
