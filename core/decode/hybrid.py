@@ -32,7 +32,6 @@ from .speculate import Drafter
 
 TAU = math.inf  # the suffix tree's score below which the table's tree joins it (docs/design.md, "The successor table")
 TABLE_NODES = 24  # the table's tree before sizing: what sizing on a flat curve still keeps (same section)
-DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices
 
 
 class HybridDrafter:
