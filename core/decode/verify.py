@@ -140,12 +140,18 @@ def verify(session: Session, pending: Sequence[int], draft: Draft, sampling: Sam
     core.decode.grammar.Constraint.allowed): the tokens each row may choose, the root's first; the others'
     logits become -inf before the walk, as constrained plain decoding masks them. `logprobs` >= 0:
     each chosen token's log-probability and that many top alternatives (Verdict.logprobs).
-    `successors`: every row's most likely next tokens go into this table (learn_successors).
+    `successors`: the rows' most likely next tokens go into this table (learn_successors): every
+    row's on an accelerator, on the CPU those of the root and the accepted path.
     """
     logits = session.score(pending, draft)
-    if successors is not None:
-        learn_successors(successors, [pending[-1], *draft.token_ids], logits)
+    raw = logits.clone() if successors is not None and allowed is not None else logits  # judge masks in place
     verdict = judge(logits, draft, sampling, allowed, logprobs)
+    if successors is not None:
+        inputs = [pending[-1], *draft.token_ids]
+        # On the CPU each row's top-k costs ~0.4 ms (a 64-token pass ~60 ms): only the rows read in the
+        # output's own context (the root and the accepted path); on an accelerator every row.
+        rows = list(range(len(inputs))) if logits.device.type != "cpu" else [0, *(1 + i for i in verdict.accepted_nodes)]
+        learn_successors(successors, [inputs[r] for r in rows], raw[rows])
     session.keep_path(verdict.accepted_nodes)
     return verdict
 
