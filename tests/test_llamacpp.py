@@ -36,6 +36,40 @@ def prompts(builtin_tokenizer):
             for q in questions]
 
 
+# llama-cpp-python's own Llama as specx's llama.cpp engine sets it up: 2 threads, Q8_0 KV cache (type 8)
+STOCK = dict(n_ctx=2048, n_threads=2, flash_attn=True, type_k=8, type_v=8, verbose=False)
+STOCK_TOKENS = 24
+
+
+def stock_greedy(llm, prompt: list[int], eos: int) -> list[int]:
+    """Llama.generate's greedy tokens, at most STOCK_TOKENS, eos included."""
+    out = []
+    for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        out.append(int(tok))
+        if tok == eos or len(out) == STOCK_TOKENS:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def stock(prompts, builtin_tokenizer):
+    """llama-cpp-python's own greedy decoding (Llama.generate) of the first three prompts."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(builtin_gguf("smollm2-135m")), **STOCK)
+    return [stock_greedy(llm, prompt, builtin_tokenizer.eos_token_id) for prompt in prompts[:3]]
+
+
+@pytest.fixture(scope="module")
+def references(llama, prompts, builtin_tokenizer):
+    """core.model.llamacpp.greedy's 40 tokens for each prompt: what specx on llama.cpp must write."""
+    references = []
+    for prompt in prompts:
+        llama.keep(0)
+        references.append(greedy(llama, prompt, 40, [builtin_tokenizer.eos_token_id]))
+    return references
+
+
 def test_rows_are_the_same_bits_however_the_tokens_are_batched(llama, prompts):
     """The reason for the Q8_0 KV cache: one-token passes and a draft's pass agree exactly, past 512
     cells and on either thread count."""
@@ -54,15 +88,14 @@ def test_rows_are_the_same_bits_however_the_tokens_are_batched(llama, prompts):
     assert np.array_equal(batched, np.stack(single))
 
 
-def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, builtin_tokenizer):
+def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, references, builtin_tokenizer):
     from specx.core.decode.generate import generate
     from specx.core.decode.speculate import SuffixDrafter
 
     eos = builtin_tokenizer.eos_token_id
     drafter, accepted = SuffixDrafter(max_spec_factor=4.0), 0
-    for prompt in prompts:
+    for prompt, reference in zip(prompts, references):
         llama.keep(0)
-        reference = greedy(llama, prompt, 40, [eos])
         out = []
         for step in generate(llama, prompt, drafter, max_new_tokens=40, eos_token_ids=eos):  # no cost: whole drafts
             out += step.new_tokens
@@ -71,21 +104,11 @@ def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, builtin
     assert accepted > 20  # the drafts were used, not only plain steps
 
 
-def test_llamacpp_greedy_is_llama_cpp_pythons_own(llama, prompts, builtin_tokenizer):
+def test_llamacpp_greedy_is_llama_cpp_pythons_own(llama, references, stock):
     """core.model.llamacpp.greedy (the reference above) writes what llama-cpp-python's Llama.generate writes."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(builtin_gguf("smollm2-135m")), n_ctx=2048, n_threads=2, flash_attn=True,
-                type_k=llama.lib.GGML_TYPE_Q8_0, type_v=llama.lib.GGML_TYPE_Q8_0, verbose=False)
-    eos = builtin_tokenizer.eos_token_id
-    for prompt in prompts[:3]:
-        stock = []
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
-            stock.append(int(tok))
-            if tok == eos or len(stock) == 24:
-                break
-        llama.keep(0)
-        assert greedy(llama, prompt, 24, [eos]) == stock
+    assert STOCK["type_k"] == STOCK["type_v"] == llama.lib.GGML_TYPE_Q8_0  # the cache specx's engine sets
+    for reference, own in zip(references, stock):
+        assert reference[:STOCK_TOKENS] == own  # greedy stops at eos or runs on: its first tokens are its own
 
 
 def test_grammar_logprobs_and_sampling_on_llamacpp(llama, prompts, builtin_tokenizer, builtin_vocabulary):
@@ -148,29 +171,17 @@ def test_cli_generate_and_serve_on_llamacpp(tmp_path):
         assert srv.stop() in (0, -15)
 
 
-def test_specx_as_llama_cpp_pythons_draft_model_learns_and_persists(tmp_path, prompts, builtin_tokenizer):
+def test_specx_as_llama_cpp_pythons_draft_model_learns_and_persists(tmp_path, prompts, stock, builtin_tokenizer):
     from llama_cpp import Llama
 
     from specx.llama_draft import SpecxDraft
 
-    eos = builtin_tokenizer.eos_token_id
-    kw = dict(model_path=str(builtin_gguf("smollm2-135m")), n_ctx=2048, n_threads=2, flash_attn=True,
-              type_k=8, type_v=8, verbose=False)
-
-    def run(llm, prompt):
-        out = []
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
-            out.append(int(tok))
-            if tok == eos or len(out) == 24:
-                break
-        return out
-
     draft = SpecxDraft(tmp_path / "draft.db", max_draft=4)
     # logits_all: llama-cpp-python 0.3.36 sizes its logits buffer by it, not by draft_model (without it,
     # a draft model fails past n_batch tokens)
-    plain, drafted = Llama(**kw), Llama(**kw, draft_model=draft, logits_all=True)
-    for prompt in prompts[:3]:
-        assert run(drafted, prompt) == run(plain, prompt)
+    drafted = Llama(model_path=str(builtin_gguf("smollm2-135m")), **STOCK, draft_model=draft, logits_all=True)
+    for prompt, plain in zip(prompts[:3], stock):
+        assert stock_greedy(drafted, prompt, builtin_tokenizer.eos_token_id) == plain
     draft.close()
     assert draft.requests == 3 and draft.index.num_tokens > 0
     warm = SpecxDraft(tmp_path / "draft.db")  # a restart drafts from what the first one generated
