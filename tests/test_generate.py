@@ -216,7 +216,6 @@ def test_bad_arguments(model64):
     assert bad.finished == [False]  # the request still ends, without learning a broken output
 
 
-@pytest.mark.slow
 def test_builtin_model_speculative_greedy_equals_plain(builtin_model):
     from specx.core.decode.speculate import SuffixDrafter
 
@@ -248,7 +247,6 @@ def test_generate_command_is_lossless(tmp_path):
     assert data["steps"] <= data["tokens"]
 
 
-@pytest.mark.slow
 def test_a_model_without_a_chat_template_is_refused_at_load_and_chat_template_gives_one(tmp_path, builtin_model):
     import json
     import shutil

@@ -124,7 +124,6 @@ def test_grammar_bit_has_its_own_acceptance_cell():
     assert acceptance.estimates(forced)[1] > 0.9 > 0.1 > acceptance.estimates(other)[0]
 
 
-@pytest.mark.slow
 def test_builtin_model_writes_schema_valid_json_every_time(builtin_model):
     from specx.core.decode.speculate import SuffixDrafter
 

@@ -379,7 +379,6 @@ def test_bad_input_is_one_clear_line(tmp_path, db):
     assert res.returncode == 2 and "weighted" in res.stderr
 
 
-@pytest.mark.slow
 def test_bench_cost_writes_a_curve_the_predictor_reads(tmp_path, db):
     curve = tmp_path / "mine.json"
     res = run("bench", "cost", "--repeats", "1", "--context", "32", "--out", str(curve), "--json")

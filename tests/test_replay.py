@@ -105,6 +105,7 @@ def test_replay_groups_and_totals():
     assert result.overall.steps == sum(g.steps for g in result.groups.values())
 
 
+@pytest.mark.slow  # every public agent log ingested, tokenized and replayed
 @pytest.mark.skipif(not AGENT_DATA.is_dir(), reason="needs ../shared/agent-data")
 def test_every_stored_output_is_rebuilt(tmp_path, tokenizer):  # noqa: F811
     from specx.store.db import Store

@@ -30,7 +30,7 @@ KEY = "test-key"
 COUNTING = "1, 2, 3, 4, 5,"  # the model goes on counting: a long, predictable output
 
 
-# --------------------------------------------------------------------------- slow: real servers
+# --------------------------------------------------------------------------- real servers
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -119,7 +119,6 @@ def ask(client, content: str, max_tokens: int = 16, **kwargs):
                                           max_tokens=max_tokens, temperature=0, **kwargs)
 
 
-@pytest.mark.slow
 def test_text_identical_to_specx_generate(server, tmp_path):
     prompt = "Write one SQL query listing the names of singers older than 30."
     client = server.client()
@@ -137,7 +136,6 @@ def test_text_identical_to_specx_generate(server, tmp_path):
     assert chat.model == MODEL and chat.object == "chat.completion" and chat.id.startswith("chatcmpl-")
 
 
-@pytest.mark.slow
 def test_chat_streaming_equals_non_streaming_with_usage(server):
     client = server.client()
     whole = ask(client, "Name three colours.", 20)
@@ -160,7 +158,6 @@ def test_chat_streaming_equals_non_streaming_with_usage(server):
     assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
 
 
-@pytest.mark.slow
 def test_completions_stream_and_not_and_stop_strings(server):
     client = server.client()
     whole = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0)
@@ -178,7 +175,6 @@ def test_completions_stream_and_not_and_stop_strings(server):
         assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-@pytest.mark.slow
 def test_concurrent_clients_get_their_own_answers(server):
     questions = ["What is 2 + 2?", "Name a fruit.", "Say hello in French.", "What colour is the sky?"]
     sequential = [ask(server.client(), q).choices[0].message.content for q in questions]
@@ -195,7 +191,6 @@ def test_concurrent_clients_get_their_own_answers(server):
     assert [results.get(i) for i in range(len(questions))] == sequential
 
 
-@pytest.mark.slow
 def test_n_choices(server):
     answer = ask(server.client(), "Name a fruit.", 8, n=2)
     assert [c.index for c in answer.choices] == [0, 1]
@@ -206,7 +201,6 @@ def test_n_choices(server):
     assert len(sampled.choices) == 3 and all(c.finish_reason in ("stop", "length") for c in sampled.choices)
 
 
-@pytest.mark.slow
 def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
     import openai
 
@@ -278,7 +272,6 @@ def test_a_grammar_that_fails_mid_generation_gets_a_400_naming_the_param(server)
     assert "Traceback" not in server.log()
 
 
-@pytest.mark.slow
 def test_models_health_metrics(server):
     assert [m.id for m in server.client().models.list().data] == [MODEL]
     with urllib.request.urlopen(server.url + "/health", timeout=10) as r:  # no key needed: a readiness probe
@@ -302,7 +295,6 @@ def test_models_health_metrics(server):
     assert len(lines) == m["specx_stored_requests_total"]  # one line per finished request
 
 
-@pytest.mark.slow
 def test_full_queue_gets_429_and_a_disconnect_frees_the_slot(busy_server):
     import openai
 
@@ -339,7 +331,6 @@ def test_full_queue_gets_429_and_a_disconnect_frees_the_slot(busy_server):
     assert metrics['specx_requests_total{endpoint="completions",status="429"}'] == 2
 
 
-@pytest.mark.slow
 def test_a_client_that_leaves_before_its_answer_frees_the_worker(busy_server):
     import http.client
 
@@ -357,7 +348,6 @@ def test_a_client_that_leaves_before_its_answer_frees_the_worker(busy_server):
     assert answer.usage.completion_tokens == 2
 
 
-@pytest.mark.slow
 def test_prediction_is_a_draft_and_usage_reports_it(server):
     client = server.client()
     prompt = "Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu."

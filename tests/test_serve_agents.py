@@ -9,8 +9,6 @@ import pytest
 from conftest import specx_in_process, specx_test_home
 from test_serve import KEY, MODEL, Server
 
-pytestmark = pytest.mark.slow
-
 SQL_SYSTEM = ("Tables: singer(singer_id, name, country, age), concert(concert_id, year, stadium_id), "
               "stadium(stadium_id, name, capacity). Answer with JSON: the SQL query and the tables it reads, "
               'e.g. {"sql": "SELECT name FROM singer", "tables": ["singer"]}.')
@@ -280,6 +278,7 @@ def windowed_model(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # a server of its own
 def test_a_sliding_window_model_verifies_linear_drafts_decided_at_load(windowed_model, tmp_path, tmp_path_factory):
     run = specx_in_process("generate", "Count to ten.", "--model", str(windowed_model), "--max-tokens", "12", "--json",
                            "--compare", "--db", str(tmp_path / "none.db"))

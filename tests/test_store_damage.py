@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import zstandard
 
 from specx.store import codec
@@ -94,6 +95,7 @@ def test_deep_json_a_lone_surrogate_and_a_huge_output_are_named_and_the_rest_sto
     assert specx("check", "--db", str(tmp_path / "s.db")).returncode == 0
 
 
+@pytest.mark.slow  # six real processes
 def test_two_ingests_creating_one_store_at_once_both_succeed(tmp_path, tokenizer):
     for trial in range(3):  # before: one of the two failed in 2 of 4 trials
         db = tmp_path / f"new{trial}.db"
