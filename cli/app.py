@@ -296,6 +296,7 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
                        baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0, drafters: list[str]) -> None:
     from specx.core.predict import methods as replay_lib
+    from specx.core.predict.compare import DRAFTER_METHODS
     from specx.store.db import Store
     from specx.store.prompts import model_prompts
     from specx.core.index.successors import SuccessorTable
@@ -326,10 +327,11 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
     if baselines and not engine.prompt_lookup:
         output.note("on llama.cpp the replay compares plain decoding and specx (llama.cpp's own prompt lookup: "
                     "examples/llamacpp_bench.py)")
-    output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(methods)}; {sum(map(len, prompts)):,} "
+    shown = [m for m in methods if m != "specx"] + [DRAFTER_METHODS[d] for d in drafters]
+    output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(shown)}; {sum(map(len, prompts)):,} "
                 f"prompt tokens, at most {max_tokens} new tokens each)")
     with output.progress() as bar:
-        task = bar.add_task("replay", total=len(calls) * len(methods))
+        task = bar.add_task("replay", total=len(calls) * len(shown))
         result = replay_lib.run_model_replay(engine, tok, prompts, warm_tokens,
                                              params=params | {"warm_outputs": len(warm_tokens)}, methods=methods,
                                              max_tokens=max_tokens, cost=cost, on_call=lambda: bar.advance(task),
