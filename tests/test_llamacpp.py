@@ -62,10 +62,11 @@ def stock(prompts, builtin_tokenizer):
 
 @pytest.fixture(scope="module")
 def references(llama, prompts, builtin_tokenizer):
-    """core.model.llamacpp.greedy's 40 tokens for each prompt: what specx on llama.cpp must write."""
+    """core.model.llamacpp.greedy's 40 tokens for each prompt: what specx on llama.cpp must write. The
+    prompts share their schema and shots: after the first, each keeps that prefix's KV cells, as a
+    server does (test_rows_are_the_same_bits... is why that changes no bit)."""
     references = []
     for prompt in prompts:
-        llama.keep(0)
         references.append(greedy(llama, prompt, 40, [builtin_tokenizer.eos_token_id]))
     return references
 
@@ -95,7 +96,6 @@ def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, referen
     eos = builtin_tokenizer.eos_token_id
     drafter, accepted = SuffixDrafter(max_spec_factor=4.0), 0
     for prompt, reference in zip(prompts, references):
-        llama.keep(0)
         out = []
         for step in generate(llama, prompt, drafter, max_new_tokens=40, eos_token_ids=eos):  # no cost: whole drafts
             out += step.new_tokens
