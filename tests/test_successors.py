@@ -77,6 +77,31 @@ def test_hybrid_adds_the_table_only_below_tau():
     assert alone.speculate().token_ids[:1] == [13]
 
 
+def test_a_linear_verifier_gets_the_path_verification_rates_best():
+    """On llama.cpp (linear drafts) the hybrid's tree is cut to one path. The table's D is the model's
+    own probability and a long chain of it outsums the suffix path's D; once the acceptance model has
+    seen table nodes rejected and suffix nodes accepted, the path is the suffix one."""
+    from types import SimpleNamespace
+
+    from specx.core.cost.acceptance import AcceptanceModel
+    from specx.core.decode.loop import shape_draft
+
+    index = SuffixIndex.build([[5, 6, 7, 8, 9]] * 3)
+    table = SuccessorTable(20, k=1)
+    table.learn([6, 11, 12, 13], [[11], [12], [13], [14]], [[0.95], [0.95], [0.95], [0.95]])
+    drafter = HybridDrafter(SuffixDrafter(index), table)
+    drafter.start_request([1, 5, 6])
+    draft = drafter.speculate()
+    linear = SimpleNamespace(linear=True, vocab_size=20)
+    assert shape_draft(draft, linear).token_ids == [11, 12, 13, 14]  # by D alone: the table's chain
+    acceptance = AcceptanceModel()
+    suffix_path = [i for i, s in enumerate(draft.sources) if not s & TABLE]
+    for _ in range(50):
+        acceptance.update(draft, suffix_path)  # verification: the suffix path accepted, the table's root not
+    assert shape_draft(draft, linear, acceptance=acceptance).token_ids == [draft.token_ids[i] for i in suffix_path]
+    assert [draft.token_ids[i] for i in suffix_path][:1] == [7]
+
+
 def test_kept_in_the_store_and_merged(tmp_path):
     from specx.store.db import Store, StoreError
     from specx.store.merge import merge

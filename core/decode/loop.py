@@ -289,7 +289,7 @@ def shape_draft(draft: Draft, verifier: Verifier, *, guesses: Sequence[int] = ()
         if forced:
             draft = forced_draft(forced).merge(draft, len(forced) + len(draft))
     if verifier.linear:
-        draft = best_path(draft)
+        draft = best_path(draft, acceptance.estimates(draft) if acceptance is not None else None)
     if tokens_left is not None:
         draft = limit_depth(draft, tokens_left - 1)
     if cost is not None:
@@ -325,17 +325,23 @@ def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
     return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
 
 
-def best_path(draft: Draft) -> Draft:
-    """The draft's root-to-node path with the highest expected accepted length (the sum of D along
-    it; the first such path in a tie): what a verifier of linear drafts gets.
+def best_path(draft: Draft, probs: Sequence[float] | None = None) -> Draft:
+    """The draft's root-to-node path with the highest expected accepted length (the sum along it
+    of each node's chance: `probs`, an AcceptanceModel's estimates, else the drafter's D; the first
+    such path in a tie): what a verifier of linear drafts gets. The estimates matter where sources
+    mix: the successor table's D is the model's own probability, which verification shows to be
+    worth much less than a suffix node's D of the same size.
 
     >>> best_path(Draft([5, 6, 7, 8], [-1, 0, -1, 2], [0.5, 0.1, 0.4, 0.3], 1.3, 2)).token_ids
     [7, 8]
+    >>> best_path(Draft([5, 6, 7, 8], [-1, 0, -1, 2], [0.5, 0.1, 0.4, 0.3], 1.3, 2), [0.9, 0.5, 0.4, 0.3]).token_ids
+    [5, 6]
     """
     n = len(draft)
     if n == 0 or all(p == i - 1 for i, p in enumerate(draft.parents)):
         return draft
-    probs = draft.probs if len(draft.probs) == n else [1.0] * n
+    if probs is None:
+        probs = draft.probs if len(draft.probs) == n else [1.0] * n
     total: list[float] = []
     for par, d in zip(draft.parents, probs):
         total.append(d + (total[par] if par >= 0 else 0.0))
