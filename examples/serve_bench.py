@@ -83,15 +83,17 @@ def run_workload(client: OpenAI, model: str, convs: list[dict], max_tokens: int)
 
 
 class LocalServer:
-    """`specx serve` in a subprocess on a free loopback port, with its own copy of the store."""
+    """`specx serve` in a subprocess on a free loopback port, with its own copy of the store (or,
+    given `db`, on that store itself: a restart)."""
 
-    def __init__(self, args: list[str], store: Path | None, workdir: Path) -> None:
+    def __init__(self, args: list[str], store: Path | None, workdir: Path, db: Path | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        db = workdir / f"store-{port}.db"
-        if store is not None:
-            shutil.copy(store, db)
+        if db is None:
+            db = workdir / f"store-{port}.db"
+            if store is not None:
+                shutil.copy(store, db)
         self.log = workdir / f"serve-{port}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "specx", "serve", "--port", str(port), "--db", str(db),
