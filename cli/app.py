@@ -19,8 +19,8 @@ from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, keep_cost, specx_home,
-                      store_path)
+from .options import (DEFAULT_DRAFTER, BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, keep_cost,
+                      specx_home, store_path)
 from .serve import serve_cmd
 from .trial import engines_cmd
 
@@ -140,8 +140,8 @@ def replay_cmd(
     max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
     dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
     backend: BackendOpt = "auto",
-    drafters: Annotated[str, typer.Option("--drafter", help="With --model: specx's drafter(s), comma-separated: suffix "
-                                          "(specx), table (specx_table), hybrid (specx_hybrid).")] = "suffix",
+    drafters: Annotated[Optional[str], typer.Option("--drafter", show_default=False, help="specx's drafter(s), comma-"
+                        f"separated: suffix (specx), table, hybrid (default with --model: {DEFAULT_DRAFTER}; else suffix).")] = None,
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="With --model: KV entries of past prompts each "
                                                                  "method may reuse for prompts that start the same "
                                                                  "way (0: prefill every prompt whole).")] = 8192,
@@ -213,7 +213,7 @@ def replay_cmd(
         prompt_window = 4096 if model is None else 1024
     if max_spec_factor is None:
         max_spec_factor = 1.0 if model is None else 4.0
-    if model is None and drafters != "suffix":
+    if model is None and drafters not in (None, "suffix"):
         raise typer.BadParameter("the model-free replay drafts from the suffix index only: the successor table "
                                  "holds the model's own predictions, which only a replay with --model has",
                                  param_hint="--drafter")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from . import output
-from .options import DEFAULT_DRAFTER, BackendOpt, DbOpt, DrafterOpt, JsonOpt, check_drafters, keep_cost, store_path
+from .options import BackendOpt, DbOpt, DrafterOpt, JsonOpt, check_drafters, keep_cost, store_path
 
 
 def generate_cmd(
@@ -46,7 +46,7 @@ def generate_cmd(
                                              "draft where expected tokens per second is best (default), or verify "
                                              "whole drafts.")] = True,
     verbose: Annotated[bool, typer.Option(help="Show the forward-pass cost curve learned so far.")] = False,
-    drafter_name: DrafterOpt = DEFAULT_DRAFTER,
+    drafter_name: DrafterOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text with the model, drafting from the suffix index (lossless speculative decoding).
@@ -74,7 +74,7 @@ def generate_cmd(
 
     from .assemble import assemble, keep_successors
 
-    check_drafters(drafter_name)
+    drafter_name = check_drafters(drafter_name)[0]
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     # drafting from an empty index needs no store: none is created
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, chat_template=chat_template,

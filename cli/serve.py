@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from specx.core.serve.tools import PARSERS
-from .options import (DEFAULT_DRAFTER, BackendOpt, DbOpt, DrafterOpt, check_api_key, check_drafters, keep_cost,
+from .options import (BackendOpt, DbOpt, DrafterOpt, check_api_key, check_drafters, keep_cost,
                       specx_home, store_path)
 
 
@@ -36,7 +36,7 @@ def serve_cmd(
         help="Name(s) clients use for the model (repeatable; default: the --model value).")] = None,
     speculation: Annotated[bool, typer.Option("--speculation/--no-speculation", help="Draft from the suffix index "
                                               "(default), or decode plainly, for comparison.")] = True,
-    drafter_name: DrafterOpt = DEFAULT_DRAFTER,
+    drafter_name: DrafterOpt = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Requests that may wait while one is decoded; more get "
                                                        "HTTP 429.")] = 16,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
@@ -87,9 +87,12 @@ def serve_cmd(
     Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/python --db agents.db --vllm-arg=--gpu-memory-utilization=0.3[/]
     """
     api_key = check_api_key(api_key)  # one line at start for a key no client could send
-    check_drafters(drafter_name)
     if engine not in ("specx", "vllm"):
         raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
+    if engine == "vllm" and drafter_name not in (None, "suffix"):
+        raise typer.BadParameter("inside vLLM specx drafts from its suffix index only (the successor table learns "
+                                 "from the logits, which vLLM keeps to itself)", param_hint="--drafter")
+    drafter_name = check_drafters(drafter_name)[0]
     if tool_call_parser is not None and tool_call_parser not in PARSERS:
         raise typer.BadParameter(f"must be one of {', '.join(PARSERS)}", param_hint="--tool-call-parser")
     if engine == "vllm":

@@ -239,3 +239,18 @@ def test_generate_keeps_the_table_and_starts_warm_from_it(tmp_path):
     assert json.loads(second.stdout)["identical"] is True
     bad = specx_in_process("generate", "x", "--drafter", "bogus")
     assert bad.returncode == 2 and "choose one of suffix, table, hybrid" in bad.stderr
+
+
+def test_drafter_choices_the_engines_and_replays_cannot_run_are_refused(tmp_path):
+    """--drafter: vLLM drafts from the suffix index only, as does the model-free replay; both refuse the
+    table by name (their default is suffix), before any model loads."""
+    from conftest import specx_in_process
+    from specx.store.db import Store
+
+    with Store(tmp_path / "s.db"):
+        pass
+    vllm = specx_in_process("serve", "--engine", "vllm", "--drafter", "table")
+    assert vllm.returncode == 2 and "inside vLLM specx drafts from its suffix index only" in vllm.stderr
+    replay = specx_in_process("replay", "--db", str(tmp_path / "s.db"), "--drafter", "hybrid")
+    assert replay.returncode == 2 and "the model-free replay drafts from the suffix index only" in replay.stderr
+    assert "Traceback" not in vllm.stderr + replay.stderr
