@@ -19,7 +19,7 @@ from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import (DEFAULT_DRAFTER, BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, keep_cost,
+from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, keep_cost,
                       specx_home, store_path)
 from .serve import serve_cmd
 from .trial import engines_cmd
@@ -141,7 +141,7 @@ def replay_cmd(
     dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
     backend: BackendOpt = "auto",
     drafters: Annotated[Optional[str], typer.Option("--drafter", show_default=False, help="specx's drafter(s), comma-"
-                        f"separated: suffix (specx), table, hybrid (default with --model: {DEFAULT_DRAFTER}; else suffix).")] = None,
+                        "separated: suffix (specx), table, hybrid (default with --model: serve's; else suffix).")] = None,
     prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="With --model: KV entries of past prompts each "
                                                                  "method may reuse for prompts that start the same "
                                                                  "way (0: prefill every prompt whole).")] = 8192,
@@ -221,7 +221,7 @@ def replay_cmd(
         if plot_file is not None:
             raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
         return _replay_with_model(path, model, dtype=dtype, backend=backend, window=prompt_window,
-                                  drafters=check_drafters(drafters, many=True),
+                                  drafters=check_drafters(drafters, many=True) if drafters else None,
                                   max_tokens=max_tokens, warm=warm, baselines=baselines, json_out=json_out,
                                   selection=dict(formats=fmt, sources=source, models=llm, agents=agent,
                                                  sessions=session, limit=limit),
@@ -294,20 +294,20 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 
 def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, window: int, max_tokens: int, warm: bool,
                        baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
-                       prefix_cache_tokens: int = 0, drafters: list[str]) -> None:
+                       prefix_cache_tokens: int = 0, drafters: list[str] | None) -> None:
     from specx.core.predict import methods as replay_lib
     from specx.core.predict.compare import DRAFTER_METHODS
     from specx.store.db import Store
-    from specx.store.prompts import model_prompts
     from specx.core.index.successors import SuccessorTable
+    from specx.store.prompts import model_prompts
     from specx.store.selection import outside_sessions, select_calls
     from specx.store.successors import load_table, table_key
 
-    from .assemble import assemble
+    from .assemble import assemble, default_drafter
 
-    # the prompts are the stored ones (no chat template); the drafter is the replay's (warm from the store)
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
+    drafters = drafters or [default_drafter(engine.tree_unsupported)]
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(stack.fingerprint)
         if tokenizer_id is None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .options import DRAFTERS, model_cost, specx_home
+from .options import DRAFTERS, default_drafter, model_cost, specx_home
 
 if TYPE_CHECKING:
     from specx.core.decode.stack import Stack
@@ -21,7 +21,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
              chat_template: str | None = None, check_template: bool = True, db: Path | None = None,
              create_store: bool = False, speculation: bool = True, cost_aware: bool = True,
              relearn: bool = False, max_spec_tokens: int = 32, max_spec_factor: float = 4.0,
-             prefix_cache_tokens: int = 0, cache_dir: Path | None = None, drafter: str = "suffix",
+             prefix_cache_tokens: int = 0, cache_dir: Path | None = None, drafter: str | None = None,
              stage: Callable[[str], None] = lambda what: None) -> Stack:
     """Load `model` on `backend` (auto: the engine chosen for this machine, cli.engines) in `dtype`,
     then build the chain in order, `say` hearing what was chosen:
@@ -34,8 +34,8 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     - the forward-pass cost, learned from the passes (`cost_aware`; `relearn`: forgetting what
       earlier runs kept), the engine's thread tuner, and with `speculation` a SuffixDrafter of
       `max_spec_tokens` and `max_spec_factor` over the global index (`drafter`: suffix; table: the
-      model's successor table alone, hybrid: both, core.decode.hybrid; the table is the store's,
-      kept per model, else a new one);
+      model's successor table alone, hybrid: both, core.decode.hybrid; None: the engine's default,
+      cli.options.default_drafter; the table is the store's, kept per model, else a new one);
     - a prefix cache of `prefix_cache_tokens` where the engine takes one.
 
     Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
@@ -50,11 +50,12 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
 
     from .engines import resolve_backend
 
-    if drafter not in DRAFTERS:
+    if drafter is not None and drafter not in DRAFTERS:
         raise ValueError(f"unknown drafter {drafter!r}: choose from {', '.join(DRAFTERS)}")
     engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
                                      dtype=dtype)
     say(f"backend: {engine.name}")
+    drafter = drafter or default_drafter(engine.tree_unsupported)
     if check_template or chat_template is not None:
         use_chat_template(tokenizer, chat_template, model)
     if speculation and engine.tree_unsupported:
@@ -80,6 +81,8 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         chosen = HybridDrafter(suffix, successors)
     else:
         successors, chosen = None, suffix
+        if speculation:
+            say("drafter: suffix")
     prefix_cache = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
     return Stack(engine, tokenizer, fingerprint, global_index, drafter=chosen, cost=cost,
                  threads=engine.thread_tuner(say), prefix_cache=prefix_cache, successors=successors,

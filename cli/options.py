@@ -78,20 +78,25 @@ BackendOpt = Annotated[str, typer.Option(
     envvar="SPECX_BACKEND")]
 
 DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices (cli/assemble.py builds them)
-# What serve, generate and replay --model draft with unless told: the hybrid, as it never drafted worse
-# than the suffix index alone (tokens per step) and won where trees are cheap (docs/benchmarks.md,
-# session 35: H200 0-shot text-to-SQL 1.23x tokens/s; 2-core CPU and llama.cpp 0.99-1.02x).
-DEFAULT_DRAFTER = "hybrid"
 DrafterOpt = Annotated[Optional[str], typer.Option(
     "--drafter", help="What drafts: suffix (the suffix index of past outputs and the prompt), table (the model's own successor "
          "table, learned from its verification passes and kept in the store), or hybrid (both in one tree, sized "
-         f"by the learned cost). Default: {DEFAULT_DRAFTER}.", envvar="SPECX_DRAFTER", show_default=False)]
+         "by the learned cost). Default: hybrid on an engine that verifies trees, suffix on llama.cpp.",
+    envvar="SPECX_DRAFTER", show_default=False)]
 
 
-def check_drafters(value: str | None, *, many: bool = False) -> list[str]:
-    """--drafter's value as a list (`many`: a comma-separated list; None: DEFAULT_DRAFTER), or
-    BadParameter naming the choices."""
-    value = DEFAULT_DRAFTER if value is None else value
+def default_drafter(tree_unsupported: str | None) -> str:
+    """What serve, generate and replay --model draft with unless told, on an engine that verifies
+    linear drafts only for the reason `tree_unsupported` (None: it verifies trees). The hybrid where
+    trees are verified: never fewer tokens per step than the suffix index alone, 1.23x its tokens/s on
+    an H200 and 0.99-1.02x on the 2-core CPU (docs/benchmarks.md, session 35). The suffix index on
+    llama.cpp, whose passes cost in proportion to their tokens: the table's best path added ~1 ms a
+    step (its rows' top-k, its larger trees) for drafts that barely pay there (0.92-1.00x)."""
+    return "suffix" if tree_unsupported else "hybrid"
+
+
+def check_drafters(value: str, *, many: bool = False) -> list[str]:
+    """--drafter's value as a list (`many`: a comma-separated list), or BadParameter naming the choices."""
     names = [v.strip() for v in value.split(",")] if many else [value]
     unknown = [n for n in names if n not in DRAFTERS]
     if unknown or not names:

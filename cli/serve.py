@@ -92,7 +92,8 @@ def serve_cmd(
     if engine == "vllm" and drafter_name not in (None, "suffix"):
         raise typer.BadParameter("inside vLLM specx drafts from its suffix index only (the successor table learns "
                                  "from the logits, which vLLM keeps to itself)", param_hint="--drafter")
-    drafter_name = check_drafters(drafter_name)[0]
+    if drafter_name is not None:
+        check_drafters(drafter_name)
     if tool_call_parser is not None and tool_call_parser not in PARSERS:
         raise typer.BadParameter(f"must be one of {', '.join(PARSERS)}", param_hint="--tool-call-parser")
     if engine == "vllm":
