@@ -40,7 +40,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
 
     Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
     step as it begins (the server's /health shows it)."""
-    from specx.core.decode.hybrid import HybridDrafter
+    from specx.core.decode.hybrid import HybridDrafter, table_nodes
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.stack import Stack
     from specx.core.index.successors import SuccessorTable
@@ -78,7 +78,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     if speculation and drafter != "suffix":
         successors = successors if successors is not None else SuccessorTable(engine.vocab_size)
         say(f"drafter: {drafter} (successor table: {len(successors):,} tokens with successors)")
-        chosen = HybridDrafter(suffix, successors)
+        chosen = HybridDrafter(suffix, successors, max_nodes=table_nodes(engine.tree_unsupported))
     else:
         successors, chosen = None, suffix
         if speculation:

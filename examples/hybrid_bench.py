@@ -24,7 +24,7 @@ import torch
 from specx.cli.assemble import assemble
 from specx.cli.options import keep_cost, specx_home
 from specx.cli.output import progress
-from specx.core.decode.hybrid import TABLE_NODES, TAU, HybridDrafter
+from specx.core.decode.hybrid import TAU, HybridDrafter, table_nodes
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.index.successors import TABLE_K, SuccessorTable
 from specx.core.predict.compare import Speculator, compare, summary
@@ -68,7 +68,8 @@ def main() -> None:
                         help="of plain, prompt_lookup, specx (suffix only), specx_table, specx_hybrid and "
                              "specx_hybrid_tau1 (the table's tree joins only below a suffix score of 1)")
     parser.add_argument("--tau", type=float, default=TAU, help="the hybrid's suffix score below which the table joins")
-    parser.add_argument("--table-nodes", type=int, default=TABLE_NODES, help="the table's tree before sizing")
+    parser.add_argument("--table-nodes", type=int, help="the table's tree before sizing (default: what specx uses "
+                        "on the engine: core.decode.hybrid.table_nodes)")
     parser.add_argument("--k", type=int, default=TABLE_K, help="successors kept per token")
     parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU), float32, bfloat16")
     parser.add_argument("--backend", default="transformers", help="transformers or llama.cpp")
@@ -81,6 +82,7 @@ def main() -> None:
     stack = assemble("smollm2-135m", backend=args.backend, dtype=args.dtype, say=lambda m: print(m, file=sys.stderr),
                      check_template=False, speculation=False, cache_dir=args.cache)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
+    args.table_nodes = args.table_nodes or table_nodes(engine.tree_unsupported)
     num = args.warmup + args.requests
     texts = chat_prompts(tok, num) if args.workload == "chat" else \
         spider_prompts(args.spider, num, 3 if args.workload == "spider3" else 0)

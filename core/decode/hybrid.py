@@ -32,6 +32,16 @@ from .speculate import Drafter
 
 TAU = math.inf  # the suffix tree's score below which the table's tree joins it (docs/design.md, "The successor table")
 TABLE_NODES = 24  # the table's tree before sizing: what sizing on a flat curve still keeps (same section)
+# On an engine that verifies linear drafts only its best path is verified: a smaller table tree holds
+# it and costs less each step (llama.cpp, spider 0-shot, hybrid / suffix tokens/s: 0.98x, 1.01x and
+# 0.96x with 6 nodes, 1.00x and 0.92x with 24: within this machine's noise; docs/benchmarks.md, session 35)
+LINEAR_TABLE_NODES = 6
+
+
+def table_nodes(tree_unsupported: str | None) -> int:
+    """The table's tree size on an engine that verifies linear drafts only for the reason
+    `tree_unsupported` (None: it verifies trees)."""
+    return LINEAR_TABLE_NODES if tree_unsupported else TABLE_NODES
 
 
 class HybridDrafter:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..decode.hybrid import HybridDrafter
+from ..decode.hybrid import HybridDrafter, table_nodes
 from ..decode.speculate import PromptLookupDrafter, SuffixDrafter
 from ..draft import Draft
 from ..index.successors import SuccessorTable
@@ -186,7 +186,8 @@ def run_model_replay(engine: Engine, tokenizer: Any, prompts: list[list[int]], w
         for tokens in warm if suffix is not None else ():
             suffix.global_index.add(tokens)
         successors = (table or (lambda: SuccessorTable(engine.vocab_size)))() if kind != "suffix" else None
-        drafter = suffix if successors is None else HybridDrafter(suffix, successors)
+        drafter = suffix if successors is None else HybridDrafter(suffix, successors,
+                                                                  max_nodes=table_nodes(engine.tree_unsupported))
         speculators[DRAFTER_METHODS[kind]] = Speculator(drafter, successors)
     _warm_up(params)
     compare(engine, [prompts[0][-16:]], None, max_new_tokens=4, eos_token_id=tokenizer.eos_token_id,
