@@ -19,8 +19,8 @@ from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, keep_cost,
-                      specx_home, store_path)
+from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, default_drafter, existing_store,
+                      keep_cost, specx_home, store_path)
 from .serve import serve_cmd
 from .trial import engines_cmd
 
@@ -221,7 +221,7 @@ def replay_cmd(
         if plot_file is not None:
             raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
         return _replay_with_model(path, model, dtype=dtype, backend=backend, window=prompt_window,
-                                  drafters=check_drafters(drafters, many=True) if drafters else None,
+                                  drafters=check_drafters(drafters, many=True),
                                   max_tokens=max_tokens, warm=warm, baselines=baselines, json_out=json_out,
                                   selection=dict(formats=fmt, sources=source, models=llm, agents=agent,
                                                  sessions=session, limit=limit),
@@ -294,7 +294,7 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 
 def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, window: int, max_tokens: int, warm: bool,
                        baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
-                       prefix_cache_tokens: int = 0, drafters: list[str] | None) -> None:
+                       prefix_cache_tokens: int = 0, drafters: list[str]) -> None:
     from specx.core.predict import methods as replay_lib
     from specx.core.predict.compare import DRAFTER_METHODS
     from specx.store.db import Store
@@ -303,11 +303,11 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
     from specx.store.selection import outside_sessions, select_calls
     from specx.store.successors import load_table, table_key
 
-    from .assemble import assemble, default_drafter
+    from .assemble import assemble
 
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
-    drafters = drafters or [default_drafter(engine.tree_unsupported)]
+    drafters = drafters or [default_drafter(engine.tree_unsupported)]  # none given: the engine's
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(stack.fingerprint)
         if tokenizer_id is None:

@@ -74,8 +74,7 @@ def generate_cmd(
 
     from .assemble import assemble, keep_successors
 
-    if drafter_name is not None:
-        check_drafters(drafter_name)
+    check_drafters(drafter_name)
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
     # drafting from an empty index needs no store: none is created
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, chat_template=chat_template,

@@ -95,8 +95,11 @@ def default_drafter(tree_unsupported: str | None) -> str:
     return "suffix" if tree_unsupported else "hybrid"
 
 
-def check_drafters(value: str, *, many: bool = False) -> list[str]:
-    """--drafter's value as a list (`many`: a comma-separated list), or BadParameter naming the choices."""
+def check_drafters(value: str | None, *, many: bool = False) -> list[str]:
+    """--drafter's value as a list (`many`: a comma-separated list; None, not given: empty, the
+    engine's default_drafter once it is loaded), or BadParameter naming the choices."""
+    if value is None:
+        return []
     names = [v.strip() for v in value.split(",")] if many else [value]
     unknown = [n for n in names if n not in DRAFTERS]
     if unknown or not names:

@@ -89,11 +89,9 @@ def serve_cmd(
     api_key = check_api_key(api_key)  # one line at start for a key no client could send
     if engine not in ("specx", "vllm"):
         raise typer.BadParameter("must be specx or vllm", param_hint="--engine")
-    if engine == "vllm" and drafter_name not in (None, "suffix"):
+    if check_drafters(drafter_name) not in ([], ["suffix"]) and engine == "vllm":
         raise typer.BadParameter("inside vLLM specx drafts from its suffix index only (the successor table learns "
                                  "from the logits, which vLLM keeps to itself)", param_hint="--drafter")
-    if drafter_name is not None:
-        check_drafters(drafter_name)
     if tool_call_parser is not None and tool_call_parser not in PARSERS:
         raise typer.BadParameter(f"must be one of {', '.join(PARSERS)}", param_hint="--tool-call-parser")
     if engine == "vllm":
