@@ -145,13 +145,16 @@ def serve_cmd(
             worker = Worker(stack, max_queue=max_queue, metrics=metrics, recorder=recorder, vocabulary=vocabulary,
                             save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
                             debug=bool(os.environ.get("SPECX_DEBUG")))
-            api.ready(worker, min(max_model_len or context_length, context_length))
-            tokenizers = api.tokenizers
-            log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else
-                     " (the chat template ignores tools: their schemas go into the system prompt)")
-            log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
-                     ", ".join(names), host, port, "on" if speculation else "off",
-                     f"{stack.global_index.num_tokens:,}", path)
+
+            def announce() -> None:
+                tokenizers = api.tokenizers
+                log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else
+                         " (the chat template ignores tools: their schemas go into the system prompt)")
+                log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
+                         ", ".join(names), host, port, "on" if speculation else "off",
+                         f"{stack.global_index.num_tokens:,}", path)
+
+            api.ready(worker, min(max_model_len or context_length, context_length), announce)
             if speculation and backend == "auto" and trial_possible(model):
                 threading.Thread(target=_engine_trials, args=(model, path, stack.engine.name, metrics, log),
                                  name="specx-engine-trial", daemon=True).start()

@@ -78,12 +78,14 @@ class Api:
         self.context_length = 0
         self.tokenizers: Tokenizers | None = None
 
-    def ready(self, worker: Worker, context_length: int) -> None:
-        """The model is loaded: start answering (the port was open, saying 503 loading, until now)."""
+    def ready(self, worker: Worker, context_length: int, announce: Callable[[], None] = lambda: None) -> None:
+        """The model is loaded: start answering (the port was open, saying 503 loading, until now).
+        `announce` (the log's "ready" lines) runs before /health says ok, so a log never lags it."""
         self.context_length = context_length
         self.tokenizers = Tokenizers(worker.tokenizer, worker.stack.engine.vocab_size, worker.vocabulary,
                                     self.tool_parser)
         worker.start()
+        announce()
         self.worker = worker
 
     def app(self) -> Starlette:
