@@ -66,7 +66,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--methods", default="plain,prompt_lookup,specx,specx_table,specx_hybrid",
                         help="of plain, prompt_lookup, specx (suffix only), specx_table, specx_hybrid and "
-                             "specx_hybrid_tau1 (the table's tree joins only below a suffix score of 1)")
+                             "specx_hybrid_tau1 (the table's tree joins only below a suffix score of 1) and "
+                             "specx_hybrid_leaves (the table's tree beneath the suffix tree's leaves too, not only "
+                             "after the context)")
     parser.add_argument("--tau", type=float, default=TAU, help="the hybrid's suffix score below which the table joins")
     parser.add_argument("--table-nodes", type=int, help="the table's tree before sizing (default: what specx uses "
                         "on the engine: core.decode.hybrid.table_nodes)")
@@ -89,7 +91,8 @@ def main() -> None:
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     suffix = lambda: SuffixDrafter(max_spec_factor=4.0)  # noqa: E731  (text2sql_bench's specx)
     table = lambda: SuccessorTable(engine.vocab_size, k=args.k)  # noqa: E731
-    tables = {"specx_table": table(), "specx_hybrid": table(), "specx_hybrid_tau1": table()}
+    tables = {"specx_table": table(), "specx_hybrid": table(), "specx_hybrid_tau1": table(),
+              "specx_hybrid_leaves": table()}
     speculators = {
         "specx": Speculator(suffix()),
         "specx_table": Speculator(HybridDrafter(None, tables["specx_table"], max_nodes=args.table_nodes),
@@ -98,6 +101,9 @@ def main() -> None:
                                                  max_nodes=args.table_nodes), tables["specx_hybrid"]),
         "specx_hybrid_tau1": Speculator(HybridDrafter(suffix(), tables["specx_hybrid_tau1"], tau=1.0,
                                                       max_nodes=args.table_nodes), tables["specx_hybrid_tau1"]),
+        "specx_hybrid_leaves": Speculator(HybridDrafter(suffix(), tables["specx_hybrid_leaves"], tau=args.tau,
+                                                        max_nodes=args.table_nodes, leaves=True),
+                                          tables["specx_hybrid_leaves"]),
     }
     methods = args.methods.split(",")
     if not engine.prompt_lookup:

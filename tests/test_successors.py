@@ -77,6 +77,26 @@ def test_hybrid_adds_the_table_only_below_tau():
     assert alone.speculate().token_ids[:1] == [13]
 
 
+def test_the_table_goes_on_where_the_suffix_trees_paths_end():
+    index = SuffixIndex.build([[5, 6, 7, 8]])
+    table = SuccessorTable(20, k=1)
+    table.learn([8, 10], [[10], [11]], [[0.9], [0.5]])
+    drafter = HybridDrafter(SuffixDrafter(index), table, leaves=True)
+    drafter.start_request([1, 5, 6])
+    draft = drafter.speculate()
+    plain = SuffixDrafter(index)
+    plain.start_request([1, 5, 6])
+    path = plain.speculate()
+    assert path.token_ids == [7, 8]
+    leaf = draft.token_ids.index(8)
+    tail = draft.token_ids.index(10)
+    assert draft.parents[tail] == leaf and draft.parents[draft.token_ids.index(11)] == tail
+    assert draft.probs[tail] == pytest.approx(draft.probs[leaf] * 0.9, rel=1e-3) and draft.sources[tail] == TABLE
+    root_only = HybridDrafter(SuffixDrafter(index), table, leaves=False)
+    root_only.start_request([1, 5, 6])
+    assert 10 not in root_only.speculate().token_ids  # nothing follows 6 in the table
+
+
 def test_a_linear_verifier_gets_the_path_verification_rates_best():
     """On llama.cpp (linear drafts) the hybrid's tree is cut to one path. The table's D is the model's
     own probability and a long chain of it outsums the suffix path's D; once the acceptance model has

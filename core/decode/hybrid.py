@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..draft import TABLE, Draft
+from ..draft import Draft
 from ..index.successors import SuccessorTable
 from .speculate import Drafter
 
@@ -36,6 +36,10 @@ TABLE_NODES = 24  # the table's tree before sizing: what sizing on a flat curve 
 # it and costs less each step (llama.cpp, spider 0-shot, hybrid / suffix tokens/s: 0.98x, 1.01x and
 # 0.96x with 6 nodes, 1.00x and 0.92x with 24: within this machine's noise; docs/benchmarks.md, session 35)
 LINEAR_TABLE_NODES = 6
+# Grow the table's tree beneath the suffix tree's leaves too, not only after the context: no gain
+# measured on the CPU (spider 0-shot 0.95x / 0.99x root-only's tokens/s at the same tokens per step,
+# chat 1.01x / 1.01x; docs/benchmarks.md, session 36), so off; `hybrid_bench --methods specx_hybrid_leaves`
+LEAVES = False
 
 
 def table_nodes(tree_unsupported: str | None) -> int:
@@ -48,8 +52,8 @@ class HybridDrafter:
     """`inner` (None: the table alone) and `table`, as the module docstring says."""
 
     def __init__(self, inner: Drafter | None, table: SuccessorTable, *, tau: float = TAU,
-                 max_nodes: int = TABLE_NODES) -> None:
-        self.inner, self.table, self.tau, self.max_nodes = inner, table, tau, max_nodes
+                 max_nodes: int = TABLE_NODES, leaves: bool = LEAVES) -> None:
+        self.inner, self.table, self.tau, self.max_nodes, self.leaves = inner, table, tau, max_nodes, leaves
         self.last = -1  # the context's last token: the table's tree grows after it
 
     @property
@@ -76,7 +80,8 @@ class HybridDrafter:
         draft = self.inner.speculate() if self.inner is not None else Draft()
         if len(draft) and draft.score >= self.tau:
             return draft
-        table = self.table.draft(self.last, max_nodes=self.max_nodes).tagged(TABLE)
-        if not len(draft):
-            return table
-        return draft.merge(table, len(draft) + len(table))
+        seeds = [(-1, self.last, 1.0)]
+        if self.leaves:  # where the suffix tree's paths end, the table goes on
+            has_child = {p for p in draft.parents if p >= 0}
+            seeds += [(i, tok, d) for i, (tok, d) in enumerate(zip(draft.token_ids, draft.probs)) if i not in has_child]
+        return self.table.grow(draft, seeds, max_nodes=self.max_nodes)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..draft import Draft
+from ..draft import TABLE, Draft
 
 TABLE_K = 8  # successors kept per token (docs/design.md, "The successor table": the measurements)
 TABLE_MATCH_LEN = 1  # a table node grew from one token of context: the acceptance model's match-length cell
@@ -80,17 +80,33 @@ class SuccessorTable:
 
     def draft(self, last: int, *, max_nodes: int, min_prob: float = 0.0) -> Draft:
         """The best-first tree after `last` (the context's last token): the `max_nodes` paths' nodes
-        with the highest products of probabilities, each above `min_prob`; tagged by the caller."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        probs: list[float] = []
-        if not 0 <= last < self.vocab_size or max_nodes < 1:
-            return Draft()
+        with the highest products of probabilities, each above `min_prob`, tagged TABLE."""
+        return self.grow(Draft(), [(-1, last, 1.0)], max_nodes=max_nodes, min_prob=min_prob)
+
+    def grow(self, draft: Draft, seeds: Sequence[tuple[int, int, float]], *, max_nodes: int,
+             min_prob: float = 0.0) -> Draft:
+        """`draft` with up to `max_nodes` table nodes grown best first (highest D) beneath its
+        `seeds`: (node, its token, its D), node -1 being the context (its token the context's last).
+        A table node's D is its seed's times the probabilities along its path. A node the draft
+        already has there is shared (it gains the TABLE bit and the higher D) and grows on. New
+        nodes are tagged TABLE (match length TABLE_MATCH_LEN).
+
+        >>> table = SuccessorTable(10, k=1)
+        >>> table.learn([2, 5], [[5], [6]], [[0.5], [0.8]])
+        >>> grown = table.grow(Draft([1, 2], [-1, 0], [0.9, 0.6], 1.5, 3), [(1, 2, 0.6)], max_nodes=4)
+        >>> grown.token_ids, grown.parents, [round(p, 2) for p in grown.probs]
+        ([1, 2, 5, 6], [-1, 0, 1, 2], [0.9, 0.6, 0.3, 0.24])
+        """
+        tokens, parents, probs = list(draft.token_ids), list(draft.parents), list(draft.probs)
+        sources, lens = draft.node_tags()
+        node_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
         frontier: list[tuple[float, int, int, int]] = []  # (-D, order, parent node, token)
         order = 0
 
         def push(parent: int, token: int, above: float) -> None:
             nonlocal order
+            if not 0 <= token < self.vocab_size:
+                return
             for tok, p in zip(self.next[token].tolist(), self.prob[token].tolist()):
                 d = above * p
                 if tok < 0 or d <= min_prob:
@@ -98,14 +114,26 @@ class SuccessorTable:
                 heapq.heappush(frontier, (-d, order, parent, tok))
                 order += 1
 
-        push(-1, last, 1.0)
-        while frontier and len(tokens) < max_nodes:
+        for node, token, d in seeds:
+            push(node, token, d)
+        added = 0
+        while frontier and added < max_nodes:
             neg_d, _, parent, tok = heapq.heappop(frontier)
-            tokens.append(tok)
-            parents.append(parent)
-            probs.append(-neg_d)
-            push(len(tokens) - 1, tok, -neg_d)
-        return Draft(tokens, parents, probs, float(sum(probs)), TABLE_MATCH_LEN)
+            j = node_at.get((parent, tok))
+            if j is None:
+                j = node_at[(parent, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+                probs.append(-neg_d)
+                sources.append(TABLE)
+                lens.append(TABLE_MATCH_LEN)
+                added += 1
+            else:
+                probs[j] = max(probs[j], -neg_d)
+                sources[j] |= TABLE
+                lens[j] = max(lens[j], TABLE_MATCH_LEN)
+            push(j, tok, -neg_d)
+        return Draft(tokens, parents, probs, float(sum(probs)), max(draft.match_len, TABLE_MATCH_LEN), sources, lens)
 
     def merge(self, other: SuccessorTable) -> None:
         """Take in another table of the same vocabulary (a replica's): each token's entry becomes the
