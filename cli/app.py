@@ -307,7 +307,7 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
 
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
-    drafters = drafters or [default_drafter(engine.tree_unsupported)]  # none given: the engine's
+    drafters = drafters or [default_drafter(engine)]  # none given: the engine's
     with Store(path) as store:
         tokenizer_id = store.tokenizer_id(stack.fingerprint)
         if tokenizer_id is None:

@@ -55,7 +55,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
                                      dtype=dtype)
     say(f"backend: {engine.name}")
-    drafter = drafter or default_drafter(engine.tree_unsupported)
+    drafter = drafter or default_drafter(engine)
     if check_template or chat_template is not None:
         use_chat_template(tokenizer, chat_template, model)
     if speculation and engine.tree_unsupported:

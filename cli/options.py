@@ -85,14 +85,15 @@ DrafterOpt = Annotated[Optional[str], typer.Option(
     envvar="SPECX_DRAFTER", show_default=False)]
 
 
-def default_drafter(tree_unsupported: str | None) -> str:
-    """What serve, generate and replay --model draft with unless told, on an engine that verifies
-    linear drafts only for the reason `tree_unsupported` (None: it verifies trees). The hybrid where
-    trees are verified: never fewer tokens per step than the suffix index alone, 1.23x its tokens/s on
-    an H200 and 0.99-1.02x on the 2-core CPU (docs/benchmarks.md, session 35). The suffix index on
-    llama.cpp, whose passes cost in proportion to their tokens: the table's best path added ~1 ms a
-    step (its rows' top-k, its larger trees) for drafts that barely pay there (0.92-1.00x)."""
-    return "suffix" if tree_unsupported else "hybrid"
+def default_drafter(engine: Any) -> str:
+    """What serve, generate and replay --model draft with unless told on `engine` (a
+    core.model.engine.Engine): the hybrid where it verifies trees on an accelerator (an H200: 1.23x
+    the suffix index's tokens/s on text-to-SQL 0-shot, 1.03x 3-shot, 1.00x chat answers), else the
+    suffix index. On a CPU the learned cost keeps few table nodes and the table's own work is not
+    repaid: on the 2-core AVX-512 Xeon 0.96-0.99x the suffix index's tokens/s on text-to-SQL 0-shot
+    in four runs, 1.01-1.04x on chat answers in three; on llama.cpp, whose passes cost in proportion
+    to their tokens, 0.983x on average over ten runs (docs/benchmarks.md, sessions 35 and 36)."""
+    return "hybrid" if engine.tree_unsupported is None and engine.device != "cpu" else "suffix"
 
 
 def check_drafters(value: str | None, *, many: bool = False) -> list[str]:

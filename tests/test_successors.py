@@ -274,3 +274,18 @@ def test_drafter_choices_the_engines_and_replays_cannot_run_are_refused(tmp_path
     replay = specx_in_process("replay", "--db", str(tmp_path / "s.db"), "--drafter", "hybrid")
     assert replay.returncode == 2 and "the model-free replay drafts from the suffix index only" in replay.stderr
     assert "Traceback" not in vllm.stderr + replay.stderr
+
+
+def test_the_hybrid_is_the_default_only_where_trees_are_verified_on_an_accelerator():
+    from types import SimpleNamespace
+
+    from specx.cli.options import default_drafter
+    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.llamacpp import LlamaModel
+    from test_verify import tiny_model
+
+    assert default_drafter(SimpleNamespace(tree_unsupported=None, device="cuda")) == "hybrid"
+    assert default_drafter(SimpleNamespace(tree_unsupported="linear drafts only", device="cuda")) == "suffix"
+    engine = TransformersEngine(tiny_model())
+    assert engine.device == "cpu" and engine.tree_unsupported is None and default_drafter(engine) == "suffix"
+    assert LlamaModel.device == "cpu"

@@ -33,12 +33,14 @@ from .speculate import Drafter
 TAU = math.inf  # the suffix tree's score below which the table's tree joins it (docs/design.md, "The successor table")
 TABLE_NODES = 24  # the table's tree before sizing: what sizing on a flat curve still keeps (same section)
 # On an engine that verifies linear drafts only its best path is verified: a smaller table tree holds
-# it and costs less each step (llama.cpp, spider 0-shot, hybrid / suffix tokens/s: 0.98x, 1.01x and
-# 0.96x with 6 nodes, 1.00x and 0.92x with 24: within this machine's noise; docs/benchmarks.md, session 35)
+# it and costs less each step (llama.cpp, spider 0-shot, hybrid / suffix tokens/s: 0.96-1.01x with 6
+# nodes against 0.92x and 1.00x with 24; 0.983x on average over ten runs of 6; docs/benchmarks.md,
+# sessions 35 and 36)
 LINEAR_TABLE_NODES = 6
 # Grow the table's tree beneath the suffix tree's leaves too, not only after the context: no gain
-# measured on the CPU (spider 0-shot 0.95x / 0.99x root-only's tokens/s at the same tokens per step,
-# chat 1.01x / 1.01x; docs/benchmarks.md, session 36), so off; `hybrid_bench --methods specx_hybrid_leaves`
+# measured on the CPU (its tokens/s over the suffix drafter's: 0.95x against 0.99x for the root only on
+# spider 0-shot, 1.01x against 1.01x on chat answers; docs/benchmarks.md, session 36), so off;
+# `hybrid_bench --methods specx_hybrid_leaves` measures it
 LEAVES = False
 
 

@@ -55,6 +55,7 @@ class TransformersEngine:
         self.precision = str(model.dtype).removeprefix("torch.")
         self.kernels = list(getattr(model, "specx_kernels", []))
         self.tree_unsupported = tree_unsupported(model)
+        self.device = model.device.type
         self.hit_tokens = 0
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> TransformersSession:

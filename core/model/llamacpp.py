@@ -80,6 +80,7 @@ class LlamaModel:
     tree_unsupported = "on llama.cpp a pass costs nearly in proportion to its tokens (core/model/llamacpp.py)"
     prompt_lookup = False  # transformers' prompt lookup does not run here (llama.cpp's own: examples/llamacpp_bench.py)
     kernels = ()  # specx's kernels are transformers'
+    device = "cpu"  # llama-cpp-python's CPU build (the recipe's: no GPU offload)
     cost_curve = "llamacpp"  # a pass costs nearly in proportion to its tokens
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int | None = None,
