@@ -81,7 +81,7 @@ DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices (cli/assemble.py
 DrafterOpt = Annotated[Optional[str], typer.Option(
     "--drafter", help="What drafts: suffix (the suffix index of past outputs and the prompt), table (the model's own successor "
          "table, learned from its verification passes and kept in the store), or hybrid (both in one tree, sized "
-         "by the learned cost). Default: hybrid on an engine that verifies trees, suffix on llama.cpp.",
+         "by the learned cost). Default: hybrid where trees are verified on a GPU, else suffix.",
     envvar="SPECX_DRAFTER", show_default=False)]
 
 
