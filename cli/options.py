@@ -90,8 +90,8 @@ def default_drafter(engine: Any) -> str:
     core.model.engine.Engine): the hybrid where it verifies trees on an accelerator (an H200: 1.23x
     the suffix index's tokens/s on text-to-SQL 0-shot, 1.03x 3-shot, 1.00x chat answers), else the
     suffix index. On a CPU the learned cost keeps few table nodes and the table's own work is not
-    repaid: on the 2-core AVX-512 Xeon 0.96-0.99x the suffix index's tokens/s on text-to-SQL 0-shot
-    in four runs, 1.01-1.04x on chat answers in three; on llama.cpp, whose passes cost in proportion
+    repaid: on the 2-core AVX-512 Xeon 0.96-1.00x the suffix index's tokens/s on text-to-SQL 0-shot
+    in five runs, 0.99-1.04x on chat answers in four; on llama.cpp, whose passes cost in proportion
     to their tokens, 0.983x on average over ten runs (docs/benchmarks.md, sessions 35 and 36)."""
     return "hybrid" if engine.tree_unsupported is None and engine.device != "cpu" else "suffix"
 
