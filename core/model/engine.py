@@ -48,8 +48,9 @@ class Engine(Protocol):
     `kernels`: specx's CPU kernels it runs (core.model.kernels; none on llama.cpp);
     `tree_unsupported`: why it verifies linear drafts only (each tree's best path), None when it
     verifies trees; `device`: where its passes run (torch's device type: "cpu", "cuda", ...);
-    `prompt_lookup`: whether transformers' prompt lookup decoding runs on it (a baseline `plain` can run); `cost_curve`: the shipped cost curve (core.cost.shipped, by name)
-    whose shape its passes' cost starts from; `hit_tokens`: prompt tokens `start` found already
+    `prompt_lookup`: whether transformers' prompt lookup decoding runs on it (a baseline `plain`
+    can run); `cost_curve`: the shipped cost curve (core.cost.shipped, by name) whose shape its
+    passes' cost starts from; `hit_tokens`: prompt tokens `start` found already
     cached, over the engine's life (the server reports each request's share)."""
 
     name: str
