@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -90,20 +91,18 @@ def main() -> None:
         spider_prompts(args.spider, num, 3 if args.workload == "spider3" else 0)
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     suffix = lambda: SuffixDrafter(max_spec_factor=4.0)  # noqa: E731  (text2sql_bench's specx)
-    table = lambda: SuccessorTable(engine.vocab_size, k=args.k)  # noqa: E731
-    tables = {"specx_table": table(), "specx_hybrid": table(), "specx_hybrid_tau1": table(),
-              "specx_hybrid_leaves": table()}
+
+    def with_table(inner: SuffixDrafter | None, **options: Any) -> Speculator:
+        """A HybridDrafter over `inner` (None: the table alone) with a successor table of its own."""
+        successors = SuccessorTable(engine.vocab_size, k=args.k)
+        return Speculator(HybridDrafter(inner, successors, max_nodes=args.table_nodes, **options), successors)
+
     speculators = {
         "specx": Speculator(suffix()),
-        "specx_table": Speculator(HybridDrafter(None, tables["specx_table"], max_nodes=args.table_nodes),
-                                  tables["specx_table"]),
-        "specx_hybrid": Speculator(HybridDrafter(suffix(), tables["specx_hybrid"], tau=args.tau,
-                                                 max_nodes=args.table_nodes), tables["specx_hybrid"]),
-        "specx_hybrid_tau1": Speculator(HybridDrafter(suffix(), tables["specx_hybrid_tau1"], tau=1.0,
-                                                      max_nodes=args.table_nodes), tables["specx_hybrid_tau1"]),
-        "specx_hybrid_leaves": Speculator(HybridDrafter(suffix(), tables["specx_hybrid_leaves"], tau=args.tau,
-                                                        max_nodes=args.table_nodes, leaves=True),
-                                          tables["specx_hybrid_leaves"]),
+        "specx_table": with_table(None),
+        "specx_hybrid": with_table(suffix(), tau=args.tau),
+        "specx_hybrid_tau1": with_table(suffix(), tau=1.0),
+        "specx_hybrid_leaves": with_table(suffix(), tau=args.tau, leaves=True),
     }
     methods = args.methods.split(",")
     if not engine.prompt_lookup:
@@ -128,7 +127,8 @@ def main() -> None:
                           "tau": args.tau, "table_nodes": args.table_nodes, "k": args.k, "backend": engine.name,
                           "dtype": engine.precision,
                           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                          "table_tokens": {m: len(t) for m, t in tables.items()}}, indent=2))
+                          "table_tokens": {m: len(sp.successors) for m, sp in speculators.items()
+                                           if sp.successors is not None}}, indent=2))
         return
     print(f"{'method':<14}{'tokens/s':>10}{'x plain':>9}{'tokens/step':>13}{'x suffix':>10}{'drafted':>9}{'identical':>11}")
     for name, r in rows.items():
