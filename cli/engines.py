@@ -43,21 +43,30 @@ def kept_path(kind: str, key: dict[str, Any]) -> Path:
     return specx_home() / "engines" / f"{kind}-{digest}.json"
 
 
-def read_kept(path: Path, say: Callable[[str], None]) -> dict[str, Any] | None:
-    """A kept JSON object (core.kept: a regular file, size-bounded, never a FIFO or a device); one
-    that cannot be used is set aside with one line, and None comes back."""
-    from specx.core.kept import Unusable, read_kept_json, set_aside
+def read_kept(path: Path, say: Callable[[str], None], check: Callable[[Any], Any] | None = None) -> Any:
+    """A kept JSON object (core.kept: a regular file, size-bounded, never a FIFO or a device), passed
+    through `check` (core.kept_schema's check of its kind, on the object) when given; one that
+    cannot be used, as bytes or by its shape, is set aside with one line, and None comes back."""
+    from specx.core.kept import Unusable, read_kept_json
 
     try:
         data = read_kept_json(path, KEPT_MAX_BYTES)
-        if data is None or isinstance(data, dict):
-            return data
-        why = "is not a JSON object"
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise Unusable("is not a JSON object")
+        return check(data) if check is not None else data
     except Unusable as exc:
-        why = str(exc)
+        set_kept_aside(path, str(exc), say)
+    return None
+
+
+def set_kept_aside(path: Path, why: str, say: Callable[[str], None]) -> None:
+    """Set aside a kept file that cannot be used, with one line naming it and why."""
+    from specx.core.kept import set_aside
+
     aside = set_aside(path)
     say(f"cannot use {path} ({why}): " + (f"set aside as {aside.name}" if aside else "it could not be set aside"))
-    return None
 
 
 def write_kept(path: Path, data: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -108,16 +117,26 @@ def llama_verdict(path: Path, say: Callable[[str], None], command: list[str] | N
     """Whether llama.cpp runs `path` on this machine and build: kept, else proven in a child."""
     key = _probe_key(path)
     kept_at = kept_path("probe", key)
-    kept = read_kept(kept_at, say)
+    kept = read_kept(kept_at, say, _kept_verdict)
     if kept is not None:
-        try:
-            return Verdict.from_json(kept["verdict"])
-        except (KeyError, TypeError, ValueError):
-            pass
+        return Verdict(**kept)
     say("proving llama.cpp on this machine in a test process (once per machine, build and model) ...")
     verdict = prove("llama.cpp", path, command)
     write_kept(kept_at, {"key": key, "verdict": verdict.to_json()}, say)
     return verdict
+
+
+def _kept_verdict(doc: dict[str, Any]) -> dict[str, Any]:
+    from specx.core.kept_schema import check_verdict
+
+    return check_verdict(doc.get("verdict"))
+
+
+def engine_names() -> list[str]:
+    """The engines a kept choice may name: every backend but `auto`."""
+    from specx.core.model.load import BACKENDS
+
+    return [b for b in BACKENDS if b != "auto"]
 
 
 def transformers_fits(path: Path) -> bool:
@@ -145,13 +164,8 @@ def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:
     """The engine choice a trial made for this model here (core.predict.engines.Choice), or None."""
     from specx.core.predict.engines import Choice
 
-    kept = read_kept(kept_path("choice", choice_key(model, path)), say)
-    if kept is None:
-        return None
-    try:
-        return Choice.from_json(kept["choice"])
-    except (KeyError, TypeError, ValueError):
-        return None
+    return read_kept(kept_path("choice", choice_key(model, path)), say,
+                     lambda doc: Choice.from_json(doc.get("choice"), engine_names()))
 
 
 def prior_engine(model: str) -> tuple[str, str]:
@@ -206,8 +220,8 @@ def trial_possible(model: str) -> bool:
     path = gguf_file(model)
     if path is None or not path.is_file() or not llamacpp.available():
         return False
-    verdict = read_kept(kept_path("probe", _probe_key(path)), lambda m: None)
-    return verdict is not None and bool((verdict.get("verdict") or {}).get("ok")) and transformers_fits(path)
+    verdict = read_kept(kept_path("probe", _probe_key(path)), lambda m: None, _kept_verdict)
+    return verdict is not None and verdict["ok"] and transformers_fits(path)
 
 
 def kept_choice_for(model: str) -> Any:
@@ -219,7 +233,7 @@ def kept_choice_for(model: str) -> Any:
 def start_trial(model: str, db: Path) -> subprocess.Popen:
     """`specx engines --json` in a child process at low priority (serve's background trial)."""
     command = [sys.executable, "-c", "from specx.cli.app import main; main()", "engines", "--model", model,
-               "--db", str(db), "--json"]
+               "--json"] + (["--db", str(db)] if db.is_file() else [])  # a trial refuses a --db that is no store
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_background_child)
 
@@ -237,14 +251,25 @@ def _background_child() -> None:
         pass
 
 
-def trial_lock() -> Any:
+def trial_lock(say: Callable[[str], None] = lambda m: None) -> Any:
     """An exclusive lock on $SPECX_HOME/engines/trial.lock (an open file), or None when another
-    trial holds it: two trials at once would measure each other."""
+    trial holds it: two trials at once would measure each other. The lock file is opened as kept
+    files are (core.kept.open_kept_lock: a regular file only, never blocking): anything else there
+    (a FIFO, a directory) is set aside with one line and a new lock file made."""
     import fcntl
+
+    from specx.core.kept import Unusable, open_kept_lock
 
     path = specx_home() / "engines" / "trial.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a")
+    try:
+        f = open_kept_lock(path)
+    except Unusable as exc:
+        set_kept_aside(path, str(exc), say)
+        try:
+            f = open_kept_lock(path)
+        except Unusable as again:  # it could not be set aside: one line (main() turns OSError into one)
+            raise OSError(f"cannot use {path} ({again})") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -193,7 +193,9 @@ def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging
     move far from the trial's (the evidence changed). The choice is kept for the next start."""
     from specx.core.predict.engines import Choice
 
-    from .engines import REVISIT_MIN_STEPS, REVISIT_RATIO, kept_choice_for, start_trial
+    from specx.core.kept_schema import printable
+
+    from .engines import REVISIT_MIN_STEPS, REVISIT_RATIO, engine_names, kept_choice_for, start_trial
 
     def run(why: str) -> Choice | None:
         log.info("engine trial: %s: measuring specx on each engine in a background process (niced); the "
@@ -201,10 +203,15 @@ def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging
         child = start_trial(model, db)
         out, err = child.communicate()
         try:
-            choice = Choice.from_json(json.loads(out)["choice"])
+            data = json.loads(out)
+            choice = Choice.from_json(data["choice"], engine_names())
         except (ValueError, KeyError, TypeError):
             log.warning("engine trial failed (exit %s): %s", child.returncode,
-                        (err.strip().splitlines() or ["no output"])[-1][:300])
+                        printable((err.strip().splitlines() or ["no output"])[-1], 300))
+            return None
+        if data.get("kept") is False:  # other processes took the cores: the next start measures again
+            log.warning("engine trial: disturbed (other processes held %.0f%% of the cores), not kept",
+                        100 * (data.get("others_cpu_share") or 0))
             return None
         log.info("engine trial: %s%s", choice.line(), "" if choice.engine == engine else
                  f"; this server runs on {engine}: the next start runs on {choice.engine}")

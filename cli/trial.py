@@ -64,10 +64,14 @@ def engines_cmd(
     from specx.core.model.load import ModelError, load_backend, load_tokenizer
     from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
 
-    lock = trial_lock()  # held until this process ends
+    from specx.core.predict.disturbance import DISTURBED_SHARE, others_share, sample
+
+    lock = trial_lock(output.note)  # held until this process ends
     if lock is None:
         raise ModelError("another engine trial is running on this machine (`specx serve` starts one in the background "
                          "when no choice was made): try again when it ends")
+    if db is not None:
+        trial_store(db)
     path = gguf_file(model)
     if path is None:
         raise ModelError(f"{model!r} is not a GGUF model: it runs on transformers only, there is nothing to choose")
@@ -106,21 +110,32 @@ def engines_cmd(
         runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
     with output.progress() as bar:
         task = bar.add_task("trial: requests x methods", total=len(prompts) * len(runners))
+        before = sample()
         figures = trial(runners, prompts, warmup=1, on_request=lambda: bar.advance(task))
+        disturbed = others_share(before, sample())
     for cost in costs:
         keep_cost(cost, say)
     choice = choose(figures, engines)
     key = choice_key(model, path)
-    write_kept(kept_path("choice", key), {"key": key, "choice": choice.to_json(), "at": time.time()}, say)
+    kept = disturbed is None or disturbed <= DISTURBED_SHARE
+    if kept:
+        write_kept(kept_path("choice", key), {"key": key, "choice": choice.to_json(), "at": time.time()}, say)
+    else:
+        say(f"the trial was disturbed: other processes held {disturbed:.0%} of this machine's {os.cpu_count()} cores "
+            f"while it ran, so its figures are not kept; the next start (or `specx engines` on a quiet machine) "
+            f"measures again")
     identical = None
     if REFERENCE in figures and specx_method("llama.cpp") in figures:
         identical = sum(a == b for a, b in zip(figures[REFERENCE].outputs, figures[specx_method("llama.cpp")].outputs))
     data = {"model": model, "cpu": cpu.model_name(), "isa": cpu.instruction_sets(), "engines": engines,
             "probe": verdict.to_json() if verdict else None, "prompts": source, "choice": choice.to_json(),
-            "identical_llama_cpp": identical, "requests_timed": len(prompts) - 1}
+            "identical_llama_cpp": identical, "requests_timed": len(prompts) - 1, "kept": kept,
+            "others_cpu_share": disturbed}
     say(choice.line())
     if json_out:
         output.print_json(data)
+        if not kept:
+            raise typer.Exit(1)
         return
     ref = figures.get(REFERENCE)
     rows = [[name, f.tokens_per_s, f.tokens_per_s / ref.tokens_per_s if ref and ref.tokens_per_s else None,
@@ -133,6 +148,22 @@ def engines_cmd(
                                      f"Chosen: {choice.engine}"
                                      + (f"; specx on llama.cpp identical to llama.cpp plain on {identical}/"
                                         f"{len(prompts) - 1}" if identical is not None else ""))
+    if not kept:
+        raise typer.Exit(1)
+
+
+def trial_store(db: Path) -> None:
+    """Refuse, in one line (StoreError), a `--db` that is not an existing specx store: a trial on
+    a missing path, a folder or /dev/null would run on the built-in prompts and keep that choice as
+    the workload's, and an empty file would become a store."""
+    from specx.store.db import Store, StoreError
+
+    if not db.exists():
+        raise StoreError(f"{db}: no such store (pass the store the workload was ingested into)")
+    if not db.is_file():
+        raise StoreError(f"{db}: not a store file")
+    with Store(db, readonly=True):  # StoreError: not a specx store, newer, or damaged
+        pass
 
 
 def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[int]], str]:

@@ -122,6 +122,24 @@ def read_kept(path: Path | str, max_bytes: int = MAX_BYTES) -> bytes | None:
     return b"".join(chunks)
 
 
+def open_kept_lock(path: Path | str) -> Any:
+    """A kept lock file opened for flock (a binary file object), made when missing; Unusable when
+    something other than a regular file stands there (a FIFO would block a plain open forever, a
+    directory cannot be opened for writing). Opened non-blocking and checked again on the
+    descriptor, as read_kept does."""
+    check_kept(path, max_bytes=1 << 62)  # any size: only its kind matters
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise Unusable(f"cannot be opened: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise Unusable(f"is {_kind(mode)}, not a regular file")
+    return os.fdopen(fd, "r+b")
+
+
 def read_kept_json(path: Path | str, max_bytes: int = MAX_BYTES) -> Any:
     """The JSON document of a kept file (None: there is none), or Unusable: read_kept's reasons,
     not UTF-8, not JSON, nested too deep to read."""

@@ -141,13 +141,13 @@ class Choice:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Choice:
-        if not isinstance(data.get("engine"), str) or not isinstance(data.get("tokens_per_s"), dict):
-            raise ValueError("not an engine choice")
-        vs = data.get("vs_reference")
-        return cls(str(data["engine"]), {str(k): float(v) for k, v in data["tokens_per_s"].items()},
-                   float(data.get("tokens_per_step", 0.0)), float(vs) if vs is not None else None,
-                   str(data.get("reason", "")), dict(data.get("figures") or {}))
+    def from_json(cls, data: Any, engines: Sequence[str]) -> Choice:
+        """A kept choice, every field checked by shape and range (core.kept_schema.check_choice: the
+        engine one of `engines`, finite figures, a printable reason); else core.kept.Unusable (a
+        ValueError) naming the field."""
+        from ..kept_schema import check_choice
+
+        return cls(**check_choice(data, engines))
 
 
 def specx_method(engine: str) -> str:
