@@ -64,7 +64,7 @@ def engines_cmd(
     from specx.core.model.load import ModelError, load_backend, load_tokenizer
     from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
 
-    from specx.core.predict.disturbance import DISTURBED_SHARE, others_share, sample
+    from specx.core.predict.disturbance import others_share, sample
 
     lock = trial_lock(output.note)  # held until this process ends
     if lock is None:
@@ -116,14 +116,7 @@ def engines_cmd(
     for cost in costs:
         keep_cost(cost, say)
     choice = choose(figures, engines)
-    key = choice_key(model, path)
-    kept = disturbed is None or disturbed <= DISTURBED_SHARE
-    if kept:
-        write_kept(kept_path("choice", key), {"key": key, "choice": choice.to_json(), "at": time.time()}, say)
-    else:
-        say(f"the trial was disturbed: other processes held {disturbed:.0%} of this machine's {os.cpu_count()} cores "
-            f"while it ran, so its figures are not kept; the next start (or `specx engines` on a quiet machine) "
-            f"measures again")
+    kept = keep_choice(choice, choice_key(model, path), disturbed, say)
     identical = None
     if REFERENCE in figures and specx_method("llama.cpp") in figures:
         identical = sum(a == b for a, b in zip(figures[REFERENCE].outputs, figures[specx_method("llama.cpp")].outputs))
@@ -152,6 +145,21 @@ def engines_cmd(
         raise typer.Exit(1)
 
 
+def keep_choice(choice: Any, key: dict[str, Any], disturbed: float | None, say: Callable[[str], None]) -> bool:
+    """Keep a trial's choice for `--backend auto`, unless other processes held more than
+    DISTURBED_SHARE of the cores while it ran (`disturbed`, core.predict.disturbance): then say
+    so and keep nothing, and the next start measures again. Whether it was kept."""
+    from specx.core.predict.disturbance import DISTURBED_SHARE
+
+    if disturbed is not None and disturbed > DISTURBED_SHARE:
+        say(f"the trial was disturbed: other processes held {disturbed:.0%} of this machine's {os.cpu_count()} cores "
+            f"while it ran, so its figures are not kept; the next start (or `specx engines` on a quiet machine) "
+            f"measures again")
+        return False
+    write_kept(kept_path("choice", key), {"key": key, "choice": choice.to_json(), "at": time.time()}, say)
+    return True
+
+
 def trial_store(db: Path) -> None:
     """Refuse, in one line (StoreError), a `--db` that is not an existing specx store: a trial on
     a missing path, a folder or /dev/null would run on the built-in prompts and keep that choice as
@@ -178,7 +186,7 @@ def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[in
         from specx.store.prompts import model_prompts
         from specx.store.selection import select_calls
 
-        with Store(db) as store:
+        with Store(db, readonly="auto") as store:
             fingerprint = tokenizer_fingerprint(tok)
             index = index_for(store, fingerprint)
             tokenizer_id = store.tokenizer_id(fingerprint)

@@ -7,7 +7,8 @@ kind of kept thing has one check, here:
 
 - an engine choice ($SPECX_HOME/engines/choice-*.json): `check_choice`
 - a probe verdict ($SPECX_HOME/engines/probe-*.json): `check_verdict`
-- a cost curve ($SPECX_HOME/cost/learned-*.json): `check_cost_state` (core/cost/kept_state.py)
+- a cost curve ($SPECX_HOME/cost/learned-*.json): core/cost/kept_state.check_state, beside the
+  curve whose grid it checks against (this module is shared by every tower and imports none)
 - a successor table (a row of the store's `successors`): `check_table`, on the arrays' declared
   shapes and dtypes, before anything is allocated
 
@@ -27,7 +28,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .cost.kept_state import check_state as check_cost_state  # noqa: F401  (the cost curve's check lives beside the curve)
 from .kept import Unusable
 
 MAX_TOKENS_PER_S = 1e6  # no engine on any machine writes more tokens per second
@@ -108,7 +108,7 @@ def check_table(arrays: dict[str, tuple[tuple[int, ...], str]], vocab_size: int 
     >>> check_table({"next": ((10**9, 8), "int32"), "prob": ((10**9, 8), "float16")}, 49152)
     Traceback (most recent call last):
     ...
-    specx.core.kept.Unusable: damaged: its arrays declare 1,000,000,000 tokens, the model has 49,152
+    specx.core.kept.Unusable: for a vocabulary of 1,000,000,000 tokens, the model has 49,152
     """
     for name, dtype in TABLE_DTYPES.items():
         if name not in arrays:
@@ -121,7 +121,7 @@ def check_table(arrays: dict[str, tuple[tuple[int, ...], str]], vocab_size: int 
         raise Unusable(f"damaged: its arrays' shapes differ ({shape} and {arrays['prob'][0]})")
     vocab, k = shape
     if vocab_size is not None and vocab != vocab_size:
-        raise Unusable(f"damaged: its arrays declare {vocab:,} tokens, the model has {vocab_size:,}")
+        raise Unusable(f"for a vocabulary of {vocab:,} tokens, the model has {vocab_size:,}")
     if not 1 <= vocab <= MAX_TABLE_VOCAB:
         raise Unusable(f"damaged: its arrays declare {vocab:,} tokens, not 1 to {MAX_TABLE_VOCAB:,}")
     if not 1 <= k <= MAX_TABLE_K:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# what each tower of core/ may import (besides itself); core.draft, core.numba_cache and core.kept: anyone
+# what each tower of core/ may import (besides itself); core.draft, core.numba_cache, core.kept and
+# core.kept_schema: anyone
 TOWERS = ["index", "model", "cost", "decode", "predict", "serve"]
-SHARED = {"specx.core.draft", "specx.core.numba_cache", "specx.core.kept"}
+SHARED = {"specx.core.draft", "specx.core.numba_cache", "specx.core.kept", "specx.core.kept_schema"}
 
 
 def modules() -> dict[str, Path]:

@@ -4,9 +4,9 @@ A trial (core.predict.engines) compares engines by wall-clock time. A second tri
 busy server beside it takes cores from whichever method runs at that moment, and the figures then
 say more about the neighbour than about the engines (issue 47: beside a second trial, one recorded
 specx on llama.cpp at 1.91x llama.cpp plain, where undisturbed runs give 0.88-0.92x). Linux counts
-every core's busy time in /proc/stat, and this process's own (its threads, and the children it
-waited for) in os.times(): over the trial, the difference is what the others used, and as a share
-of the cores' time it says whether the trial was disturbed.
+every core's busy time in /proc/stat, and this process's own (all its threads: the trial runs
+every engine in this process) in os.times(): over the trial, the difference is what the others
+used, and as a share of the cores' time it says whether the trial was disturbed.
 
     before = sample()
     ...                                   # the trial
@@ -46,8 +46,7 @@ def sample() -> CpuSample | None:
     values = [int(v) for v in fields[1:9]]
     busy = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
     times = os.times()
-    return CpuSample(busy / ticks, times.user + times.system + times.children_user + times.children_system,
-                     time.monotonic())
+    return CpuSample(busy / ticks, times.user + times.system, time.monotonic())
 
 
 def others_share(before: CpuSample | None, after: CpuSample | None, cores: int | None = None) -> float | None:
