@@ -112,7 +112,7 @@ def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     from specx.store.db import Store
 
     path = existing_store(db)
-    with Store(path) as store:
+    with Store(path, readonly="auto") as store:
         stats = store.stats()
     if json_out:
         output.print_json(stats)
@@ -231,7 +231,7 @@ def replay_cmd(
                                   prefix_cache_tokens=prefix_cache_tokens)
     curves = predict_lib.cost_curves(cost_curve) if project else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
-    with Store(path) as store:
+    with Store(path, readonly="auto") as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
         if tokenizer_id is None:
             raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
@@ -301,14 +301,14 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
     from specx.core.index.successors import SuccessorTable
     from specx.store.prompts import model_prompts
     from specx.store.selection import outside_sessions, select_calls
-    from specx.store.successors import load_table, table_key
+    from specx.store.successors import table_key
 
-    from .assemble import assemble
+    from .assemble import assemble, kept_table
 
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
     drafters = drafters or [default_drafter(engine)]  # none given: the engine's
-    with Store(path) as store:
+    with Store(path, readonly="auto") as store:
         tokenizer_id = store.tokenizer_id(stack.fingerprint)
         if tokenizer_id is None:
             raise typer.BadParameter(f"the store has no tokens for {model!r}'s tokenizer: ingest with --model {model}",
@@ -320,7 +320,7 @@ def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, wind
                                      param_hint="--format/--source/...")
         warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
             if warm else []
-        kept = load_table(store, table_key(Path(model).name, stack.fingerprint), engine.vocab_size) \
+        kept = kept_table(store, table_key(Path(model).name, stack.fingerprint), engine.vocab_size, output.note) \
             if warm and drafters != ["suffix"] else None
     tables = (lambda: SuccessorTable.from_bytes(kept.to_bytes())) if kept is not None else None  # a warm copy each
     methods = ["plain", "prompt_lookup", "specx"] if baselines and engine.prompt_lookup else ["plain", "specx"]

@@ -66,10 +66,10 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         from specx.store.index import index_for
 
         stage("loading the global index")
-        with Store(db) as store:  # created when missing
+        with Store(db, readonly="auto") as store:  # created when missing; read-only where it cannot be written
             global_index = index_for(store, fingerprint)
             if speculation and drafter != "suffix":
-                successors = _kept_table(store, table_key(Path(model).name, fingerprint), engine.vocab_size, say)
+                successors = kept_table(store, table_key(Path(model).name, fingerprint), engine.vocab_size, say)
         say(f"global index: {global_index.num_tokens:,} tokens from {db}")
     # nothing is timed here: the cost is learned from the passes the requests run
     cost = model_cost(engine, model, say, relearn=relearn) if cost_aware else None
@@ -89,7 +89,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
                  successors_key=table_key(Path(model).name, fingerprint) if successors is not None else None)
 
 
-def _kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], None]) -> SuccessorTable | None:
+def kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], None]) -> SuccessorTable | None:
     """The successor table the store keeps for this model, or None (none kept, or a damaged one: said,
     and a new table replaces it at the next save)."""
     from specx.store.db import StoreError

@@ -80,7 +80,7 @@ def entropy_cmd(
     curves = predict_lib.cost_curves(cost_curve) if predict else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     rng = np.random.default_rng(seed)
-    with Store(path) as store:
+    with Store(path, readonly="auto") as store:
         tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
         if tokenizer_id is None:
             raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",

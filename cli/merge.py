@@ -20,7 +20,8 @@ def merge_cmd(
 
     Calls are matched by content, so what both stores hold (a common seed, an earlier merge) is not
     copied again, and merging twice adds nothing. A store that cannot be read is reported and the
-    others are merged (exit status 1). The way to scale past one machine: each replica serves and
+    others are merged (exit status 1); so is a successor table that is damaged or for another
+    vocabulary (named with its store). `--json` gives each store's outcome under "stores". The way to scale past one machine: each replica serves and
     records into its own store (SPECX_RECORD=1), and the central store merges them.
 
     Example: [bold]specx merge replica-a.db replica-b.db --db central.db --json[/]
@@ -29,7 +30,7 @@ def merge_cmd(
     from specx.store.merge import merge
 
     path = store_path(db)
-    results, errors = [], []
+    results, errors, outcomes = [], [], []
     with Store(path) as dest:
         for other in stores:
             try:
@@ -40,13 +41,16 @@ def merge_cmd(
                     report = merge(dest, src, on_source=lambda p: bar.advance(task))
             except (StoreError, ValueError) as exc:
                 errors.append(str(exc))
+                outcomes.append({"store": str(other), "outcome": "not merged", "errors": [str(exc)]})
                 continue
             results.append({"store": str(other)} | report.to_json())
             errors += [f"{other}: {message}" for message in report.damaged]
+            outcomes.append({"store": str(other), "outcome": "merged in part" if report.damaged else "merged",
+                             "errors": [f"{other}: {message}" for message in report.damaged]})
             output.note(f"{other}: {report.new_calls:,} new calls ({report.known_calls:,} already here), "
                         f"{report.new_token_rows:,} token rows")
     if json_out:
-        output.print_json({"db": str(path), "merged": results, "errors": errors})
+        output.print_json({"db": str(path), "merged": results, "errors": errors, "stores": outcomes})
     else:
         keys = ["sources", "new_sources", "new_sessions", "new_calls", "known_calls", "new_messages", "new_token_rows"]
         output.print_table(f"merged into {path}", ["store"] + keys, [[r["store"]] + [r[k] for k in keys] for r in results],

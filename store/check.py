@@ -27,7 +27,7 @@ import zstandard
 from specx.core.index.suffix_array import build_suffix_array
 from specx.core.index.tokens import SuffixIndexError
 
-from .db import IndexState, Store, StoreError
+from .db import IndexState, Store, StoreError, connect_readonly
 from .index import load_persisted
 from .schema import health_problems, schema_problem
 
@@ -72,7 +72,7 @@ def check_store(path: Path) -> CheckReport:
     integrity = Check("integrity")
     report.checks += [schema, integrity]
     try:
-        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+        conn = connect_readonly(Path(path))  # immutable where no -shm can be made (a read-only folder)
     except sqlite3.Error as exc:
         raise StoreError(f"{path}: cannot open the store ({exc})") from None
     try:

@@ -29,15 +29,15 @@ class BlobError(ValueError):
     """A blob that is not a whole zstd frame of a believable size (damaged, or hostile)."""
 
 
-def decompress(blob: bytes) -> bytes:
-    """The blob's bytes; BlobError if it is damaged or would expand past MAX_BYTES (or MAX_RATIO)."""
+def decompress(blob: bytes, max_bytes: int = MAX_BYTES) -> bytes:
+    """The blob's bytes; BlobError if it is damaged or would expand past `max_bytes` (or MAX_RATIO)."""
     try:
         size = zstandard.frame_content_size(blob)
     except zstandard.ZstdError as exc:
         raise BlobError(f"damaged: {exc}") from None
     if size < 0:
         raise BlobError("damaged: no content size in its frame header")
-    if size > MAX_BYTES or (size > 64 << 20 and size > MAX_RATIO * len(blob)):
+    if size > max_bytes or (size > 64 << 20 and size > MAX_RATIO * len(blob)):
         raise BlobError(f"it would expand to {size:,} bytes from {len(blob):,} (refused: a damaged or hostile block)")
     try:
         return _contexts()[1].decompress(blob)

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,22 +76,57 @@ def _setup_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def writable(path: Path) -> bool:
+    """Whether a store at `path` can be written here: the file (when there is one) and its folder,
+    where SQLite makes its -wal and -shm files (False on a read-only filesystem or folder)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.exists():
+        return True  # made by the writer, or its error says why not
+    return os.access(folder, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection. A WAL store needs its -shm file to be read, and in a read-only
+    folder or filesystem none can be made: then the file is opened immutable (SQLite takes no
+    lock and makes no file; what its -wal held past the last checkpoint is not seen)."""
+    uri = path.resolve().as_uri()
+    conn = sqlite3.connect(uri + "?mode=ro", uri=True)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        if writable(path):
+            return conn  # not the folder's fault: the checks below name what is wrong
+        conn.close()
+    return sqlite3.connect(uri + "?immutable=1", uri=True)
+
+
 class Store:
     """A specx store file. Use as a context manager, or call close().
 
-    A missing file is created, unless `readonly`: that opens an existing store for reading only
-    (no migration, no write, not even of its journal mode).
+    A missing file is created, unless `readonly`: that opens an existing specx store for reading
+    only (no migration, no write, not even of its journal mode). `readonly="auto"`, for commands
+    that only read: read-write where the store can be written (it is migrated), else read-only
+    (a store on a read-only filesystem or in a folder this user cannot write). A writer meets a
+    store it cannot write with a StoreError saying so; `self.readonly` says how it was opened.
     """
 
-    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+    def __init__(self, path: Path, *, readonly: bool | str = False) -> None:
         self.path = Path(path)
-        if not self.path.exists():
-            if readonly:
-                raise StoreError(f"{self.path}: no such store (run `specx ingest` first)")
+        exists = self.path.exists()
+        if readonly == "auto":
+            readonly = exists and not writable(self.path)
+        self.readonly = bool(readonly)
+        if not exists and readonly:
+            raise StoreError(f"{self.path}: no such store (run `specx ingest` first)")
+        if not readonly and not writable(self.path):
+            raise StoreError(f"{self.path}: read-only here (a read-only filesystem, or a folder or file this user "
+                             "cannot write): this command writes into the store; the commands that only read it "
+                             "(ls, check, entropy, replay, generate, serve) open it read-only")
+        if not exists:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            conn = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True) if readonly \
-                else sqlite3.connect(self.path)
+            conn = connect_readonly(self.path) if readonly else sqlite3.connect(self.path)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the store ({exc})") from None
         self.db = Database(conn)
@@ -108,6 +144,9 @@ class Store:
                     if len(damage) > 1 else ""
                 raise StoreError(f"{self.path}: the store is corrupt ({damage[0]}{more}); nothing was written"
                                  " (`specx check` lists what is wrong)")
+            if readonly and self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sources'"
+                                            ).fetchone() is None:
+                raise StoreError(f"{self.path}: not a specx store (it holds no sources table)")
             if not readonly:
                 with _setup_lock(self.path):  # two processes creating one store must not both migrate it
                     self.db.execute("PRAGMA journal_mode=WAL")

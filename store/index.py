@@ -51,7 +51,14 @@ def load_persisted(store: Store, state: IndexState) -> SuffixIndex:
 
 
 def load_index(store: Store, tokenizer_id: int, max_depth: int = MAX_DEPTH) -> SuffixIndex:
-    """The global index of a tokenizer's stored outputs, brought up to date first if stale."""
+    """The global index of a tokenizer's stored outputs, brought up to date first if stale (in a
+    store opened read-only, built in memory when stale: nothing can be saved there)."""
+    if store.readonly:
+        state = store.index_state(tokenizer_id)
+        count, last = store.token_rows(tokenizer_id)
+        if state is not None and (state.num_calls, state.last_token_rowid, state.max_depth) == (count, last, max_depth):
+            return load_persisted(store, state)
+        return SuffixIndex.build([t for _, t in store.iter_tokens(tokenizer_id)], max_depth=max_depth)
     update_index(store, tokenizer_id, max_depth)
     state = store.index_state(tokenizer_id)
     return load_persisted(store, state)  # type: ignore[arg-type]

@@ -8,7 +8,9 @@ reported and the other files go on.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -143,21 +145,45 @@ def ingest(store: Store, paths: list[Path] | Inputs, tokenizer: Tokenizer, fmt: 
     inputs = paths if isinstance(paths, Inputs) else find_inputs(paths, fmt)
     report = inputs.report
     known_tokenizer = store.tokenizer_id(name=tokenizer.name)
-    for path, detected, root in inputs.logs:
+    for i, (path, detected, root) in enumerate(inputs.logs):
         on_file(path)
         report.files += 1
+        counts = (report.calls, report.new_calls, report.duplicate_calls, report.new_tokens, dict(report.by_format))
         try:
             _ingest_file(store, path, detected, root, tokenizer, known_tokenizer, report)
         except ParseError as exc:
             report.error(exc.path, exc.message, exc.line)
-        except (OSError, UnicodeError) as exc:
-            report.error(path, f"cannot read: {exc}")
+        except (OSError, UnicodeError, sqlite3.OperationalError) as exc:
+            if not disk_full(exc):
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise
+                report.error(path, f"cannot read: {exc}")
+                continue
+            # Each file is one transaction: this one was rolled back, the store is as it was before it.
+            report.calls, report.new_calls, report.duplicate_calls, report.new_tokens, report.by_format = counts
+            report.error(store.path, f"no space left on device writing {store.path}: {path} and the "
+                                     f"{len(inputs.logs) - i - 1} files after it were not stored (the store is "
+                                     f"intact: free some space and ingest again)")
+            return report
         except RecursionError:
             report.error(path, "nested too deep to read")
     tokenizer_id = store.tokenizer_id(tokenizer.fingerprint) if tokenizer.fingerprint else known_tokenizer
     if tokenizer_id is not None:
-        report.index = update_index(store, tokenizer_id, max_depth)
+        try:
+            report.index = update_index(store, tokenizer_id, max_depth)
+        except (OSError, sqlite3.OperationalError) as exc:
+            if not disk_full(exc):
+                raise
+            report.error(store.path, f"no space left on device writing {store.path}: the calls are stored, the "
+                                     f"index was not saved (the next command that reads the store builds it)")
     return report
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says the disk is full (SQLite's SQLITE_FULL, or ENOSPC from a file write)."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Tokenizer,

@@ -64,10 +64,8 @@ def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda pat
             setattr(report, name, getattr(report, name) + getattr(done, name))
     for tid in report.tokenizers:
         update_index(dest, tid)
-    try:
-        report.successor_tables = merge_tables(dest, src)
-    except StoreError as exc:
-        report.damaged.append(f"successor tables: not merged: {exc}")
+    report.successor_tables, problems = merge_tables(dest, src)
+    report.damaged += problems
     return report
 
 

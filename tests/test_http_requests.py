@@ -350,3 +350,16 @@ def test_an_api_key_no_client_can_send_is_refused():
         assert err.value.param_hint == "--api-key" and "\n" not in err.value.format_message()
     for key in good:
         assert check_api_key(key) == key
+
+
+def test_detokenize_is_bounded_by_the_context_before_anything_is_checked_or_decoded():
+    """Issue 47, case 2: 15,000,000 ids in a 30 MB body were decoded (a 180 MB answer, the server
+    from 0.76 to 4.5 GB, /health held for 11.8 s). More ids than the context is a 400 naming `tokens`."""
+    from specx.cli.http.requests import parse_detokenize
+
+    assert parse_detokenize({"tokens": [1] * 64}, [MODEL], 1000, 64) == [1] * 64
+    for tokens in ([1] * 65, ["not an id"] * 15_000_000):  # refused by their count, before each is looked at
+        with pytest.raises(ApiError) as err:
+            parse_detokenize({"tokens": tokens}, [MODEL], 1000, 64)
+        assert (err.value.status, err.value.param, err.value.code) == (400, "tokens", "context_length_exceeded")
+        assert f"{len(tokens):,} token ids, more than this model's context of 64" in err.value.message

@@ -83,3 +83,30 @@ def test_merge_command_reports_a_bad_store_and_merges_the_rest(tmp_path):
     assert res.returncode == 1 and "cannot be merged into itself" in res.stderr
     with Store(tmp_path / "a.db") as a:
         assert sorted(o for (o,) in a.db.execute("SELECT output_bytes FROM calls")) == [10, 10]
+
+
+def test_merge_goes_on_past_a_damaged_successor_table_and_reports_each_store(tmp_path):
+    """Issue 47, case 3: a successor table's blob stored as TEXT ended `specx merge` with a
+    TypeError traceback: the stores after it were not merged, and no --json came out."""
+    from specx.core.index.successors import SuccessorTable
+    from specx.store.successors import save_table, table_key
+
+    with Store(tmp_path / "a.db") as a:
+        served(a, "cmpl-a", "SELECT 'a'", [1, 2])
+    with Store(tmp_path / "bad.db") as bad:
+        served(bad, "cmpl-bad", "SELECT 'bad'", [5, 6])
+        save_table(bad, table_key("m", "fp-served"), SuccessorTable(1000, k=2))
+        bad.db.execute("UPDATE successors SET blob = 'text, not a blob'")
+        bad.db.conn.commit()
+    with Store(tmp_path / "b.db") as b:
+        served(b, "cmpl-b", "SELECT 'b'", [3, 4])
+    res = run("merge", str(tmp_path / "bad.db"), str(tmp_path / "b.db"), "--db", str(tmp_path / "a.db"), "--json")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    data = json.loads(res.stdout)
+    assert [m["store"] for m in data["merged"]] == [str(tmp_path / "bad.db"), str(tmp_path / "b.db")]
+    assert [(s["store"], s["outcome"]) for s in data["stores"]] == [
+        (str(tmp_path / "bad.db"), "merged in part"), (str(tmp_path / "b.db"), "merged")]
+    assert data["errors"] == [f"{tmp_path / 'bad.db'}: the successor table of m|fp-served is damaged: its blob is "
+                              f"stored as TEXT: not merged"]
+    with Store(tmp_path / "a.db") as a:
+        assert a.db.execute("SELECT count(*) FROM calls").fetchone()[0] == 3  # the calls of both are merged

@@ -70,6 +70,7 @@ def test_tokenize_detokenize_cors_max_model_len_and_refusals_logged(tmp_path, tm
         assert bare["count"] < chat["count"]
         for path, payload, code in (("/detokenize", {"tokens": [10**9]}, "invalid_value"),
                                     ("/detokenize", {"tokens": "abc"}, "invalid_type"),
+                                    ("/detokenize", {"tokens": [1] * 257}, "context_length_exceeded"),  # issue 47
                                     ("/tokenize", {"model": "gpt-4o", "prompt": "x"}, "model_not_found"),
                                     ("/tokenize", {}, "missing_required_parameter")):
             status, body = post(srv.url + path, json.dumps(payload).encode())

@@ -241,3 +241,79 @@ def test_check_names_what_is_wrong_and_writes_nothing(tmp_path, tokenizer):
     assert sha256(db) == before
     res = specx("check", "--db", str(tmp_path / "none.db"))
     assert res.returncode == 1 and "no store" in res.stderr and not (tmp_path / "none.db").exists()
+
+
+# ------------------------------------------------------------------ issue 47
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
+def test_a_read_only_store_is_read_and_a_writer_says_it_is_read_only(tmp_path, tokenizer):
+    """Issue 47, case 5: a store in a read-only folder (or filesystem: users mount shared logs
+    read-only) was "not a usable specx store (unable to open database file)" for every command,
+    the store intact (WAL needs to write its -shm). Now the commands that only read open it
+    read-only, immutable where no -shm can be made; ingest says the store is read-only."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    db = a_store(folder, tokenizer)
+    more = write_pairs(tmp_path / "more" / "pairs.jsonl", tag="m")
+    before = sorted(p.name for p in folder.iterdir())
+    db.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        ls = specx("ls", "--db", str(db), "--json", real=True, prefix=UNPRIVILEGED)
+        check = specx("check", "--db", str(db), "--json", real=True, prefix=UNPRIVILEGED)
+        replay = specx("replay", "--db", str(db), "--no-baselines", "--json", real=True, prefix=UNPRIVILEGED)
+        ingest_ = specx("ingest", str(more), "--db", str(db), real=True, prefix=UNPRIVILEGED)
+        engines = specx("engines", "--db", str(db), "--model", "none.gguf", real=True, prefix=UNPRIVILEGED)
+    finally:
+        folder.chmod(0o755)
+        db.chmod(0o644)
+    assert ls.returncode == 0, ls.stderr
+    assert json.loads(ls.stdout)["calls"] == 400
+    assert check.returncode == 0, check.stderr
+    assert replay.returncode == 0, replay.stderr
+    one_line_error(ingest_, str(db), "read-only here", "open it read-only")
+    one_line_error(engines, "no such GGUF file: none.gguf")  # past the store's check: a read-only store is a store
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing was made beside it (no -wal, no -shm)
+
+
+def test_a_full_disk_during_ingest_says_so_with_the_json_of_what_was_done(tmp_path, tokenizer, monkeypatch):
+    """Issue 47, case 7: a full disk during ingest said "the store cannot be read: database or disk
+    is full" and printed no JSON, though nothing was wrong with the store."""
+    db = a_store(tmp_path, tokenizer)
+    with sqlite3.connect(db) as conn:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.close()
+    opened = Store.__init__
+
+    def on_a_full_disk(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        self.db.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite's SQLITE_FULL, as a full disk gives
+
+    monkeypatch.setattr(Store, "__init__", on_a_full_disk)
+    logs = [write_pairs(tmp_path / "more" / f"{name}.jsonl", n=300, tag=name) for name in ("a", "b")]
+    res = specx("ingest", *map(str, logs), "--db", str(db), "--json")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    data = json.loads(res.stdout)
+    assert data["new_calls"] == 0 and data["files"] == 1
+    assert data["errors"][0]["message"].startswith(f"no space left on device writing {db}: ")
+    assert "and the 1 files after it were not stored" in data["errors"][0]["message"]
+    monkeypatch.setattr(Store, "__init__", opened)
+    assert json.loads(specx("ls", "--db", str(db), "--json").stdout)["calls"] == 400  # the store is intact
+
+
+@pytest.mark.parametrize("given", ["missing", "folder", "dev_null", "empty", "not_sqlite"])
+def test_specx_engines_refuses_a_db_that_is_no_store(tmp_path, given):
+    """Issue 47, case 9: `specx engines --db` ran the trial on the built-in prompts with rc 0 for a
+    missing path, a folder or /dev/null, kept that choice, and made an empty file a store."""
+    path = {"missing": tmp_path / "missing.db", "folder": tmp_path, "dev_null": Path("/dev/null"),
+            "empty": tmp_path / "empty.db", "not_sqlite": tmp_path / "text.db"}[given]
+    if given == "empty":
+        path.write_bytes(b"")
+    elif given == "not_sqlite":
+        path.write_text("not a store\n" * 100)
+    res = specx("engines", "--db", str(path))
+    one_line_error(res, str(path))
+    assert "no such store" in res.stderr or "not a store file" in res.stderr or "not a specx store" in res.stderr \
+        or "cannot open the store (file is not a database)" in res.stderr, res.stderr
+    if given == "empty":
+        assert path.read_bytes() == b""  # not made into a store

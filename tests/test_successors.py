@@ -48,7 +48,7 @@ def test_bytes_round_trip_and_damage():
     assert np.array_equal(again.next, table.next) and np.array_equal(again.prob, table.prob)
     with pytest.raises(SuccessorTableError, match="header"):
         SuccessorTable.from_bytes(b"garbage")
-    with pytest.raises(SuccessorTableError, match="vocabulary of 10 tokens, the model has 12"):
+    with pytest.raises(SuccessorTableError, match="for a vocabulary of 10 tokens, the model has 12"):
         SuccessorTable.from_bytes(table.to_bytes(), vocab_size=12)
     with pytest.raises(SuccessorTableError, match="damaged"):
         SuccessorTable.from_bytes(table.to_bytes()[:40])
@@ -147,6 +147,116 @@ def test_kept_in_the_store_and_merged(tmp_path):
     a.db.conn.commit()
     with pytest.raises(StoreError, match=r"successor table of tiny\|fp is damaged"):
         load_table(a, key, 10)
+
+
+def _npz_table(arrays, compression=None):
+    """A kept table's bytes around hand-made npz members: {name: (npy header dict, data bytes)}."""
+    import io
+    import zipfile
+
+    from specx.core.index.successors import _MAGIC
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression or zipfile.ZIP_STORED) as archive:
+        for name, (header, data) in arrays.items():
+            npy = io.BytesIO()
+            np.lib.format.write_array_header_1_0(npy, header)
+            archive.writestr(f"{name}.npy", npy.getvalue() + data)
+    return _MAGIC + out.getvalue()
+
+
+def test_a_hostile_kept_table_is_refused_before_anything_is_allocated():
+    """Issue 47, case 3: a 212-byte blob declaring (10^9, 8) took 29.8 GiB; k = 0 was a ValueError
+    traceback; a 597-byte blob holding (49152, 4096), deflated inside, was accepted (1.6 -> 3.9 GB)."""
+    import zipfile
+
+    def header(shape, dtype):
+        return {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape}
+
+    huge = _npz_table({"next": (header((10**9, 8), "<i4"), b""), "prob": (header((10**9, 8), "<f2"), b"")})
+    assert len(huge) < 1000
+    with pytest.raises(SuccessorTableError, match="vocabulary of 1,000,000,000 tokens, the model has 49,152"):
+        SuccessorTable.from_bytes(huge, vocab_size=49152)
+    with pytest.raises(SuccessorTableError, match="not 1 to 1,048,576"):
+        SuccessorTable.from_bytes(huge)
+    k0 = _npz_table({"next": (header((10, 0), "<i4"), b""), "prob": (header((10, 0), "<f2"), b"")})
+    with pytest.raises(SuccessorTableError, match="damaged: it keeps 0 successors per token"):
+        SuccessorTable.from_bytes(k0, vocab_size=10)
+    wide = _npz_table({"next": (header((100, 4096), "<i4"), bytes(100 * 4096 * 4)),
+                       "prob": (header((100, 4096), "<f2"), bytes(100 * 4096 * 2))}, zipfile.ZIP_DEFLATED)
+    assert len(wide) < 10_000  # zeros deflate to almost nothing: the bound on the zstd frame never sees them
+    with pytest.raises(SuccessorTableError, match="damaged: its next array is compressed inside"):
+        SuccessorTable.from_bytes(wide, vocab_size=100)
+    objects = _npz_table({"next": (header((10, 2), "|O"), b""), "prob": (header((10, 2), "<f2"), b"")})
+    with pytest.raises(SuccessorTableError, match="damaged: its next array is object"):
+        SuccessorTable.from_bytes(objects, vocab_size=10)
+    with pytest.raises(SuccessorTableError, match="not a specx successor table"):
+        SuccessorTable.from_bytes("text, not bytes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("damage", ["text", "integer", "huge", "k0"])
+def test_a_damaged_table_row_is_said_and_a_new_table_started(tmp_path, damage):
+    """Issue 47, case 3: a `blob` stored as TEXT or INTEGER was a TypeError traceback in generate,
+    serve and merge; now it is "damaged", a new table starts, and merge goes on."""
+    from specx.cli.assemble import kept_table
+    from specx.store import codec
+    from specx.store.db import Store
+    from specx.store.merge import merge
+    from specx.store.successors import load_table, save_table, table_key
+
+    key = table_key("tiny", "fp")
+    with Store(tmp_path / "bad.db") as bad:
+        save_table(bad, key, SuccessorTable(10, k=2))
+        header = {"descr": "<i4", "fortran_order": False, "shape": (10**9, 8) if damage == "huge" else (10, 0)}
+        plain = {"text": "a table", "integer": 42}
+        value = plain[damage] if damage in plain else codec.compress(_npz_table(
+            {"next": (header, b""), "prob": (header | {"descr": "<f2"}, b"")}))
+        bad.db.execute("UPDATE successors SET blob = ? WHERE model = ?", [value, key])
+        bad.db.conn.commit()
+        said = []
+        assert kept_table(bad, key, 10, said.append) is None
+        assert len(said) == 1 and f"successor table of {key} is damaged" in said[0] \
+            and said[0].endswith("starting a new successor table")
+    with Store(tmp_path / "dest.db") as dest, Store(tmp_path / "bad.db", readonly=True) as src:
+        good = SuccessorTable(10, k=2)
+        good.learn([1], [[2, 3]], [[0.5, 0.2]])
+        save_table(dest, key, good)
+        report = merge(dest, src)
+        assert report.successor_tables == [] and len(report.damaged) == 1
+        assert report.damaged[0].startswith(f"the successor table of {key} is damaged") \
+            and report.damaged[0].endswith("not merged")
+        assert load_table(dest, key, 10).next[1].tolist() == [2, 3]  # the destination's table is untouched
+    with Store(tmp_path / "fresh.db") as fresh, Store(tmp_path / "bad.db") as bad:
+        save_table(fresh, key, good)  # the damaged one is the destination's: replaced by the other store's
+        report = merge(bad, fresh)
+        assert report.successor_tables == [key] and "starting a new table" in report.damaged[0]
+        assert str(tmp_path / "bad.db") in report.damaged[0]
+        assert load_table(bad, key, 10).next[1].tolist() == [2, 3]
+
+
+def test_merge_names_the_store_whose_table_is_for_another_vocabulary(tmp_path):
+    """Issue 47, case 6: a source's table for 100 tokens gave an error naming the destination ("is
+    the table is for a vocabulary of 49152 ..."); into a store with no table it was copied silently
+    (rc 0) and discarded at the next start."""
+    from specx.store.db import Store
+    from specx.store.merge import merge
+    from specx.store.successors import load_table, save_table, table_key
+
+    key = table_key("tiny", "fp")
+    with Store(tmp_path / "dest.db") as dest, Store(tmp_path / "src.db") as src:
+        save_table(dest, key, SuccessorTable(12, k=2))
+        save_table(src, key, SuccessorTable(10, k=2))
+        report = merge(dest, src)
+        assert report.successor_tables == []
+        assert report.damaged == [f"the successor table of {key} is for a vocabulary of 10 tokens, "
+                                  f"{tmp_path / 'dest.db'}'s of 12: not merged"]
+        assert load_table(dest, key, 12) is not None
+    with Store(tmp_path / "empty.db") as empty, Store(tmp_path / "src.db") as src:
+        with src.db.atomic():
+            src.add_tokenizer("fp", "tiny", 12)  # its tokenizer has 12 tokens: a table of 10 is no table of its model
+        report = merge(empty, src)
+        assert report.successor_tables == [] and "fewer than its tokenizer's 12: not merged" in report.damaged[0]
+        assert load_table(empty, key, 10) is None
 
 
 def _hybrid(vocab_size, index_outputs=()):

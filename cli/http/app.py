@@ -38,6 +38,7 @@ from .responses import HeldText, chunk, completion_json, delta, finish_reason, l
 from .tokens import Tokenizers
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+PARSE_ON_LOOP_BYTES = 1 << 20  # a body larger than this is parsed in a thread
 log = logging.getLogger("specx.serve")
 
 
@@ -157,7 +158,8 @@ class Api:
     async def detokenize(self, request: Request) -> Response:
         """{"prompt": text} of the token ids."""
         async def make() -> Response:
-            ids = parse_detokenize(await _json_body(request), self.model_names, self.tokenizers.vocab_size)
+            ids = parse_detokenize(await _json_body(request), self.model_names, self.tokenizers.vocab_size,
+                                   self.context_length)
             return JSONResponse({"prompt": await asyncio.to_thread(self.worker.tokenizer.decode, ids)})
         return await self._answer_async("detokenize", request, make)
 
@@ -328,8 +330,8 @@ async def _json_body(request: Request) -> Any:
         of = f" of the {declared} its Content-Length declared" if declared is not None else ""
         raise ApiError(400, f"the client went away after sending {len(raw):,} bytes of the request body{of}", None,
                        "incomplete_body") from None
-    try:
-        return json.loads(raw)
+    try:  # a large body is parsed off the event loop: /health and the other requests go on meanwhile
+        return json.loads(raw) if len(raw) < PARSE_ON_LOOP_BYTES else await asyncio.to_thread(json.loads, raw)
     except (ValueError, RecursionError):
         raise ApiError(400, "We could not parse the JSON body of your request. The OpenAI API expects a JSON "
                             "payload (Content-Type: application/json).", None, "invalid_json") from None

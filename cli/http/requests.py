@@ -16,12 +16,7 @@ from specx.core.serve.tools import call_grammar
 from specx.core.serve.worker import GenerationRequest
 
 from .errors import ApiError
-from .limits import (
-    PREDICTION_CHARS_PER_TOKEN,
-    bound_chars,
-    bound_prompt_chars,
-    refuse_lone_surrogates,
-)
+from .limits import PREDICTION_CHARS_PER_TOKEN, bound_chars, bound_ids, bound_prompt_chars, refuse_lone_surrogates
 
 if TYPE_CHECKING:
     from .tokens import Tokenizers
@@ -125,9 +120,12 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers,
     raise ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt", "missing_required_parameter")
 
 
-def parse_detokenize(body: Any, model_names: list[str], vocab_size: int) -> list[int]:
-    """POST /detokenize (vLLM's): {"model"?, "tokens": [ids]} -> the ids, checked, or ApiError."""
+def parse_detokenize(body: Any, model_names: list[str], vocab_size: int, context_length: int | None = None) -> list[int]:
+    """POST /detokenize (vLLM's): {"model"?, "tokens": [ids]} -> the ids, checked, or ApiError;
+    with `context_length`, more ids than that are refused undecoded (limits.bound_ids)."""
     body = _object(body)
+    if context_length and isinstance(body.get("tokens"), list):
+        bound_ids("tokens", len(body["tokens"]), context_length)
     refuse_lone_surrogates(body)
     _model(body, model_names, required=False)
     tokens = body.get("tokens")

@@ -7,5 +7,5 @@ draft tree (`children`, `expand`), the index itself and its file format (`suffix
 once (`suffix_cache`, `engine_step`), and the successor table, each token's likely next tokens as
 the model predicted them (`successors`).
 
-May import: numpy, numba (through core.numba_cache), core.draft. Nothing about models.
+May import: numpy, numba (through core.numba_cache), core.draft, core.kept_schema. Nothing about models.
 """

@@ -165,21 +165,45 @@ class SuccessorTable:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, vocab_size: int | None = None) -> SuccessorTable:
-        """A table written by to_bytes; SuccessorTableError names what is wrong (another format, a
-        vocabulary other than `vocab_size`, damaged arrays)."""
-        if not data.startswith(_MAGIC):
+        """A table written by to_bytes; SuccessorTableError says what is wrong, as a phrase that
+        follows "the table is" (not a specx successor table; damaged: its arrays declare 100
+        tokens, the model has 49,152). The arrays' declared shapes and dtypes are checked before
+        anything is allocated (core.kept_schema.check_table: vocab x k, k of 1 to 32), and only
+        uncompressed members are read, as np.savez writes them: a few hundred bytes that declare,
+        or inflate to, gigabytes are refused unread."""
+        if not isinstance(data, bytes) or not data.startswith(_MAGIC):
             raise SuccessorTableError("not a specx successor table (its header is missing)")
+        payload = io.BytesIO(data[len(_MAGIC):])
         try:
-            with np.load(io.BytesIO(data[len(_MAGIC):]), allow_pickle=False) as arrays:
+            _check_members(payload, vocab_size)
+            with np.load(payload, allow_pickle=False) as arrays:
                 nxt, prob = arrays["next"], arrays["prob"]
         except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as exc:
-            raise SuccessorTableError(f"a damaged successor table: {exc}") from None
-        if nxt.ndim != 2 or nxt.shape != prob.shape or nxt.dtype != np.int32 or prob.dtype != np.float16:
-            raise SuccessorTableError(f"a damaged successor table: arrays {nxt.shape} {nxt.dtype}, {prob.shape} {prob.dtype}")
-        if vocab_size is not None and nxt.shape[0] != vocab_size:
-            raise SuccessorTableError(f"the table is for a vocabulary of {nxt.shape[0]} tokens, the model has {vocab_size}")
+            raise SuccessorTableError(str(exc) if str(exc).startswith("damaged") else f"damaged: {exc}") from None
         if nxt.size and (nxt.min() < -1 or nxt.max() >= nxt.shape[0]):
-            raise SuccessorTableError("a damaged successor table: a successor outside the vocabulary")
+            raise SuccessorTableError("damaged: a successor outside the vocabulary")
         table = cls(nxt.shape[0], k=nxt.shape[1])
         table.next[:], table.prob[:] = nxt, prob
         return table
+
+
+def _check_members(payload: io.BytesIO, vocab_size: int | None) -> None:
+    """Check the npz in `payload` by its members' headers alone (core.kept_schema.check_table);
+    ValueError (core.kept.Unusable) or zipfile.BadZipFile saying what is wrong."""
+    from ..kept_schema import TABLE_DTYPES, check_table
+
+    declared = {}
+    with zipfile.ZipFile(payload) as archive:
+        for info in archive.infolist():
+            name = info.filename.removesuffix(".npy")
+            if name not in TABLE_DTYPES:
+                continue
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"damaged: its {name} array is compressed inside (specx writes it as it is)")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(member)
+            declared[name] = (tuple(shape), dtype.name)
+    check_table(declared, vocab_size)
+    payload.seek(0)
