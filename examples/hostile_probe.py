@@ -7,8 +7,9 @@ A table (or --json): the case, the HTTP status, the error's param, whether the s
     specx serve --port 8000 &
     .venv/bin/python examples/hostile_probe.py --url http://127.0.0.1:8000 [--api-key KEY] [--big-mb 30]
 
-Expected (docs/reliability.md, rows 13-18): every case a 4xx naming the field, never a 500, and the
-server answering after each; `--big-mb` sends three prompts of that many MB at once (row 15).
+Expected (docs/reliability.md, rows 13-18 and 27): every case a 4xx naming the field, never a 500, and
+the server answering after each; `--big-mb` sends three prompts of that many MB at once (row 15).
+`--detokenize N` also sends N ids to /detokenize (issue 47 sent 15,000,000: a 400 naming `tokens`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def cases(model: str) -> list[tuple[str, str, dict | None]]:
         ("temperature -1", "/v1/chat/completions", chat | {"temperature": -1}),
         ("max_tokens 0", "/v1/chat/completions", chat | {"max_tokens": 0}),
         ("logprobs 21", "/v1/chat/completions", chat | {"logprobs": True, "top_logprobs": 21}),
+        ("/detokenize of more ids than any context (issue 47)", "/detokenize", {"model": model, "tokens": [1] * 300_000}),
     ]
 
 
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--api-key")
     parser.add_argument("--model", default="smollm2-135m", help="the served model name")
     parser.add_argument("--big-mb", type=float, default=0.0, help="also send three prompts of this many MB at once")
+    parser.add_argument("--detokenize", type=int, default=0, help="also send this many ids to /detokenize")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if send(args.url, "/health", None, args.api_key)[0] != 200:
@@ -103,6 +106,11 @@ def main() -> None:
         error = data.get("error") or {}
         rows.append({"case": name, "status": status, "param": error.get("param"),
                      "answers_after": alive(args.url, args.api_key, args.model)})
+    if args.detokenize:
+        status, data = send(args.url, "/detokenize", encode({"tokens": [1234] * args.detokenize}), args.api_key)
+        rows.append({"case": f"/detokenize of {args.detokenize:,} ids", "status": status,
+                     "param": (data.get("error") or {}).get("param"), "answers_after": alive(args.url, args.api_key,
+                                                                                           args.model)})
     status, data = send(args.url, "/v1/chat/completions", b'{"mo', args.api_key, length=4096, timeout=10)
     rows.append({"case": "Content-Length larger than the body", "status": status, "param": None,
                  "answers_after": alive(args.url, args.api_key, args.model)})
