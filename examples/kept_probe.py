@@ -116,11 +116,12 @@ def lock(kind: str) -> Callable[[Path], None]:
 
 def read_only(home: Path) -> None:
     db = a_store(home)
+    (home / "log.jsonl").write_text(json.dumps({"prompt": "rows?", "completion": "SELECT 1;"}) + "\n")
     db.chmod(0o444)
     db.parent.chmod(0o555)
 
 
-GEN = ["generate", "--prompt", "SELECT", "--max-tokens", "4"]
+GEN = ["generate", "SELECT", "--max-tokens", "4"]
 CHOICE = {"engine": "transformers", "tokens_per_s": {"specx transformers": 9.0}, "tokens_per_step": 2.0,
           "vs_reference": 1.1, "reason": "ok"}
 
@@ -145,7 +146,7 @@ def cases() -> list[Case]:
         ("4 a FIFO at engines/trial.lock", lock("fifo"), ["engines", "--db", "/dev/null"]),
         ("4 a folder at engines/trial.lock", lock("dir"), ["engines", "--db", "/dev/null"]),
         ("5 a store in a read-only folder: ls", read_only, ["ls"] + db),
-        ("5 a store in a read-only folder: ingest", read_only, ["ingest", "/dev/null"] + db),
+        ("5 a store in a read-only folder: ingest", read_only, ["ingest", "{home}/log.jsonl"] + db),
         ("9 engines --db missing.db", lambda h: None, ["engines", "--db", "{home}/missing.db"]),
         ("9 engines --db an empty file", lambda h: (h / "empty.db").write_bytes(b""),
          ["engines", "--db", "{home}/empty.db"]),
