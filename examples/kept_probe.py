@@ -28,7 +28,8 @@ Case = tuple[str, Callable[[Path], None], list[str]]  # (name, set-up in a fresh
 
 
 def specx(home: Path, args: list[str], timeout: float = 600) -> dict:
-    """`specx ARGS` with SPECX_HOME=home: rc, last stderr line, traceback seen, peak RSS of the child (MB)."""
+    """`specx ARGS` with SPECX_HOME=home: rc, the stderr line that names the case (else the last),
+    traceback seen, peak RSS of the largest child so far (MB; shown when this one raised it)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     try:
         done = subprocess.run([sys.executable, "-m", "specx", *args], capture_output=True, text=True, timeout=timeout,
@@ -38,7 +39,8 @@ def specx(home: Path, args: list[str], timeout: float = 600) -> dict:
         rc, err = "hung", (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far (KB on Linux)
     lines = [line for line in err.splitlines() if line.strip()]
-    return {"rc": rc, "said": lines[-1][:160] if lines else "", "traceback": "Traceback" in err,
+    named = [line for line in lines if any(w in line for w in ("cannot use", "damaged", "read-only", "error"))]
+    return {"rc": rc, "said": (named or lines[-1:] or [""])[0][:160], "traceback": "Traceback" in err,
             "peak_mb": round(peak / 1024) if peak > before else None}
 
 
