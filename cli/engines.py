@@ -168,47 +168,67 @@ def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:
                      lambda doc: Choice.from_json(doc.get("choice"), engine_names()))
 
 
-def prior_engine(model: str) -> tuple[str, str]:
+def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
+    """Whether specx's quantized engine (core/model/qengine.py) runs the GGUF at `path`; when not, says why."""
+    from specx.core.model.qmodel import unsupported
+
+    why = unsupported(path)
+    if why:
+        say(f"quantized engine: {why}")
+    return why is None
+
+
+def prior_engine(model: str, path: Path | None = None) -> tuple[str, str]:
     """The engine before any trial here, and why (the shipped measurements)."""
+    from specx.core.model import qkernel
     from specx.core.model.load import BUILTIN
 
+    if path is not None and qkernel.vnni() and quantized_runs(path):
+        return "quantized", ("prior: on AVX-512 VNNI CPUs specx's quantized engine ran the built-in model 1.9x faster "
+                             "than llama.cpp plain (docs/quantized.md)")
     if model in BUILTIN and "avx512f" in cpu.flags():
         return "transformers", "prior: the built-in model ran 1.53x faster there than on llama.cpp on an AVX-512 Xeon"
     return "llama.cpp", "prior: on AVX2 CPUs, and for GGUF files in general, llama.cpp is the faster engine"
 
 
 def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str:
-    """The engine `backend` means for `model` here: llama.cpp or transformers. `auto` takes a
-    trial's choice when one was made here, else the prior; llama.cpp only once a child process has
-    run it without dying (else auto says why and takes transformers; an explicit llama.cpp is a
-    ModelError naming the signal)."""
+    """The engine `backend` means for `model` here: llama.cpp, transformers or quantized. `auto`
+    takes a trial's choice when one was made here, else the prior; llama.cpp only once a child
+    process has run it without dying (else auto says why and takes the quantized engine or
+    transformers; an explicit llama.cpp is a ModelError naming the signal); the quantized engine
+    only for a file whose architecture and tensor types it runs (else auto says which it cannot)."""
     from specx.core.model import llamacpp
     from specx.core.model.load import BACKENDS, ModelError
 
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     path = gguf_file(model)
-    if backend == "transformers" or path is None or not llamacpp.available():
+    if backend in ("transformers", "quantized") or path is None:
         return "transformers" if backend == "auto" else backend  # load_backend names what is missing
     if not path.is_file():
         return backend if backend != "auto" else "llama.cpp"  # load_backend names the missing file
+    quantized = backend == "auto" and quantized_runs(path, say)
+    if not llamacpp.available():
+        return backend if backend != "auto" else ("quantized" if quantized else "transformers")
     verdict = llama_verdict(path, say)
     if not verdict.ok:
         if backend == "llama.cpp":
-            raise ModelError(f"{verdict.message}; run it with --backend transformers (docs/llamacpp.md, "
-                             f"\"The build\", says how to rebuild llama-cpp-python)")
-        say(f"{verdict.message}: running on transformers")
-        return "transformers"
+            raise ModelError(f"{verdict.message}; run it with --backend transformers or --backend quantized "
+                             f"(docs/llamacpp.md, \"The build\", says how to rebuild llama-cpp-python)")
+        engine = "quantized" if quantized else "transformers"
+        say(f"{verdict.message}: running on {engine}")
+        return engine
     if backend == "llama.cpp":
         return backend
-    if not transformers_fits(path):
-        say("engine: llama.cpp (transformers would not hold the model de-quantized in this machine's memory)")
-        return "llama.cpp"
     choice = kept_choice(model, path, say)
-    if choice is not None and choice.engine in ("llama.cpp", "transformers"):
+    if choice is not None and (choice.engine == "llama.cpp" or (choice.engine == "quantized" and quantized) or (
+            choice.engine == "transformers" and transformers_fits(path))):
         say(choice.line())
         return choice.engine
-    engine, why = prior_engine(model)
+    if not quantized and not transformers_fits(path):
+        say("engine: llama.cpp (transformers would not hold the model de-quantized in this machine's memory)")
+        return "llama.cpp"
+    engine, why = prior_engine(model, path if quantized else None)
     say(f"engine: {engine} ({why}; not measured on this machine yet: `specx engines` measures it)")
     return engine
 
@@ -221,7 +241,7 @@ def trial_possible(model: str) -> bool:
     if path is None or not path.is_file() or not llamacpp.available():
         return False
     verdict = read_kept(kept_path("probe", _probe_key(path)), lambda m: None, _kept_verdict)
-    return verdict is not None and verdict["ok"] and transformers_fits(path)
+    return verdict is not None and verdict["ok"] and (transformers_fits(path) or quantized_runs(path))
 
 
 def kept_choice_for(model: str) -> Any:

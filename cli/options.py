@@ -73,8 +73,9 @@ def check_api_key(api_key: str | None) -> str | None:
 
 ListOpt = Optional[list[str]]
 BackendOpt = Annotated[str, typer.Option(
-    help="What runs the model: auto (llama.cpp for a GGUF, the built-in model included, when llama-cpp-python is "
-         "installed; else transformers), llama.cpp or transformers (HF folders, the GPU, draft trees).",
+    help="What runs the model: auto (for a GGUF, the engine `specx engines` measured fastest here, else a prior), "
+         "quantized (specx's own engine on the GGUF's quantized weights: draft trees, batch-invariant kernels), "
+         "llama.cpp, or transformers (HF folders, the GPU; a GGUF de-quantized to float32).",
     envvar="SPECX_BACKEND")]
 
 DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices (cli/assemble.py builds them)

@@ -15,7 +15,8 @@ import typer
 from specx.core.model import cpu
 
 from . import output
-from .engines import choice_key, gguf_file, kept_path, llama_verdict, transformers_fits, trial_lock, write_kept
+from .engines import (choice_key, gguf_file, kept_path, llama_verdict, quantized_runs, transformers_fits, trial_lock,
+                      write_kept)
 from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
 
 TRIAL_PROMPT_TOKENS = 768  # each trial prompt's last tokens: prefill counted, the trial bounded in time
@@ -89,6 +90,8 @@ def engines_cmd(
         say("llama.cpp: llama-cpp-python is not installed (make setup builds it)")
     if transformers_fits(path):
         engines.append("transformers")
+    if quantized_runs(path, say):
+        engines.append("quantized")
     if not engines:
         raise ModelError(f"no engine can run {model} here")
     tok = load_tokenizer(model, specx_home() / "models")

@@ -258,8 +258,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-# Weight dtypes by name ("auto": float32 on CPU, bfloat16 on CUDA). On a CPU, bfloat16 passes over
-# many tokens round differently from one-token passes, so speculation is not lossless there (README).
+# Weight dtypes ("auto": float32 on CPU, bfloat16 on CUDA); bfloat16 on a CPU is not lossless (README).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -330,7 +329,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, *, dev
     return net, tokenizer
 
 
-BACKENDS = ("auto", "llama.cpp", "transformers")
+BACKENDS = ("auto", "llama.cpp", "transformers", "quantized")
 
 
 def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto", *,
@@ -338,15 +337,23 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
     """(engine, tokenizer) on `backend` (the engine: core.model.engine.Engine): "llama.cpp" runs a
     GGUF (the built-in model or a .gguf file) on llama.cpp (a core.model.llamacpp.LlamaModel);
     "transformers" loads anything through load_model (a core.model.hf_engine.TransformersEngine);
-    "auto" picks llama.cpp for a GGUF when llama-cpp-python is installed, else transformers. The
-    tokenizer is transformers' in both cases (the same token ids: read from the same file)."""
+    "quantized" runs a GGUF on specx's own engine (core.model.qengine.QuantEngine); "auto" picks
+    llama.cpp for a GGUF when llama-cpp-python is installed, else transformers (cli/engines.py
+    resolves auto first). The tokenizer is transformers' in every case (read from the same file)."""
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
     from . import llamacpp
 
-    if backend == "llama.cpp" and not gguf:
-        raise ModelError(f"llama.cpp runs GGUF files; {model!r} is not one (use --backend transformers)")
+    if backend in ("llama.cpp", "quantized") and not gguf:
+        raise ModelError(f"{backend} runs GGUF files; {model!r} is not one (use --backend transformers)")
+    if backend == "quantized":
+        from .qengine import QuantEngine  # noqa: I001
+        try:  # a damaged file or what the engine does not run: its GGUFError or UnsupportedType, one line
+            return (QuantEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser(), threads=threads),
+                    load_tokenizer(model, cache_dir))
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
     if backend == "llama.cpp" or (backend == "auto" and gguf and llamacpp.available()):
         path = builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()
         try:

@@ -100,40 +100,56 @@ def bench_ingest(
 def bench_cost(
     model: Annotated[str, typer.Option(help="Built-in name, HF folder or .gguf file.", envvar="SPECX_MODEL")]
     = "smollm2-135m",
+    backend: Annotated[str, typer.Option(help="The engine to time: auto (as serve resolves it), quantized, llama.cpp "
+                                              "or transformers.")] = "transformers",
     context: Annotated[int, typer.Option(min=1, help="Tokens in the cache the passes run on.")] = 128,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per size (the median is kept).")] = 5,
-    dtype: Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Weights dtype on transformers: auto, float32, bfloat16, float16.")] = "auto",
     out: Annotated[Optional[Path], typer.Option(help="Write the curve here, a file for `specx entropy "
                                                      "--cost-curve` and `specx replay --cost-curve`.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """What one verification pass over k tokens costs on this machine, relative to one token (plain decoding).
 
-    The forward-cost curve the prediction turns tokens per step into a speedup with: the shipped
-    `cpu` curve is this command's output for the built-in model on the development machine.
+    The forward-cost curve the prediction turns tokens per step into a speedup with (the shipped
+    `cpu` curve is this command's output for the built-in model on the development machine), and
+    beside it what the machine allows: the bytes of weights a pass reads and its multiply-adds per
+    token, this machine's memory bandwidth and float32 peak (measured now), and how far the
+    one-token pass is from the memory-bound limit (bytes / bandwidth).
 
-    Example: [bold]specx bench cost --model my-model.gguf --out my-model.json[/]
+    Example: [bold]specx bench cost --model my-model.gguf --backend quantized --out my-model.json[/]
     """
     import json
 
     import torch
 
-    from .calibrate import SIZES, calibrate
-    from specx.core.model.load import load_model
+    from .calibrate import SIZES, calibrate, machine_limits, pass_bytes
+    from specx.core.model.load import load_backend
+
+    from specx.cli.engines import resolve_backend
 
     torch.set_grad_enabled(False)
-    output.note(f"loading {model}")
-    net, _ = load_model(model, specx_home() / "models", dtype=dtype)
+    engine_name = resolve_backend(model, backend, output.note)
+    output.note(f"loading {model} on {engine_name}")
+    net, _ = load_backend(model, specx_home() / "models", engine_name, dtype=dtype)
     output.note(f"timing passes over {', '.join(map(str, SIZES))} tokens on a {context}-token cache")
     cost = calibrate(net, repeats=repeats, context=context, long_context=None)
     from . import figures as bench
 
     ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
     machine = bench.machine()
-    curve = {"about": f"{model} ({str(net.dtype).removeprefix('torch.')}) on {machine['platform']}, "
-                      f"{machine['cpus']} CPUs ({torch.get_num_threads()} threads): milliseconds of one "
-                      f"verification pass over k tokens on a {context}-token cache, median of {repeats} "
-                      f"(`specx bench cost`)", "cost": ms}
+    weight_bytes, multiply_adds = pass_bytes(net)
+    limits = machine_limits()
+    bound_ms = weight_bytes / (limits["memory_gb_s"] * 1e9) * 1000
+    roofline = {"weight_bytes": weight_bytes, "multiply_adds_per_token": multiply_adds, **limits,
+                "memory_bound_ms": round(bound_ms, 3), "one_token_vs_memory_bound": round(ms["1"] / bound_ms, 2),
+                "arithmetic_ms_per_token": round(2 * multiply_adds / (limits["float32_gflop_s"] * 1e9) * 1000, 3)}
+    from specx.core.model import cpu
+
+    curve = {"about": f"{model} on {net.name} ({net.precision}) on {cpu.model_name()}, {machine['cpus']} CPUs "
+                      f"({torch.get_num_threads()} threads): milliseconds of one verification pass over k tokens on "
+                      f"a {context}-token cache, median of {repeats} (`specx bench cost`)", "cost": ms,
+             "engine": net.name, "roofline": roofline}
     if out is not None:
         out.write_text(json.dumps(curve, indent=1) + "\n")
         output.note(f"curve: {out}")
@@ -141,9 +157,17 @@ def bench_cost(
         output.print_json(curve)
         return
     base = cost.seconds[0]
-    output.print_table(f"one verification pass, {model}", ["tokens", "ms", "relative to 1"],
+    output.print_table(f"one verification pass, {model} on {net.name}", ["tokens", "ms", "relative to 1"],
                        [[k, v, round(v / 1000 / base, 3)] for k, v in ms.items()],
                        caption="lower is better; a flat curve (a large model on a GPU) makes every draft token free")
+    output.print_table("what the machine allows", ["figure", "value"], [
+        ["weights a pass reads (MB)", round(weight_bytes / 1e6, 1)],
+        ["multiply-adds per token (M)", round(multiply_adds / 1e6, 1)],
+        ["memory bandwidth, measured (GB/s)", limits["memory_gb_s"]],
+        ["float32 peak, measured (GFLOP/s)", limits["float32_gflop_s"]],
+        ["memory-bound one-token pass (ms)", round(bound_ms, 2)],
+        ["one-token pass / memory-bound", roofline["one_token_vs_memory_bound"]],
+        ["float32 arithmetic per token at peak (ms)", roofline["arithmetic_ms_per_token"]]])
 
 
 def _print_bench_table(corpora: list[dict]) -> None:

@@ -1,0 +1,237 @@
+"""Attention for the quantized engine, exact whatever pass a row is in (core/model/qforward.py).
+
+A query row attends to the cached entries and to the new entries its `allowed` row marks. Its
+visible keys are its sequence's positions 0, 1, ... in order (a tree's accepted path is its
+ancestors), so every sum runs over them in one fixed order, whichever pass the row is in:
+
+- scores: q . k for sixteen keys at a time, one vector lane per key, a fused multiply-add chain
+  over the head dimension in order (LLVM IR, like the matmul kernels; `_scores`). New keys are
+  copied beside each other first and go through the same code, so a key gets the same bits
+  cached or new.
+- softmax: the maximum (exact in any order), core.model.qforward.exp_rows, and the sum in 16
+  lanes by position, combined in order.
+- values: sum_j p_j v_j with the head dimension in vector registers, a multiply-add chain over
+  the visible keys in order (`_weighted`), the new entries' values after the cached ones.
+
+Masked keys are skipped, not added as zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ..numba_cache import configure as configure_numba_cache
+from .qforward import exp_rows
+
+configure_numba_cache()
+
+LANES = 16  # keys per vector; the softmax's denominator is summed in this many lanes by position
+_I64, _F32 = ir.IntType(64), ir.FloatType()
+_V16 = ir.VectorType(_F32, LANES)
+
+
+def _fma(builder: ir.IRBuilder) -> Any:
+    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_V16, [_V16] * 3))
+
+
+def _splat(builder: ir.IRBuilder, value: Any) -> Any:
+    one = builder.insert_element(ir.Constant(_V16, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(_V16, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+
+def _scores_kernel(group: int) -> Any:
+    """scores(kt [Hkv, C / 16, D, 16], g, q [G, D], out [G, W], count): out[h, j] = q[h] . key j of
+    head g (kt[g, j // 16, :, j % 16]) for j < count rounded up to 16 (C and W at least that),
+    h < G = `group`."""
+
+    @intrinsic
+    def scores(typingctx, kt, g, q, out, count):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            kt_a, q_a, out_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 3))
+            g_, count_ = args[1], args[4]
+            tiles = builder.extract_value(kt_a.shape, 1)
+            dim = builder.extract_value(kt_a.shape, 2)
+            width = builder.extract_value(out_a.shape, 1)
+            const = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            fma = _fma(builder)
+            vec = lambda ptr, idx: builder.load(builder.bitcast(builder.gep(ptr, [idx]), _V16.as_pointer()), align=4)  # noqa: E731
+            blocks = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
+            entry = builder.block
+            outer, inner, after, done = (builder.append_basic_block(n) for n in ("outer", "inner", "after", "done"))
+            builder.cbranch(builder.icmp_signed(">", blocks, const(0)), outer, done)
+            builder.position_at_end(outer)
+            jb = builder.phi(_I64)
+            jb.add_incoming(const(0), entry)
+            outer_block = builder.block
+            builder.branch(inner)
+            builder.position_at_end(inner)
+            d = builder.phi(_I64)
+            d.add_incoming(const(0), outer_block)
+            acc = [builder.phi(_V16) for _ in range(group)]
+            for a in acc:
+                a.add_incoming(ir.Constant(_V16, None), outer_block)
+            j = builder.mul(jb, const(LANES))
+            tile = builder.add(builder.mul(g_, tiles), jb)
+            keys = vec(kt_a.data, builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
+            new = [builder.call(fma, [_splat(builder, builder.load(builder.gep(
+                q_a.data, [builder.add(builder.mul(const(h), dim), d)]))), keys, acc[h]]) for h in range(group)]
+            d_next = builder.add(d, const(1))
+            d.add_incoming(d_next, builder.block)
+            for a, v in zip(acc, new):
+                a.add_incoming(v, builder.block)
+            builder.cbranch(builder.icmp_signed("<", d_next, dim), inner, after)
+            builder.position_at_end(after)
+            for h in range(group):
+                at = builder.add(builder.mul(const(h), width), j)
+                builder.store(new[h], builder.bitcast(builder.gep(out_a.data, [at]), _V16.as_pointer()), align=4)
+            jb_next = builder.add(jb, const(1))
+            jb.add_incoming(jb_next, builder.block)
+            builder.cbranch(builder.icmp_signed("<", jb_next, blocks), outer, done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+
+        return types.void(kt, g, q, out, count), codegen
+
+    return scores
+
+
+def _weighted_kernel(dim: int) -> Any:
+    """weighted(v [Hkv, C, D], g, p [W], start, count, acc [D]): acc += sum over j < count of
+    p[start + j] v[g, j] (acc read first, written after), D = `dim`, a multiple of 16."""
+    vectors = dim // LANES
+
+    @intrinsic
+    def weighted(typingctx, v, g, p, start, count, acc):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            v_a, p_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5))
+            g_, start_, count_ = args[1], args[3], args[4]
+            cap = builder.extract_value(v_a.shape, 1)
+            const = lambda c: ir.Constant(_I64, c)  # noqa: E731
+            fma = _fma(builder)
+            ptr = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), _V16.as_pointer())  # noqa: E731
+            first = [builder.load(ptr(acc_a.data, const(LANES * i)), align=4) for i in range(vectors)]
+            entry = builder.block
+            loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
+            builder.cbranch(builder.icmp_signed(">", count_, const(0)), loop, done)
+            builder.position_at_end(loop)
+            j = builder.phi(_I64)
+            j.add_incoming(const(0), entry)
+            acc = [builder.phi(_V16) for _ in range(vectors)]
+            for a, f in zip(acc, first):
+                a.add_incoming(f, entry)
+            weight = _splat(builder, builder.load(builder.gep(p_a.data, [builder.add(start_, j)])))
+            row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
+            new = [builder.call(fma, [weight, builder.load(ptr(v_a.data, builder.add(row, const(LANES * i))), align=4),
+                                      acc[i]]) for i in range(vectors)]
+            j_next = builder.add(j, const(1))
+            j.add_incoming(j_next, builder.block)
+            for a, n in zip(acc, new):
+                a.add_incoming(n, builder.block)
+            builder.cbranch(builder.icmp_signed("<", j_next, count_), loop, done)
+            builder.position_at_end(done)
+            final = [builder.phi(_V16) for _ in range(vectors)]
+            for f, a, n in zip(final, first, new):
+                f.add_incoming(a, entry)
+                f.add_incoming(n, loop)
+            for i in range(vectors):
+                builder.store(final[i], ptr(acc_a.data, const(LANES * i)), align=4)
+            return context.get_dummy_value()
+
+        return types.void(v, g, p, start, count, acc), codegen
+
+    return weighted
+
+
+def _pad(n: int) -> int:  # pragma: no cover - compiled (inlined into the kernels)
+    return (n + LANES - 1) // LANES * LANES
+
+
+_ATTEND: dict[tuple[int, int], Any] = {}
+
+
+def attention(group: int, dim: int) -> Any:
+    """attend(q [S, H, D], keys [Hkv, C / 16, D, 16], values [Hkv, C, D], n_cached, allowed [S, S], scale,
+    out [S, H, D]) for H / Hkv = `group` and D = `dim` (compiled on first use): out[s, h] =
+    softmax(q[s, h] . K * scale) V over the keys row s may see (the module's docstring)."""
+    key = (group, dim)
+    if key in _ATTEND:
+        return _ATTEND[key]
+    scores_fn, weighted_fn, pad = _scores_kernel(group), _weighted_kernel(dim), njit(inline="always")(_pad)
+
+    @njit(parallel=True, nogil=True)
+    def attend(q, keys, values, n_cached, allowed, scale, out):  # pragma: no cover - compiled
+        rows = q.shape[0]
+        kv_heads = keys.shape[0]
+        for job in prange(rows * kv_heads):
+            s, g = job // kv_heads, job % kv_heads
+            fresh = 0
+            for i in range(rows):
+                fresh += allowed[s, i]
+            visible = n_cached + fresh
+            # the new visible entries, side by side: keys [1, F' / 16, D, 16] and values [1, F, D]
+            new_keys = np.zeros((1, pad(fresh) // LANES, dim, LANES), dtype=np.float32)
+            new_values = np.empty((1, max(fresh, 1), dim), dtype=np.float32)
+            f = 0
+            for i in range(rows):
+                if allowed[s, i]:
+                    for d in range(dim):
+                        new_keys[0, f // LANES, d, f % LANES] = keys[g, (n_cached + i) // LANES, d, (n_cached + i) % LANES]
+                        new_values[0, f, d] = values[g, n_cached + i, d]
+                    f += 1
+            qg = np.empty((group, dim), dtype=np.float32)
+            for h in range(group):
+                for d in range(dim):
+                    qg[h, d] = q[s, g * group + h, d]
+            cached = np.empty((group, pad(n_cached)), dtype=np.float32)
+            new = np.empty((group, pad(fresh)), dtype=np.float32)
+            scores_fn(keys, np.int64(g), qg, cached, np.int64(n_cached))
+            scores_fn(new_keys, np.int64(0), qg, new, np.int64(fresh))
+            row = np.empty(visible, dtype=np.float32)
+            probs = np.empty(visible, dtype=np.float32)
+            ibuf = np.empty(visible, dtype=np.int32)
+            lanes = np.empty(LANES, dtype=np.float32)
+            acc = np.empty(dim, dtype=np.float32)
+            for h in range(group):
+                for j in range(n_cached):
+                    row[j] = cached[h, j] * scale
+                for j in range(fresh):
+                    row[n_cached + j] = new[h, j] * scale
+                whole = visible // LANES * LANES
+                for j in range(LANES):
+                    lanes[j] = row[0]
+                for jb in range(0, whole, LANES):  # the maximum: in any order, the same
+                    for j in range(LANES):
+                        lanes[j] = max(lanes[j], row[jb + j])
+                for j in range(whole, visible):
+                    lanes[0] = max(lanes[0], row[j])
+                top = lanes[0]
+                for j in range(1, LANES):
+                    top = max(top, lanes[j])
+                for j in range(visible):
+                    row[j] = row[j] - top
+                exp_rows(row, probs, ibuf)
+                for j in range(LANES):
+                    lanes[j] = np.float32(0.0)
+                for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
+                    for j in range(LANES):
+                        lanes[j] += probs[jb + j]
+                for j in range(whole, visible):
+                    lanes[j - whole] += probs[j]
+                total = lanes[0]
+                for j in range(1, LANES):
+                    total += lanes[j]
+                for d in range(dim):
+                    acc[d] = np.float32(0.0)
+                weighted_fn(values, np.int64(g), probs, np.int64(0), np.int64(n_cached), acc)
+                weighted_fn(new_values, np.int64(0), probs, np.int64(n_cached), np.int64(fresh), acc)
+                for d in range(dim):
+                    out[s, g * group + h, d] = acc[d] / total
+
+    _ATTEND[key] = attend
+    return attend

@@ -1,0 +1,238 @@
+"""specx's own engine for GGUF files: the file's quantized weights as they are, verified in trees.
+
+    engine = QuantEngine("model.Q4_K_M.gguf")     # or load_backend(path, backend="quantized")
+    session = engine.start(prompt_ids[:-1], engine.new_prefix_cache(8192))
+    logits = session.score([prompt_ids[-1]], draft)   # [1 + N, V], as every engine's
+    session.keep_path(accepted_nodes)
+
+The weights stay in the file's blocks (core/model/quant.py repacks them, never to floats), each
+linear layer runs core/model/qkernel.py's kernel (a weight read once per pass, whatever the
+rows), the rest core/model/qforward.py's row-wise steps. Every step is batch-invariant, so a
+verification pass gives each token the bits a one-token pass gives it: greedy speculation is this
+engine's plain decoding token for token, sampled and grammar-bound decoding likewise. The numbers
+differ from llama.cpp's (another order of float operations), as any two engines' do.
+
+What it runs: core/model/qmodel.py (llama and qwen2 models; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and
+Q6_K tensors); anything else is refused in one line naming the tensor and its type, and
+`--backend auto` runs such a file on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..draft import Draft, check_draft
+from .prefix_cache import PrefixCache
+from .qkernel import vnni
+from .qmodel import Config, GGUFError, QuantModel
+
+__all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
+
+PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
+
+
+class KVCache:
+    """One sequence's keys and values per layer, `length` entries used: keys in tiles of sixteen
+    positions [Hkv, C / 16, D, 16] (attention reads a tile's keys as one vector per dimension,
+    core/model/qattention.py), values [Hkv, C, D]; the buffers double when full."""
+
+    def __init__(self, config: Config, capacity: int = 256) -> None:
+        self.config = config
+        self.length = 0
+        capacity = -(-capacity // 16) * 16
+        self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=np.float32)
+                     for _ in range(config.layers)]
+        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=np.float32)
+                       for _ in range(config.layers)]
+        self._lists()
+
+    def _lists(self) -> None:
+        import numba
+
+        self.key_list, self.value_list = numba.typed.List(self.keys), numba.typed.List(self.values)
+
+    @property
+    def capacity(self) -> int:
+        return self.values[0].shape[1]
+
+    def reserve(self, n: int) -> None:
+        if n <= self.capacity:
+            return
+        size = -(-max(n, 2 * self.capacity) // 16) * 16
+        tiles = -(-self.length // 16)
+        for i in range(len(self.keys)):
+            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=np.float32)
+            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=np.float32)
+            keys[:, :tiles] = self.keys[i][:, :tiles]
+            values[:, : self.length] = self.values[i][:, : self.length]
+            self.keys[i], self.values[i] = keys, values
+        self._lists()
+
+    def keep(self, num_kept: int, moved: Sequence[int]) -> None:
+        """Keep the first `num_kept` entries, then the entries `moved` (in order), drop the rest."""
+        moved = [int(m) for m in moved]
+        for i, src in enumerate(moved):  # each source lies after every earlier destination: nothing is overwritten early
+            dst = num_kept + i
+            if src != dst:
+                for keys, values in zip(self.keys, self.values):
+                    keys[:, dst // 16, :, dst % 16] = keys[:, src // 16, :, src % 16]
+                    values[:, dst] = values[:, src]
+        self.length = num_kept + len(moved)
+
+    def copy(self, n: int) -> KVCache:
+        """A new cache holding this one's first n entries."""
+        other = KVCache(self.config, max(n, 16))
+        tiles = -(-n // 16)
+        for i in range(len(self.keys)):
+            other.keys[i][:, :tiles] = self.keys[i][:, :tiles]
+            other.values[i][:, :n] = self.values[i][:, :n]
+        other.length = n
+        return other
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
+
+
+def prefill(model: QuantModel, kv: KVCache, tokens: Sequence[int]) -> None:
+    """Append `tokens` to `kv`, PREFILL_CHUNK at a time, each chunk causal."""
+    for start in range(0, len(tokens), PREFILL_CHUNK):
+        chunk = list(tokens[start : start + PREFILL_CHUNK])
+        n = len(chunk)
+        positions = np.arange(kv.length, kv.length + n, dtype=np.int64)
+        model.forward(kv, chunk, positions, np.tril(np.ones((n, n), dtype=np.uint8)), np.array([n - 1]))
+
+
+def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.ndarray, np.ndarray]:
+    """(positions [Q], allowed [Q, Q]) of a pass over the pending tokens then the draft's nodes:
+    pending tokens causal, each node sees the pending tokens and its ancestors (core/model/tree.py)."""
+    depths = np.asarray(draft.depths(), dtype=np.int64)
+    positions = np.concatenate([np.arange(num_pending), num_pending - 1 + depths]).astype(np.int64) + num_cached
+    q = num_pending + len(draft)
+    allowed = np.zeros((q, q), dtype=np.uint8)
+    allowed[:, :num_pending] = np.tril(np.ones((q, num_pending), dtype=np.uint8))
+    for i, parent in enumerate(draft.parents):
+        row = num_pending + i
+        if parent >= 0:
+            allowed[row, num_pending:] = allowed[num_pending + parent, num_pending:]
+        allowed[row, row] = 1
+    return positions, allowed
+
+
+class QuantPrefixCache(PrefixCache):
+    """PrefixCache for the quantized engine: stored prompts' KVCache copies."""
+
+    def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
+        started = time.perf_counter()
+        tokens = [int(t) for t in tokens]
+        usable = self.max_tokens > 0
+        reuse, stored = self._claim(tokens, usable)
+        kv = stored.copy(reuse) if stored is not None else KVCache(model.config)
+        prefill(model, kv, tokens[reuse:])
+        self._keep(tokens, reuse, usable, kv)
+        self.seconds += time.perf_counter() - started
+        return kv
+
+    def _store(self, tokens: list[int], cache: Any) -> None:
+        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64),
+                                         None if cache is None else cache.copy(len(tokens)))
+        self._next_key += 1
+        while self.num_tokens > self.max_tokens:
+            self._entries.popitem(last=False)
+
+
+class QuantSession:
+    """One request's KVCache on the quantized engine: tree passes, the accepted path kept."""
+
+    def __init__(self, model: QuantModel, kv: KVCache) -> None:
+        self.model, self.kv = model, kv
+        self._kept = 0
+        self._nodes = 0
+
+    def score(self, pending: list[int], draft: Draft) -> Any:
+        import torch
+
+        check_draft(draft, self.model.config.vocab)
+        if not pending:
+            raise ValueError("verification needs at least one pending token (the root's logits come from it)")
+        if self.kv.length + len(pending) + len(draft) > self.model.context_length:
+            raise ValueError(f"the context of {self.model.context_length} tokens is full")
+        self._kept, self._nodes = self.kv.length + len(pending), len(draft)
+        positions, allowed = tree_layout(self.kv.length, len(pending), draft)
+        rows = np.arange(len(pending) - 1, len(pending) + len(draft))
+        logits = self.model.forward(self.kv, list(pending) + list(draft.token_ids), positions, allowed, rows)
+        return torch.from_numpy(logits)
+
+    def keep_path(self, accepted_nodes: list[int]) -> None:
+        self.kv.keep(self._kept, [self._kept + n for n in accepted_nodes])
+
+
+class QuantEngine:
+    """core.model.engine.Engine over a QuantModel."""
+
+    name = "quantized"
+    prompt_lookup = False
+    tree_unsupported = None
+    device = "cpu"
+    cost_curve = "cpu"
+
+    def __init__(self, path: str | Path, context: int = 8192, threads: int | None = None,
+                 say: Callable[[str], None] = lambda m: None) -> None:
+        self.model = QuantModel(path, context, say)
+        self.path = self.model.path
+        self.vocab_size = self.model.config.vocab
+        self.context_length = self.model.context_length
+        self.precision = self.model.precision
+        self.kernels = [f"quantized linear ({'AVX-512 VNNI' if vnni() else 'generic vectors'})", "row-wise attention"]
+        self.hit_tokens = 0
+        self.threads = threads
+
+    def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> QuantSession:
+        prefixes = prefix_cache if isinstance(prefix_cache, QuantPrefixCache) else QuantPrefixCache(0)
+        hits = prefixes.hit_tokens
+        kv = prefixes.prefill(self.model, tokens)
+        self.hit_tokens += prefixes.hit_tokens - hits
+        return QuantSession(self.model, kv)
+
+    def new_prefix_cache(self, max_tokens: int) -> QuantPrefixCache:
+        return QuantPrefixCache(max_tokens)
+
+    def clear(self) -> None:
+        """Nothing is held between requests (the prefix caches are the callers')."""
+
+    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> Any:
+        import numba
+
+        from .threads import ThreadTuner, set_threads
+
+        threads = numba.get_num_threads()
+        return ThreadTuner((threads, 1), set_threads, say) if threads > 1 else None
+
+    def cost_key(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        from .llamacpp import file_digest
+
+        return {"engine": self.name, "file": file_digest(self.path), "vnni": vnni(), "numba": version("numba")}
+
+    def plain(self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, *,
+              prefix_cache: PrefixCache | None = None, lookup: int | None = None) -> list[int]:
+        """Greedy decoding one token per pass: the reference speculation on this engine equals."""
+        if lookup:
+            raise ValueError("prompt lookup runs on transformers; on the quantized engine: plain decoding and specx")
+        session = self.start(list(prompt[:-1]), prefix_cache)
+        empty = Draft([], [], [], 0.0, 0)
+        pending, out = [int(prompt[-1])], []
+        while len(out) < max_new_tokens:
+            tok = int(session.score(pending, empty)[0].argmax())
+            session.keep_path([])
+            out.append(tok)
+            if tok == eos_token_id:
+                break
+            pending = [tok]
+        return out

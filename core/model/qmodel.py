@@ -1,0 +1,286 @@
+"""A GGUF model for the quantized engine (core/model/qengine.py): its configuration, its weights
+packed as the file holds them (core/model/quant.py: never de-quantized), and the forward pass.
+
+    model = QuantModel("model.Q4_K_M.gguf")
+    logits = model.forward(kv, tokens, positions, allowed, logits_rows)   # qengine drives it
+
+Architectures: llama (Llama 2/3, SmolLM, Mistral without sliding windows) and qwen2. Tensor
+types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K (Q4_K_M files mix Q4_K and Q6_K, and fall back
+to Q5_0/Q8_0 where a row is not a multiple of 256), F32 norms and biases. Anything else is refused
+in one line naming the tensor and its type (`unsupported` says it without loading the weights).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import qforward
+from .qattention import attention
+from .qkernel import Inputs, any_driver, qmatmul
+from .quant import FLOAT_TYPES, FORMATS, PANEL, TYPES, Packed, UnsupportedType, concat, dequantize, pack_tensor, type_name, unpack
+
+ARCHITECTURES = ("llama", "qwen2")
+WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def unsupported(path: str | Path) -> str | None:
+    """Why the quantized engine cannot run the GGUF at `path` (its architecture, a tensor's type,
+    a damaged header), in one line; None when it can. Reads the header only (fast)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+        read_config(reader)
+    except GGUFError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - gguf-py raises anything on a damaged file
+        return f"not a readable GGUF file ({type(exc).__name__})"
+    for t in reader.tensors:
+        qtype = int(t.tensor_type)
+        if t.name.rsplit(".", 2)[-2] in WEIGHTS or t.name in ("token_embd.weight", "output.weight"):
+            if qtype not in TYPES:
+                return f"tensor {t.name} is {type_name(qtype)}, which the quantized engine does not run"
+    return None
+
+
+class GGUFError(ValueError):
+    """A GGUF file this engine cannot run: damaged, or holding what it does not support."""
+
+
+@dataclass
+class Config:
+    arch: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_dim: int
+    rope_base: float
+    eps: float
+    context: int
+    vocab: int
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    qkv: list[Packed]  # one fused matrix when q, k and v share a type, else three
+    bias: np.ndarray | None  # q, k, v biases (qwen2), [q + k + v]
+    out: Packed
+    gate_up: list[Packed]
+    down: Packed
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise GGUFError(f"it has no {key!r}")
+        return default
+    value = field.contents()
+    return value
+
+
+def read_config(reader: Any) -> Config:
+    arch = str(_field(reader, "general.architecture"))
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"the quantized engine runs {', '.join(ARCHITECTURES)} models; this one is {arch!r}")
+    get = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    kv_heads = int(get("attention.head_count_kv", heads))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    if head_dim % 16 or heads % kv_heads or heads * head_dim % 32:
+        raise GGUFError(f"heads of {head_dim} (a multiple of 16 runs) and {heads} query heads over {kv_heads} "
+                        f"key/value heads: the quantized engine does not run this shape")
+    if get("attention.sliding_window", 0):
+        raise GGUFError("sliding-window attention is not supported by the quantized engine")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise GGUFError("it has no token_embd.weight")
+    vocab = int(get("vocab_size", len(tokens.data) if tokens is not None else int(embd.shape[1])))
+    return Config(arch, int(get("block_count")), hidden, int(get("feed_forward_length")), heads, kv_heads,
+                  head_dim, int(get("rope.dimension_count", head_dim)), float(get("rope.freq_base", 10000.0)),
+                  float(get("attention.layer_norm_rms_epsilon", 1e-5)), int(get("context_length", 4096)), vocab)
+
+
+class QuantModel:
+    """A GGUF model's weights, packed, and its forward pass (`forward`)."""
+
+    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None) -> None:
+        import gguf
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise GGUFError(f"no such GGUF file: {self.path}")
+        try:
+            reader = gguf.GGUFReader(self.path)
+        except Exception as exc:  # noqa: BLE001 - gguf-py raises anything on a damaged file
+            raise GGUFError(f"{self.path} is not a readable GGUF file ({type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'damaged'})") from None
+        self.config = cfg = read_config(reader)
+        self.context_length = min(context, cfg.context)
+        tensors = {t.name: t for t in reader.tensors}
+        self.types: dict[str, int] = {}
+        started = time.perf_counter()
+
+        def raw(name: str, rows: int, width: int) -> tuple[np.ndarray, int]:
+            t = tensors.get(name)
+            if t is None:
+                raise GGUFError(f"it has no tensor {name!r}")
+            qtype = int(t.tensor_type)
+            if [int(d) for d in t.shape] != [width, rows]:
+                raise GGUFError(f"tensor {name} has shape {list(t.shape)}, not [{width}, {rows}]")
+            if qtype not in TYPES:
+                raise UnsupportedType(f"tensor {name} is {type_name(qtype)}, which the quantized engine does not run")
+            name_, size, per = TYPES[qtype]
+            data = np.asarray(t.data)
+            if data.size != rows * (width // per) * size:
+                raise GGUFError(f"tensor {name} holds {data.size} bytes of the {rows * (width // per) * size} "
+                                f"its type and shape need (a truncated file?)")
+            self.types[name_] = self.types.get(name_, 0) + rows * width
+            return data.reshape(rows, -1), qtype
+
+        def weight(name: str, rows: int, width: int) -> Packed:
+            data, qtype = raw(name, rows, width)
+            return pack_tensor(data, qtype, width)
+
+        def vector(name: str, size: int, required: bool = True) -> np.ndarray | None:
+            t = tensors.get(name)
+            if t is None:
+                if required:
+                    raise GGUFError(f"it has no tensor {name!r}")
+                return None
+            if int(t.tensor_type) not in FLOAT_TYPES or int(t.n_elements) != size:
+                raise GGUFError(f"tensor {name} is {type_name(int(t.tensor_type))} of {int(t.n_elements)} values, "
+                                f"not {size} floats")
+            return np.array(t.data, dtype=np.float32).reshape(size)
+
+        h, kvw, qw = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.heads * cfg.head_dim
+        try:
+            self.layers = []
+            for i in range(cfg.layers):
+                say(f"packing layer {i + 1}/{cfg.layers}")
+                p = f"blk.{i}."
+                q, k, v = (weight(p + "attn_q.weight", qw, h), weight(p + "attn_k.weight", kvw, h),
+                           weight(p + "attn_v.weight", kvw, h))
+                biases = [vector(p + f"attn_{n}.bias", size, required=False) for n, size in (("q", qw), ("k", kvw), ("v", kvw))]
+                bias = np.concatenate(biases) if all(b is not None for b in biases) else None
+                gate, up = weight(p + "ffn_gate.weight", cfg.ffn, h), weight(p + "ffn_up.weight", cfg.ffn, h)
+                self.layers.append(Layer(vector(p + "attn_norm.weight", h), vector(p + "ffn_norm.weight", h),
+                                         _stack([q, k, v]), bias, weight(p + "attn_output.weight", h, qw),
+                                         _stack([gate, up]), weight(p + "ffn_down.weight", h, cfg.ffn)))
+            self.out_norm = vector("output_norm.weight", h)
+            self.embed_raw, self.embed_type = raw("token_embd.weight", cfg.vocab, h)
+            self.embed_raw = np.array(self.embed_raw)  # out of the file's mapping: the reader can be closed
+            out_name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+            if out_name == "output.weight":
+                self.output = weight("output.weight", cfg.vocab, h)
+            else:
+                self.output = pack_tensor(self.embed_raw, self.embed_type, h)
+            freqs = vector("rope_freqs.weight", cfg.rope_dim // 2, required=False)
+        except UnsupportedType as exc:
+            raise UnsupportedType(f"{self.path.name}: {exc}") from None
+        except (ValueError, IndexError) as exc:
+            raise GGUFError(f"{self.path.name}: {exc}") from None
+        del reader, tensors
+        self.load_seconds = time.perf_counter() - started
+        self.cos, self.sin = _rope_tables(cfg, self.context_length, freqs)
+        self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
+        self.weight_bytes = sum(p.nbytes for layer in self.layers for p in [*layer.qkv, layer.out, *layer.gate_up,
+                                                                            layer.down]) + self.output.nbytes
+        self.embed_bytes = self.embed_raw.nbytes
+        self.multiply_adds = sum(p.n * p.k for layer in self.layers
+                                 for p in [*layer.qkv, layer.out, *layer.gate_up, layer.down]) + self.output.n * h
+        self._layers: Any = None
+
+    def _compile(self) -> None:
+        """The layers as one compiled call (core.model.qforward.build_layers) over the formats this
+        file holds, and their weights as it reads them."""
+        import numba
+
+        cfg = self.config
+        groups_of = [[layer.qkv, [layer.out], layer.gate_up, [layer.down]] for layer in self.layers]
+        formats = tuple(dict.fromkeys(w.fmt for groups in groups_of for group in groups for w in group))
+        self._mats = numba.typed.List()
+        self._groups = np.zeros((cfg.layers, 4, 2), dtype=np.int64)
+        for i, groups in enumerate(groups_of):
+            for g, group in enumerate(groups):
+                self._groups[i, g, 0] = len(self._mats)
+                for w in group:
+                    self._mats.append((*w.arrays, np.int64(formats.index(w.fmt)), np.int64(w.n)))
+                self._groups[i, g, 1] = len(self._mats)
+        self._norms = np.stack([np.stack([layer.attn_norm, layer.ffn_norm]) for layer in self.layers])
+        width = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
+        self._has_bias = any(layer.bias is not None for layer in self.layers)
+        self._biases = np.stack([layer.bias if layer.bias is not None else np.zeros(width, dtype=np.float32)
+                                 for layer in self.layers]).astype(np.float32)
+        self._layers = qforward.build_layers(any_driver(formats), attention(cfg.heads // cfg.kv_heads, cfg.head_dim))
+
+    @property
+    def precision(self) -> str:
+        """The tensor types by share of the weights, e.g. "Q4_K 82%, Q6_K 18%"."""
+        total = sum(self.types.values())
+        return ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in
+                         sorted(self.types.items(), key=lambda kv: -kv[1]))
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.config.vocab):
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab})")
+        name = TYPES[self.embed_type][0]
+        q, s, m = unpack(self.embed_raw[ids], self.embed_type, self.config.hidden)
+        return dequantize(q, s, m, FORMATS[name])
+
+    def forward(self, kv: Any, tokens: Sequence[int], positions: np.ndarray, allowed: np.ndarray,
+                logits_rows: np.ndarray) -> np.ndarray:
+        """Run `tokens` (at `positions`, each seeing the cache and the new tokens `allowed` [S, S]
+        marks) through the model, appending their keys and values to `kv` (a
+        core.model.qengine.KVCache); the logits [R, V] of
+        the rows `logits_rows`."""
+        cfg = self.config
+        rows = len(tokens)
+        x = self.embed(tokens)  # [S, E]
+        n0 = kv.length
+        kv.reserve(n0 + rows)
+        if self._layers is None:
+            self._compile()
+        x = self._layers(x, np.ascontiguousarray(positions, dtype=np.int64), np.ascontiguousarray(allowed, dtype=np.uint8),
+                         n0, self._mats, self._groups, self._norms, self._biases, self._has_bias, kv.key_list,
+                         kv.value_list, self.cos, self.sin, cfg.arch == "qwen2", cfg.eps, self.scale, cfg.heads,
+                         cfg.kv_heads, cfg.head_dim, cfg.ffn)
+        kv.length = n0 + rows
+        last = np.ascontiguousarray(x[logits_rows])
+        out = np.empty_like(last)
+        qforward.rms_norm(last, self.out_norm, cfg.eps, out)
+        return qmatmul(Inputs(out), self.output)[:, : cfg.vocab]
+
+
+def _stack(parts: list[Packed]) -> list[Packed]:
+    """One matrix for weights read from the same input when they share a type (one kernel call)."""
+    if all(p.qtype == parts[0].qtype for p in parts) and all(p.n % PANEL == 0 for p in parts[:-1]):
+        return [concat(parts)]
+    return parts
+
+
+def _rope_tables(cfg: Config, positions: int, freqs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [P, R/2] of every position's angles (float64, then float32): fixed at load, so a
+    position's rotation never depends on the pass it is in. Llama 3's rope_freqs divide the frequencies."""
+    half = cfg.rope_dim // 2
+    inv = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / cfg.rope_dim)
+    if freqs is not None:
+        inv = inv / freqs.astype(np.float64)
+    angles = np.arange(positions, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+

@@ -1,0 +1,269 @@
+"""The quantized engine (core/model/quant.py, qkernel.py, qforward.py, qengine.py): every tensor type
+unpacks as gguf-py de-quantizes it, the kernel matches a brute-force de-quantized product on every
+type and is batch-invariant, and speculation on the engine is its plain decoding token for token
+(greedy, sampled, under a grammar), on tiny random GGUFs of each type and on the built-in model."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specx.core.decode.generate import generate
+from specx.core.decode.grammar import json_schema_grammar
+from specx.core.model import qkernel, quant
+from specx.core.model.qengine import GGUFError, QuantEngine
+from specx.core.model.quant import UnsupportedType
+
+from test_generate import MAKERS, FakeDrafter, collect
+from test_grammar import SCHEMA
+
+gguf = pytest.importorskip("gguf")
+T = gguf.GGMLQuantizationType
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
+ON_GGUF_PY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # types gguf-py quantizes (K-quants: random blocks)
+
+
+def random_blocks(rng: np.random.Generator, qtype: int, rows: int, width: int) -> np.ndarray:
+    """Raw rows of random blocks of `qtype`: random bits, with sane float16 scales and mins."""
+    name, size, per = quant.TYPES[int(qtype)]
+    raw = rng.integers(0, 256, size=(rows, width // per, size), dtype=np.uint8)
+    f16 = lambda: rng.uniform(-0.05, 0.05, size=(rows, width // per)).astype(np.float16).view(np.uint8).reshape(
+        rows, width // per, 2)  # noqa: E731
+    if name == "Q6_K":
+        raw[..., 208:210] = f16()
+    else:
+        raw[..., 0:2] = f16()
+        if name in ("Q4_1", "Q5_1", "Q4_K"):
+            raw[..., 2:4] = f16()
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_unpack_gives_exactly_what_gguf_py_dequantizes(qtype):
+    rng = np.random.default_rng(int(qtype))
+    raw = random_blocks(rng, qtype, 24, 512)
+    q, scales, mins = quant.unpack(raw, int(qtype), 512)
+    fmt = quant.FORMATS[qtype.name]
+    assert np.array_equal(quant.dequantize(q, scales, mins, fmt), gguf.quants.dequantize(raw, qtype).reshape(24, 512))
+
+
+def _reference(inputs: qkernel.Inputs, raw: np.ndarray, qtype) -> np.ndarray:
+    """The product in float64 of the de-quantized weights and the quantized inputs, de-quantized."""
+    k = inputs.k
+    xq = inputs.xw.view(np.int8).reshape(k // 4, inputs.rows, 4).transpose(1, 0, 2).reshape(inputs.rows, k)
+    x = xq.astype(np.float64) * np.repeat(inputs.dx.T, 32, axis=1)
+    return x @ gguf.quants.dequantize(raw, qtype).reshape(raw.shape[0], k).astype(np.float64).T
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("use_vnni", [True, False], ids=["vnni", "generic"])
+def test_the_kernel_matches_a_dequantized_reference_and_is_batch_invariant(qtype, use_vnni):
+    if use_vnni and not qkernel.vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    rng = np.random.default_rng(7)
+    raw = random_blocks(rng, qtype, 40, 512)  # 40 outputs: a padded last panel
+    packed = quant.pack_tensor(raw, int(qtype), 512)
+    run = qkernel.driver(packed.fmt, use_vnni)
+    x = rng.standard_normal((23, 512)).astype(np.float32)  # 23 rows: tiles of 8, 4, 2 and 1
+
+    def product(rows: np.ndarray) -> np.ndarray:
+        inputs = qkernel.Inputs(rows)
+        out = np.empty((len(rows), packed.values.shape[0] * 16), dtype=np.float32)
+        run(*packed.arrays, inputs.xw, inputs.dx, inputs.sx, inputs.xs, out)
+        return out[:, :40]
+
+    together = product(x)
+    want = _reference(qkernel.Inputs(x), raw, qtype)
+    assert np.abs(together - want).max() <= 1e-5 * np.abs(want).max()
+    for i in (0, 5, 13, 22):  # each row alone, and among others in another group: the same bits
+        assert np.array_equal(product(x[i : i + 1]), together[i : i + 1])
+        assert np.array_equal(product(x[i : i + 3][::-1])[-1], together[i])
+
+
+def test_the_generic_kernel_compiles_for_a_cpu_without_avx512():
+    """NUMBA_CPU_NAME=haswell: numba compiles for AVX2 only, the generic kernel runs and agrees."""
+    code = ("import numpy as np; from specx.core.model import qkernel, quant; assert not qkernel.vnni(); "
+            "rng = np.random.default_rng(1); w = rng.standard_normal((32, 256)).astype(np.float32); "
+            "import gguf; raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0); "
+            "p = quant.pack_tensor(raw, 2, 256); x = rng.standard_normal((3, 256)).astype(np.float32); "
+            "y = qkernel.linear(x, p); ref = x @ gguf.quants.dequantize(raw, 2).reshape(32, 256).T; "
+            "assert np.abs(y - ref).max() < 0.05 * np.abs(ref).max(), np.abs(y - ref).max(); print('ok')")
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2",
+           "NUMBA_CACHE_DIR": str(Path(os.environ.get("SPECX_HOME", "/tmp")) / "numba-haswell")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def tiny_gguf(path: Path, qtype, *, hidden: int = 256, ffn: int = 512, layers: int = 2, heads: int = 4,
+              kv_heads: int = 2, vocab: int = 49152, seed: int = 0, arch: str = "llama") -> Path:
+    """A tiny random GGUF model (`arch`) with 2-D weights of `qtype` (the output layer tied)."""
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(layers)
+    writer.add_context_length(1024)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+
+    def add(name: str, rows: int, width: int) -> None:
+        if qtype in ON_GGUF_PY:
+            w = rng.standard_normal((rows, width)).astype(np.float32) * np.float32(0.5)
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, random_blocks(rng, qtype, rows, width), raw_dtype=qtype)
+
+    add("token_embd.weight", vocab, hidden)
+    head_dim = hidden // heads
+    for i in range(layers):
+        p = f"blk.{i}."
+        writer.add_tensor(p + "attn_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+        writer.add_tensor(p + "ffn_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+        add(p + "attn_q.weight", heads * head_dim, hidden)
+        add(p + "attn_k.weight", kv_heads * head_dim, hidden)
+        add(p + "attn_v.weight", kv_heads * head_dim, hidden)
+        if arch == "qwen2":
+            for n, size in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+                writer.add_tensor(p + f"attn_{n}.bias", rng.standard_normal(size).astype(np.float32))
+        add(p + "attn_output.weight", hidden, heads * head_dim)
+        add(p + "ffn_gate.weight", ffn, hidden)
+        add(p + "ffn_up.weight", ffn, hidden)
+        add(p + "ffn_down.weight", hidden, ffn)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    return {t: QuantEngine(tiny_gguf(folder / f"{t.name}.gguf", t, seed=int(t))) for t in (T.Q4_K, T.Q6_K, T.Q8_0)}
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_speculative_greedy_is_the_engines_plain_greedy(tiny_engines, qtype):
+    engine = tiny_engines[qtype]
+    prompt = [11, 22, 33, 44, 55]
+    want = engine.plain(prompt, 40, None)
+    for make in MAKERS:
+        for seed in range(2):
+            out, steps = collect(generate(engine, prompt, FakeDrafter(make, want, seed), max_new_tokens=40))
+            assert out == want, (make.__name__, seed)
+    plain, steps = collect(generate(engine, prompt, None, max_new_tokens=40))
+    assert plain == want and len(steps) == len(want)
+
+
+def test_a_token_gets_the_same_logits_alone_and_in_a_tree_pass(tiny_engines):
+    from specx.core.draft import Draft
+
+    engine = tiny_engines[T.Q4_K]
+    session = engine.start([5, 6, 7])
+    tree = Draft([8, 9, 10, 11], [-1, 0, -1, 1], [0.5] * 4, 2.0, 1)
+    rows = session.score([12], tree)  # [1 + 4, V]
+    session.keep_path([0, 1])  # the path 8 -> 9
+    alone = engine.start([5, 6, 7])
+    first = alone.score([12], Draft())
+    alone.keep_path([])
+    second = alone.score([8], Draft())
+    alone.keep_path([])
+    third = alone.score([9], Draft())
+    assert torch.equal(rows[0], first[0]) and torch.equal(rows[1], second[0]) and torch.equal(rows[2], third[0])
+    after = session.score([13], Draft())  # the cache holds 5 6 7 12 8 9 as plain decoding would
+    alone.keep_path([])
+    assert torch.equal(after[0], alone.score([13], Draft())[0])
+
+
+def test_seeded_sampling_is_the_same_with_and_without_drafts(tiny_engines):
+    engine = tiny_engines[T.Q8_0]
+    prompt = [11, 22, 33, 44]
+    kwargs = dict(max_new_tokens=40, temperature=4.0, top_k=50, top_p=0.99, seed=42)  # a random model is peaked
+    plain, _ = collect(generate(engine, prompt, None, **kwargs))
+    for make in MAKERS:
+        spec, steps = collect(generate(engine, prompt, FakeDrafter(make, plain + [0] * 40), **kwargs))
+        assert spec == plain, make.__name__
+    other, _ = collect(generate(engine, prompt, None, **{**kwargs, "seed": 43}))
+    assert other != plain
+
+
+def test_constrained_decoding_is_the_same_with_and_without_drafts(tiny_engines, builtin_tokenizer, builtin_vocabulary):
+    engine = tiny_engines[T.Q6_K]
+    grammar = json_schema_grammar(SCHEMA)
+    eos = builtin_tokenizer.eos_token_id
+    prompt = builtin_tokenizer.encode("Answer in JSON:")
+    want, _ = collect(generate(engine, prompt, None, max_new_tokens=40, eos_token_ids=eos,
+                               constraint=builtin_vocabulary.constraint(grammar)))
+    assert builtin_tokenizer.decode(want).startswith('{"sql": "')
+    for make in MAKERS:
+        out, _ = collect(generate(engine, prompt, FakeDrafter(make, want), max_new_tokens=40, eos_token_ids=eos,
+                                  constraint=builtin_vocabulary.constraint(grammar)))
+        assert out == want, make.__name__
+
+
+def test_qwen2_biases_and_a_prefix_cache(tmp_path):
+    engine = QuantEngine(tiny_gguf(tmp_path / "qwen.gguf", T.Q4_0, arch="qwen2"))
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    want = engine.plain(prompt, 12, None)
+    prefixes = engine.new_prefix_cache(1024)
+    assert engine.plain(prompt, 12, None, prefix_cache=prefixes) == want  # stored
+    assert engine.plain(prompt, 12, None, prefix_cache=prefixes) == want  # reused
+    assert prefixes.hit_tokens == len(prompt) - 1
+
+
+def test_unsupported_types_and_damaged_files_are_one_line(tmp_path):
+    from specx.core.model.load import ModelError, load_backend
+
+    path = tmp_path / "q5k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 256),
+                       ("attention.head_count", 4)):
+        writer.add_uint32(f"llama.{key}", value)
+    rng = np.random.default_rng(0)
+    writer.add_tensor("token_embd.weight", rng.standard_normal((64, 256)).astype(np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", rng.integers(0, 255, (256, 176), dtype=np.uint8),
+                      raw_dtype=T.Q5_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedType, match=r"tensor blk\.0\.attn_q\.weight is Q5_K"):
+        QuantEngine(path)
+    good = tiny_gguf(tmp_path / "good.gguf", T.Q4_0)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(GGUFError) as exc:
+        QuantEngine(cut)
+    assert "\n" not in str(exc.value) and "cut.gguf" in str(exc.value)
+    with pytest.raises(ModelError, match="cut.gguf"):
+        load_backend(str(cut), backend="quantized")
+
+
+def test_the_builtin_model_speculates_losslessly_on_its_quantized_weights(builtin_tokenizer):
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.draft import Draft
+    from specx.core.model.load import builtin_gguf
+
+    engine = QuantEngine(builtin_gguf("smollm2-135m"))
+    assert engine.precision.startswith("Q4_1")
+    assert engine.model.weight_bytes < 130e6  # no float copy: ~4.5-6 bits a weight, not 32
+    text = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+            "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n")
+    prompt = builtin_tokenizer.encode(text)
+    eos = builtin_tokenizer.eos_token_id
+    for text, next_word in (("The capital of France is", " Paris"), ("def add(a, b):\n    return a", " +")):
+        ids = builtin_tokenizer.encode(text)  # the real model's weights, read right
+        top = engine.start(ids[:-1]).score([ids[-1]], Draft())[0].argmax()
+        assert builtin_tokenizer.decode([int(top)]) == next_word
+    want = engine.plain(prompt, 24, eos)
+    out, steps = collect(generate(engine, prompt, SuffixDrafter(), max_new_tokens=24, eos_token_ids=eos))
+    assert out == want
+    assert len(steps) < len(out)
