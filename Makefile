@@ -59,7 +59,7 @@ demo: setup
 	if [ -d ../shared/agent-data/text2sql-spider-dail-spider2 ]; then \
 		$(PY) examples/text2sql_bench.py --requests 8 --warmup 4 --max-new-tokens 48; \
 		$(PY) examples/llamacpp_bench.py --requests 8 --warmup 2 --max-new-tokens 48 \
-			--methods "llama.cpp,llama.cpp prompt lookup,specx auto"; \
+			--methods "llama.cpp,llama.cpp prompt lookup,quantized plain,specx auto"; \
 	else $(VENV)/bin/specx replay --db $(DEMO_DB) --model smollm2-135m --limit 4 --max-tokens 32; fi
 
 $(VLLM_VENV)/.installed: pyproject.toml Makefile

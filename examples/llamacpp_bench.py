@@ -9,10 +9,19 @@ weighs on all alike), greedy, at most --max-new-tokens each:
 - `llama.cpp prompt lookup`: llama-cpp-python's stock `LlamaPromptLookupDecoding` draft model.
 - `specx llama.cpp`: specx's decode loop on llama.cpp (suffix drafts, learned cost, guard).
 - `specx transformers`: specx on its transformers engine (the built-in model de-quantized to float32).
+- `quantized plain`: specx's quantized engine (core/model/qengine.py, the GGUF's own 4-bit weights)
+  decoding one token per pass: what `specx serve --backend quantized --no-speculation` runs.
+- `specx quantized`: specx on the quantized engine (suffix drafts verified as trees).
 - `specx auto`: specx on the engine `--backend auto` picks here (`specx engines`' kept choice, else
   the prior: cli/engines.py), with caches of its own: what `specx serve` with no option runs.
 
 The header names the CPU and its instruction sets: which engine wins depends on them (docs/llamacpp.md).
+"identical" compares each specx method with its own engine's plain decoding (llama.cpp's for specx
+llama.cpp, `quantized plain` for specx quantized): lossless means equal there. Two engines' greedy
+outputs can part ways now and then (each rounds its arithmetic its own way), so they are not
+compared with each other. `--model FILE` runs another GGUF (examples/model_ladder.py's random-weight
+files: their tokens/s time the engines; their outputs are noise, so no acceptance figure comes
+from them).
 `--store DB` takes the prompts from a store instead (the agent's own, e.g. SWE-agent turns of
 2-8k tokens with `--source swe --min-prompt-tokens 2000`): long prompts, where prefill counts.
 
@@ -48,11 +57,12 @@ from specx.core.decode.loop import collect  # noqa: E402
 from specx.core.model import cpu  # noqa: E402
 from specx.core.model.hf_engine import TransformersEngine  # noqa: E402
 from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
+from specx.core.model.qengine import QuantEngine  # noqa: E402
 from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402
 from specx.core.decode.speculate import SuffixDrafter  # noqa: E402
 
 METHODS = ("llama.cpp", "llama.cpp f16", "llama.cpp prompt lookup", "specx llama.cpp", "specx transformers",
-           "specx auto")
+           "quantized plain", "specx quantized", "specx auto")
 N_CTX = 8192  # the built-in model's trained context: long agent prompts fit
 
 
@@ -113,6 +123,7 @@ def main() -> None:
     parser.add_argument("--source", help="with --store: only calls whose source path holds this")
     parser.add_argument("--min-prompt-tokens", type=int, default=0, help="with --store: only prompts this long")
     parser.add_argument("--max-prompt-tokens", type=int, default=7900, help="with --store: prompts cut to this")
+    parser.add_argument("--model", type=Path, help="another GGUF file (default: the built-in model)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if args.store is None and not (args.spider / "spider_dev.json").is_file():
@@ -122,8 +133,9 @@ def main() -> None:
     if unknown:
         sys.exit(f"error: unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
     say = lambda message: print(message, file=sys.stderr)  # noqa: E731
-    path = builtin_gguf("smollm2-135m")
-    tok = load_tokenizer("smollm2-135m", specx_home() / "models")
+    name = str(args.model) if args.model else "smollm2-135m"
+    path = args.model or builtin_gguf("smollm2-135m")
+    tok = load_tokenizer(name, specx_home() / "models")
     eos = tok.eos_token_id
     if args.store is not None:
         prompts = store_prompts(args, tok)
@@ -161,27 +173,37 @@ def main() -> None:
 
     if "specx llama.cpp" in methods:
         net = LlamaModel(path, n_ctx=N_CTX, threads=args.threads)
-        cost = model_cost(net, "smollm2-135m", say)
+        cost = model_cost(net, name, say)
         costs.append(cost)
         runners["specx llama.cpp"] = specx_runner("specx llama.cpp", net, cost)
+    if "quantized plain" in methods or "specx quantized" in methods:
+        quantized = QuantEngine(path, context=N_CTX)
+        qprefixes = quantized.new_prefix_cache(8192)
+        runners["quantized plain"] = lambda p: quantized.plain(p, args.max_new_tokens, eos, prefix_cache=qprefixes)
+        cost = model_cost(quantized, name, say)
+        costs.append(cost)
+        runners["specx quantized"] = specx_runner("specx quantized", quantized, cost)
     if "specx transformers" in methods:
         import torch
 
         torch.set_grad_enabled(False)
-        hf = TransformersEngine(load_model("smollm2-135m", specx_home() / "models")[0])
-        cost = model_cost(hf, "smollm2-135m", say)
+        hf = TransformersEngine(load_model(name, specx_home() / "models")[0])
+        cost = model_cost(hf, name, say)
         costs.append(cost)
         runners["specx transformers"] = specx_runner("specx transformers", hf, cost)
+    auto = None
     if "specx auto" in methods:
-        engine = resolve_backend("smollm2-135m", "auto", say)
-        if engine == "llama.cpp":
+        auto = resolve_backend(name, "auto", say)
+        if auto == "llama.cpp":
             net = LlamaModel(path, n_ctx=N_CTX, threads=args.threads)
+        elif auto == "quantized":
+            net = QuantEngine(path, context=N_CTX)
         else:
             import torch
 
             torch.set_grad_enabled(False)
-            net = TransformersEngine(load_model("smollm2-135m", specx_home() / "models")[0])
-        cost = model_cost(net, "smollm2-135m", say)
+            net = TransformersEngine(load_model(name, specx_home() / "models")[0])
+        cost = model_cost(net, name, say)
         costs.append(cost)
         runners["specx auto"] = specx_runner("specx auto", net, cost)
 
@@ -202,12 +224,18 @@ def main() -> None:
         keep_cost(cost)
     timed = range(args.warmup, len(prompts))
     ref = "llama.cpp" if "llama.cpp" in methods else methods[0]
+    own_plain = {"specx llama.cpp": "llama.cpp", "specx quantized": "quantized plain", "llama.cpp": "llama.cpp",
+                 "quantized plain": "quantized plain",
+                 "specx auto": {"llama.cpp": "llama.cpp", "quantized": "quantized plain"}.get(auto or "")}
     rows = {}
     for m in methods:
         tokens = sum(len(outputs[m][i]) for i in timed)
         secs = sum(seconds[m][i] for i in timed)
-        rows[m] = {"tokens_per_s": tokens / secs if secs else 0.0, "tokens": tokens, "seconds": secs,
-                   "identical_calls": sum(outputs[m][i] == outputs[ref][i] for i in timed), "calls": len(timed)}
+        plain = own_plain.get(m)
+        rows[m] = {"tokens_per_s": tokens / secs if secs else 0.0, "tokens": tokens, "seconds": secs, "calls": len(timed),
+                   "own_plain": plain if plain in outputs else None,
+                   "identical_calls": (sum(outputs[m][i] == outputs[plain][i] for i in timed)
+                                       if plain in outputs else None)}
         if steps[m]:
             rows[m]["tokens_per_step"] = tokens / sum(steps[m][i] for i in timed)
     base = rows[ref]["tokens_per_s"]
@@ -217,17 +245,22 @@ def main() -> None:
                     for i in timed if seconds[m][i] and seconds[ref][i] and outputs[ref][i]]
         rows[m]["median_call_ratio"] = statistics.median(per_call) if per_call else 0.0
     if args.json:
-        print(json.dumps({"cpu": cpu.model_name(), "isa": cpu.instruction_sets(), "workload": workload,
+        print(json.dumps({"cpu": cpu.model_name(), "isa": cpu.instruction_sets(), "workload": workload, "model": name,
+                          "auto": auto,
                           "methods": rows, "requests": args.requests, "warmup": args.warmup, "shots": args.shots,
                           "max_new_tokens": args.max_new_tokens, "threads": args.threads, "reference": ref}, indent=2))
         return
-    print(f"{'method':<26}{'tokens/s':>10}{'vs ' + ref:>14}{'per call':>10}{'tokens/step':>13}{'identical':>11}")
+    print(f"{'method':<26}{'tokens/s':>10}{'vs ' + ref:>14}{'per call':>10}{'tokens/step':>13}"
+          f"{'identical to own plain':>24}")
     for m, r in rows.items():
         per_step = f"{r['tokens_per_step']:>13.2f}" if "tokens_per_step" in r else f"{'-':>13}"
+        same = (f"{r['identical_calls']}/{r['calls']} ({r['own_plain']})" if r["own_plain"] and r["own_plain"] != m
+                else "(reference)" if r["own_plain"] == m else "-")
         print(f"{m:<26}{r['tokens_per_s']:>10.1f}{r['vs_llama_cpp']:>13.2f}x{r['median_call_ratio']:>9.2f}x"
-              f"{per_step}{r['identical_calls']:>6}/{r['calls']}")
-    print(f"{workload}, {args.requests} timed requests; tokens/s include each prompt's prefill; "
-          f"per call: the median of the calls' ratios; identical: outputs equal to {ref}'s")
+              f"{per_step}{same:>24}")
+    print(f"{name}, {workload}, {args.requests} timed requests; tokens/s include each prompt's prefill; per call: the "
+          f"median of the calls' ratios; identical: outputs equal to the same engine's plain decoding (engines round "
+          f"differently, so two engines' greedy outputs may part ways; each is lossless against its own)")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,18 @@ def test_unpack_gives_exactly_what_gguf_py_dequantizes(qtype):
     assert np.array_equal(quant.dequantize(q, scales, mins, fmt), gguf.quants.dequantize(raw, qtype).reshape(24, 512))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_rows_read_back_from_the_panels_are_the_files_rows(qtype):
+    rng = np.random.default_rng(int(qtype) + 1)
+    raw = random_blocks(rng, qtype, 37, 512)
+    packed = quant.pack_tensor(raw, int(qtype), 512)
+    ids = np.array([0, 36, 17, 5, 16])
+    got = quant.unpack_rows(packed, ids)
+    want = quant.unpack(raw[ids], int(qtype), 512)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert (got[2] is None) == (want[2] is None) and (got[2] is None or np.array_equal(got[2], want[2]))
+
+
 def _reference(inputs: qkernel.Inputs, raw: np.ndarray, qtype) -> np.ndarray:
     """The product in float64 of the de-quantized weights and the quantized inputs, de-quantized."""
     k = inputs.k

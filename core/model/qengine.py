@@ -191,6 +191,10 @@ class QuantEngine:
         self.kernels = [f"quantized linear ({'AVX-512 VNNI' if vnni() else 'generic vectors'})", "row-wise attention"]
         self.hit_tokens = 0
         self.threads = threads
+        started = time.perf_counter()
+        say("compiling the quantized engine's kernels for this model (once per process)")
+        prefill(self.model, KVCache(self.model.config, 16), [0])  # compiles every kernel the passes run
+        self.compile_seconds = time.perf_counter() - started
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> QuantSession:
         prefixes = prefix_cache if isinstance(prefix_cache, QuantPrefixCache) else QuantPrefixCache(0)

@@ -254,6 +254,38 @@ def pack(parts: Parts, fmt: Format, qtype: str) -> Packed:
                   np.ascontiguousarray(kdmin, dtype=np.float32))
 
 
+def unpack_rows(packed: Packed, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """unpack's (q, scales, mins) of the rows `ids` of a Packed weight, read back from its panels
+    (a tied model's embedding lookups read the output layer: no second copy of it)."""
+    fmt, nb = packed.fmt, packed.k // BLOCK
+    panel, lane = ids // PANEL, ids % PANEL
+    v = packed.values[panel]  # [R, nb, bytes]
+    r = len(ids)
+    pick = lambda a, groups: a.reshape(r, nb, groups, PANEL, 4)[np.arange(r), :, :, lane]  # noqa: E731 - [R, nb, groups, 4]
+    if fmt.bits == 8:
+        q = pick(v, 8).reshape(r, packed.k)
+    else:
+        nibbles = pick(v[:, :, :256], 4)  # [R, nb, t, j]
+        q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=2)  # [R, nb, half * 4 + t, j]
+        if fmt.bits == 6:
+            high = pick(v[:, :, 256:], 2)  # [R, nb, u, j]
+            bits = (high[:, :, :, None, :] >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, None, :, None]) & 0x03
+            q = q | (bits.reshape(r, nb, 8, 4) << 4)
+        q = q.reshape(r, packed.k)
+    lanes = lambda a: a[panel, :, lane]  # noqa: E731 - [P, X, 16] -> [R, X]
+    if fmt.scale == "f16":
+        scales = lanes(packed.scales.view(np.uint16)).view(np.float16).astype(np.float32)
+        mins = lanes(packed.mins.view(np.uint16)).view(np.float16).astype(np.float32) if fmt.has_min else None
+    else:
+        sc = lanes(packed.scales.view(np.int8 if fmt.signed else np.uint8)).astype(np.float32)
+        scales = np.repeat(lanes(packed.kd), sc.shape[1] // packed.kd.shape[1], axis=1) * sc
+        mins = None
+        if fmt.has_min:
+            m = lanes(packed.mins).astype(np.float32)
+            mins = -(np.repeat(lanes(packed.kdmin), m.shape[1] // packed.kdmin.shape[1], axis=1) * m)
+    return np.ascontiguousarray(q, dtype=np.uint8), scales, mins
+
+
 def pack_tensor(raw: np.ndarray, qtype: int, k: int, rows: int = 4096) -> Packed:
     """unpack_parts + pack of raw rows [N, bytes per row], `rows` at a time (the unpacked q values
     of a whole output layer would take 1 byte a weight at once)."""
