@@ -139,7 +139,7 @@ def load_cost_curve(path: str | Path, name: str | None = None) -> CostCurve:
         about = data.get("about", "")
         if not isinstance(about, str):
             raise PredictError(f'cost curve {path}: "about" must be a string')
-        extra = set(data) - {"cost", "about"}
+        extra = set(data) - {"cost", "about", "engine", "roofline"}  # the last two: `specx bench cost`'s notes
         if extra:
             raise PredictError(f'cost curve {path}: unknown field {sorted(extra)[0]!r} (expected "cost" and "about")')
         data = data["cost"]
