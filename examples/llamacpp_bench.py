@@ -225,6 +225,7 @@ def main() -> None:
     timed = range(args.warmup, len(prompts))
     ref = "llama.cpp" if "llama.cpp" in methods else methods[0]
     own_plain = {"specx llama.cpp": "llama.cpp", "specx quantized": "quantized plain", "llama.cpp": "llama.cpp",
+                 "llama.cpp prompt lookup": "llama.cpp", "llama.cpp f16": "llama.cpp f16",
                  "quantized plain": "quantized plain",
                  "specx auto": {"llama.cpp": "llama.cpp", "quantized": "quantized plain"}.get(auto or "")}
     rows = {}
