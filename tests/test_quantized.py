@@ -195,6 +195,33 @@ def test_a_token_gets_the_same_logits_alone_and_in_a_tree_pass(tiny_engines):
     assert torch.equal(after[0], alone.score([13], Draft())[0])
 
 
+def test_sessions_batched_in_one_pass_get_the_bits_of_their_own_passes(tiny_engines):
+    """Issue 46's foundation: several requests' pending tokens and draft trees in one pass (every
+    weight read once), each attending to its own cache, each row's logits exactly its own pass's."""
+    from specx.core.draft import Draft
+    from specx.core.model.qengine import score_batch
+
+    engine = tiny_engines[T.Q8_0]
+    prompts = [[5, 6, 7], list(range(100, 140)), [9] * 70]  # 70: prefilled in two chunks
+    drafts = [Draft([8, 9, 10], [-1, 0, 0], [0.5] * 3, 1.5, 1), Draft(), Draft([1, 2], [-1, 0], [0.5] * 2, 1.0, 1)]
+    alone = []
+    for prompt, draft in zip(prompts, drafts):
+        session = engine.start(prompt)
+        alone.append(session.score([11, 12], draft))
+    sessions = [engine.start(p) for p in prompts]
+    together = score_batch(sessions, [[11, 12]] * 3, drafts)
+    for a, b in zip(alone, together):
+        assert torch.equal(a, b)
+    for session, path in zip(sessions, ([0, 2], [], [0])):  # then each goes on alone, as if never batched
+        session.keep_path(path)
+    after = score_batch(sessions[::-1], [[13], [14], [15]][::-1], [Draft()] * 3)[::-1]
+    for prompt, draft, path, tok, got in zip(prompts, drafts, ([0, 2], [], [0]), (13, 14, 15), after):
+        session = engine.start(prompt)
+        session.score([11, 12], draft)
+        session.keep_path(path)
+        assert torch.equal(session.score([tok], Draft()), got)
+
+
 def test_seeded_sampling_is_the_same_with_and_without_drafts(tiny_engines):
     engine = tiny_engines[T.Q8_0]
     prompt = [11, 22, 33, 44]

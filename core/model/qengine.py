@@ -155,8 +155,10 @@ class QuantSession:
         self._nodes = 0
 
     def score(self, pending: list[int], draft: Draft) -> Any:
-        import torch
+        return score_batch([self], [pending], [draft])[0]
 
+    def _part(self, pending: list[int], draft: Draft) -> tuple[Any, ...]:
+        """This pass as core.model.qmodel.QuantModel.forward_batch takes it (checked, bookkept)."""
         check_draft(draft, self.model.config.vocab)
         if not pending:
             raise ValueError("verification needs at least one pending token (the root's logits come from it)")
@@ -165,11 +167,23 @@ class QuantSession:
         self._kept, self._nodes = self.kv.length + len(pending), len(draft)
         positions, allowed = tree_layout(self.kv.length, len(pending), draft)
         rows = np.arange(len(pending) - 1, len(pending) + len(draft))
-        logits = self.model.forward(self.kv, list(pending) + list(draft.token_ids), positions, allowed, rows)
-        return torch.from_numpy(logits)
+        return self.kv, list(pending) + list(draft.token_ids), positions, allowed, rows
 
     def keep_path(self, accepted_nodes: list[int]) -> None:
         self.kv.keep(self._kept, [self._kept + n for n in accepted_nodes])
+
+
+def score_batch(sessions: Sequence[QuantSession], pendings: Sequence[list[int]], drafts: Sequence[Draft]) -> list[Any]:
+    """Each session's `score` (logits [1 + N, V]) in one forward pass over all their rows: every
+    weight read once for the batch, each session attending to its own cache; a session's logits
+    are the bits its own pass gives (batch-invariant kernels). The sessions must be distinct and
+    of one model; each then keeps its path with `keep_path` as after `score`."""
+    import torch
+
+    if len({id(s) for s in sessions}) != len(sessions) or len({id(s.model) for s in sessions}) > 1:
+        raise ValueError("a batch takes distinct sessions of one model")
+    parts = [s._part(p, d) for s, p, d in zip(sessions, pendings, drafts)]
+    return [torch.from_numpy(logits) for logits in sessions[0].model.forward_batch(parts)]
 
 
 class QuantEngine:

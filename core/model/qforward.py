@@ -96,10 +96,13 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
     and `attend` (core.model.qattention.attention): a pass costs one call from Python, not dozens
     per layer.
 
-    layers(x [S, E], positions [S], allowed [S, S], n0, mats, groups [L, 4, 2], norms [L, 2, E],
-    biases [L, Wqkv] (has_bias), keys, values (per layer, core.model.qengine.KVCache's buffers),
-    cos, sin, neox, eps, scale, heads, kv_heads, head_dim, ffn): x after the last layer (its
-    keys and values written at n0..n0+S-1). mats: (values, scales, mins, kd, kdmin, format index, n) per
+    layers(x [S, E], positions [S], starts [Q + 1], alloweds, n0s [Q], mats, groups [L, 4, 2],
+    norms [L, 2, E], biases [L, Wqkv] (has_bias), keys, values, cos, sin, neox, eps, scale, heads,
+    kv_heads, head_dim, ffn): x after the last layer. The rows are Q sequences' (a batch):
+    sequence q's rows starts[q]..starts[q+1]-1, its cache keys[q], values[q] (per layer,
+    core.model.qengine.KVCache's buffers) holding n0s[q] entries, its new rows' visibility
+    alloweds[q]; their keys and values are written at n0s[q] on. The linear layers read every
+    row in one pass; attention never mixes sequences. mats: (values, scales, mins, kd, kdmin, format index, n) per
     matrix; groups[i]: layer i's [start, end) in mats of qkv, output, gate+up and down."""
     from .qkernel import ROW_CHUNK, quantize_rows
 
@@ -124,7 +127,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                 col += n
 
     @njit(nogil=True)
-    def layers(x, positions, allowed, n0, mats, groups, norms, biases, has_bias, keys, values, cos, sin,
+    def layers(x, positions, starts, alloweds, n0s, mats, groups, norms, biases, has_bias, keys, values, cos, sin,
                neox, eps, scale, heads, kv_heads, head_dim, ffn):  # pragma: no cover - compiled
         rows, width = x.shape
         qw, kvw = heads * head_dim, kv_heads * head_dim
@@ -153,13 +156,16 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                         k[s, hh, d] = qkv[s, qw + hh * head_dim + d]
             rope(q, positions, cos, sin, neox)
             rope(k, positions, cos, sin, neox)
-            kc, vc = keys[i], values[i]
-            for s in range(rows):
-                for hh in range(kv_heads):
-                    for d in range(head_dim):
-                        kc[hh, (n0 + s) // 16, d, (n0 + s) % 16] = k[s, hh, d]
-                        vc[hh, n0 + s, d] = qkv[s, qw + kvw + hh * head_dim + d]
-            attend(q, kc, vc, n0, allowed, scale, att)
+            for sq in range(len(n0s)):  # each sequence's rows: its own cache, its own attention
+                kc, vc, n0 = keys[sq][i], values[sq][i], n0s[sq]
+                for s in range(starts[sq], starts[sq + 1]):
+                    at = n0 + s - starts[sq]
+                    for hh in range(kv_heads):
+                        for d in range(head_dim):
+                            kc[hh, at // 16, d, at % 16] = k[s, hh, d]
+                            vc[hh, at, d] = qkv[s, qw + kvw + hh * head_dim + d]
+                attend(q[starts[sq] : starts[sq + 1]], kc, vc, n0, alloweds[sq], scale,
+                       att[starts[sq] : starts[sq + 1]])
             project(att.reshape((rows, qw)), mats, groups[i, 1, 0], groups[i, 1, 1], proj)
             for s in range(rows):
                 for j in range(width):

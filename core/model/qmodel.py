@@ -250,24 +250,44 @@ class QuantModel:
                 logits_rows: np.ndarray) -> np.ndarray:
         """Run `tokens` (at `positions`, each seeing the cache and the new tokens `allowed` [S, S]
         marks) through the model, appending their keys and values to `kv` (a
-        core.model.qengine.KVCache); the logits [R, V] of
-        the rows `logits_rows`."""
+        core.model.qengine.KVCache); the logits [R, V] of the rows `logits_rows`."""
+        return self.forward_batch([(kv, tokens, positions, allowed, logits_rows)])[0]
+
+    def forward_batch(self, parts: Sequence[tuple[Any, Sequence[int], np.ndarray, np.ndarray, np.ndarray]]
+                      ) -> list[np.ndarray]:
+        """`forward` for several sequences in one pass, each part (kv, tokens, positions, allowed,
+        logits_rows) as there: the linear layers read each weight once for all their rows, each
+        sequence attends to its own cache. Every row's logits are the bits `forward` gives it
+        alone (the kernels are batch-invariant)."""
+        import numba
+
         cfg = self.config
-        rows = len(tokens)
-        x = self.embed(tokens)  # [S, E]
-        n0 = kv.length
-        kv.reserve(n0 + rows)
         if self._layers is None:
             self._compile()
-        x = self._layers(x, np.ascontiguousarray(positions, dtype=np.int64), np.ascontiguousarray(allowed, dtype=np.uint8),
-                         n0, self._mats, self._groups, self._norms, self._biases, self._has_bias, kv.key_list,
-                         kv.value_list, self.cos, self.sin, cfg.arch == "qwen2", cfg.eps, self.scale, cfg.heads,
-                         cfg.kv_heads, cfg.head_dim, cfg.ffn)
-        kv.length = n0 + rows
-        last = np.ascontiguousarray(x[logits_rows])
+        starts = np.zeros(len(parts) + 1, dtype=np.int64)
+        for i, (_, tokens, _, _, _) in enumerate(parts):
+            starts[i + 1] = starts[i] + len(tokens)
+        x = self.embed([int(t) for part in parts for t in part[1]])  # [S, E]
+        n0s = np.array([kv.length for kv, *_ in parts], dtype=np.int64)
+        keys, values, alloweds = numba.typed.List(), numba.typed.List(), numba.typed.List()
+        for (kv, tokens, _, allowed, _), n0 in zip(parts, n0s):
+            kv.reserve(int(n0) + len(tokens))
+            keys.append(kv.key_list)
+            values.append(kv.value_list)
+            alloweds.append(np.ascontiguousarray(allowed, dtype=np.uint8))
+        positions = np.concatenate([np.asarray(p[2], dtype=np.int64) for p in parts])
+        x = self._layers(x, positions, starts, alloweds, n0s, self._mats, self._groups, self._norms, self._biases,
+                         self._has_bias, keys, values, self.cos, self.sin, cfg.arch == "qwen2", cfg.eps, self.scale,
+                         cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn)
+        for (kv, tokens, *_), n0 in zip(parts, n0s):
+            kv.length = int(n0) + len(tokens)
+        rows = np.concatenate([np.asarray(p[4], dtype=np.int64) + starts[i] for i, p in enumerate(parts)])
+        last = np.ascontiguousarray(x[rows])
         out = np.empty_like(last)
         qforward.rms_norm(last, self.out_norm, cfg.eps, out)
-        return qmatmul(Inputs(out), self.output)[:, : cfg.vocab]
+        logits = qmatmul(Inputs(out), self.output)[:, : cfg.vocab]
+        bounds = np.cumsum([0] + [len(p[4]) for p in parts])
+        return [logits[bounds[i] : bounds[i + 1]] for i in range(len(parts))]
 
 
 def _release_freed_memory() -> None:
