@@ -4,21 +4,23 @@ Every supported block type says the same thing in its own bits: along a weight r
 inputs (B = 16 or 32) share a float scale s and (for some types) a float min m, and each weight is
 an unsigned integer q of 4 to 8 bits: w = s * (q - o) + m, with o an offset fixed by the type.
 
-    type   bits of q   B    o     min   from the file's block
-    Q4_0   4          32    8     -     d
-    Q4_1   4          32    0     m     d, m
-    Q4_K   4          32    0     m     d * sc_j, -dmin * m_j  (8 sub-blocks of a 256-block)
-    Q5_0   8 (5 used) 32   16     -     d
-    Q5_1   8 (5 used) 32    0     m     d, m
-    Q8_0   8          32  128     -     d (q stored + 128: unsigned)
-    Q6_K   8 (6 used) 16   32     -     d * sc_j (16 sub-blocks of a 256-block)
+    type   q stored in  B    o     min   from the file's block                        bits a weight
+    Q4_0   4 bits      32    8     -     d                                            4.5
+    Q4_1   4 bits      32    0     m     d, m                                         5
+    Q4_K   4 bits      32    0     m     d * sc_j, -dmin * m_j  (8 sub-blocks of 256)  4.75
+    Q5_0   4 + 2 bits  32   16     -     d                                            6.5
+    Q5_1   4 + 2 bits  32    0     m     d, m                                         7
+    Q8_0   8 bits      32  128     -     d (q stored + 128: unsigned)                 8.5
+    Q6_K   4 + 2 bits  16   32     -     d * sc_j (16 sub-blocks of 256)               6.625
 
 `unpack(raw, qtype, k)` reads a tensor's rows of blocks into (q [N, K] uint8, s [N, K/B] float32,
 m [N, K/32] float32 or None): exact (every product above is exact in float32), and tested against
 gguf-py's own de-quantization. `pack` lays them out in panels of 16 output features for the
-kernel: q values four inputs to a 32-bit lane (vpdpbusd's operand), 4-bit types two groups of four
-to a byte. Nothing here makes a float copy of the weights: a packed 4-bit tensor takes 5-6 bits a
-weight (q, and float32 scales and mins per 32), 8-bit types 9-10 bits.
+kernel: q values four inputs to a 32-bit lane (vpdpbusd's operand), 4-bit values two groups of four
+to a byte, the top two bits of 5- and 6-bit values four to a byte beside them; scales and mins as
+the file keeps them (float16, or a K-quant's integers and float32 d per 256). Nothing here makes a
+float copy of the weights: a packed tensor takes the bits a weight in the last column (the file's
+own but for Q5_0 and Q5_1, whose fifth bit takes two here).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Format:
     block) or "k" (a K-quant's integer scale per sub-block times a float32 d per 256 inputs, signed
     when `signed`)."""
 
-    bits: int
+    bits: int  # 4, 6 (Q5 uses five of them) or 8
     sub: int
     offset: int
     has_min: bool
@@ -58,7 +60,7 @@ class Format:
 
 
 FORMATS = {"Q4_0": Format(4, 32, 8, False), "Q4_1": Format(4, 32, 0, True), "Q4_K": Format(4, 32, 0, True, "k"),
-           "Q5_0": Format(8, 32, 16, False), "Q5_1": Format(8, 32, 0, True), "Q8_0": Format(8, 32, 128, False),
+           "Q5_0": Format(6, 32, 16, False), "Q5_1": Format(6, 32, 0, True), "Q8_0": Format(8, 32, 128, False),
            "Q6_K": Format(6, 16, 32, False, "k", True)}
 
 
