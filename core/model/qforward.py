@@ -91,6 +91,9 @@ def silu_mul(gate_up, width, out, scratch, ibuf):  # pragma: no cover - compiled
             out[m, j] = gate_up[m, j] / (np.float32(1.0) + scratch[j]) * gate_up[m, width + j]
 
 
+_LAYERS: dict[tuple[int, int], object] = {}
+
+
 def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled function
     """The transformer's layers as one compiled function over `run_any` (core.model.qkernel.any_driver)
     and `attend` (core.model.qattention.attention): a pass costs one call from Python, not dozens
@@ -104,6 +107,9 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
     alloweds[q]; their keys and values are written at n0s[q] on. The linear layers read every
     row in one pass; attention never mixes sequences. mats: (values, scales, mins, kd, kdmin, format index, n) per
     matrix; groups[i]: layer i's [start, end) in mats of qkv, output, gate+up and down."""
+    key = (id(run_any), id(attend))  # both are kept for the process (qkernel._ANY, qattention._ATTEND)
+    if key in _LAYERS:
+        return _LAYERS[key]
     from .qkernel import ROW_CHUNK, quantize_rows
 
     @njit(nogil=True)
@@ -179,4 +185,5 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                     x[s, j] = x[s, j] + proj[s, j]
         return x
 
+    _LAYERS[key] = layers
     return layers
