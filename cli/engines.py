@@ -178,12 +178,13 @@ def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> b
     return why is None
 
 
-def prior_engine(model: str, path: Path | None = None) -> tuple[str, str]:
-    """The engine before any trial here, and why (the shipped measurements)."""
+def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
+    """The engine before any trial here, and why (the shipped measurements); `quantized`: the
+    quantized engine runs the model's file (quantized_runs said so)."""
     from specx.core.model import qkernel
     from specx.core.model.load import BUILTIN
 
-    if path is not None and qkernel.vnni() and quantized_runs(path):
+    if quantized and qkernel.vnni():
         return "quantized", ("prior: on an AVX-512 VNNI CPU (AMD EPYC Zen 4) specx on its quantized engine ran the "
                              "built-in model at 2.49x / 2.62x llama.cpp's plain decoding, text-to-SQL 3-/0-shot "
                              "(docs/quantized.md)")
@@ -229,7 +230,7 @@ def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str
     if not quantized and not transformers_fits(path):
         say("engine: llama.cpp (transformers would not hold the model de-quantized in this machine's memory)")
         return "llama.cpp"
-    engine, why = prior_engine(model, path if quantized else None)
+    engine, why = prior_engine(model, quantized)
     say(f"engine: {engine} ({why}; not measured on this machine yet: `specx engines` measures it)")
     return engine
 

@@ -350,7 +350,7 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
     if backend == "quantized":
         from .qengine import QuantEngine  # noqa: I001
         try:  # a damaged file or what the engine does not run: its GGUFError or UnsupportedType, one line
-            return (QuantEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser(), threads=threads),
+            return (QuantEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
                     load_tokenizer(model, cache_dir))
         except ValueError as exc:
             raise ModelError(str(exc)) from None

@@ -94,10 +94,6 @@ class KVCache:
         other.length = n
         return other
 
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
-
 
 def prefill(model: QuantModel, kv: KVCache, tokens: Sequence[int]) -> None:
     """Append `tokens` to `kv`, PREFILL_CHUNK at a time, each chunk causal."""
@@ -151,8 +147,7 @@ class QuantSession:
 
     def __init__(self, model: QuantModel, kv: KVCache) -> None:
         self.model, self.kv = model, kv
-        self._kept = 0
-        self._nodes = 0
+        self._kept = 0  # entries before the draft's in the last pass: the cache + the pending tokens
 
     def score(self, pending: list[int], draft: Draft) -> Any:
         return score_batch([self], [pending], [draft])[0]
@@ -164,7 +159,7 @@ class QuantSession:
             raise ValueError("verification needs at least one pending token (the root's logits come from it)")
         if self.kv.length + len(pending) + len(draft) > self.model.context_length:
             raise ValueError(f"the context of {self.model.context_length} tokens is full")
-        self._kept, self._nodes = self.kv.length + len(pending), len(draft)
+        self._kept = self.kv.length + len(pending)
         positions, allowed = tree_layout(self.kv.length, len(pending), draft)
         rows = np.arange(len(pending) - 1, len(pending) + len(draft))
         return self.kv, list(pending) + list(draft.token_ids), positions, allowed, rows
@@ -195,8 +190,7 @@ class QuantEngine:
     device = "cpu"
     cost_curve = "cpu"
 
-    def __init__(self, path: str | Path, context: int = 8192, threads: int | None = None,
-                 say: Callable[[str], None] = lambda m: None) -> None:
+    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None) -> None:
         self.model = QuantModel(path, context, say)
         self.path = self.model.path
         self.vocab_size = self.model.config.vocab
@@ -204,7 +198,6 @@ class QuantEngine:
         self.precision = self.model.precision
         self.kernels = [f"quantized linear ({'AVX-512 VNNI' if vnni() else 'generic vectors'})", "row-wise attention"]
         self.hit_tokens = 0
-        self.threads = threads
         started = time.perf_counter()
         say("compiling the quantized engine's kernels for this model (once per process)")
         prefill(self.model, KVCache(self.model.config, 16), [0])  # compiles every kernel the passes run

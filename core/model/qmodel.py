@@ -13,7 +13,6 @@ in one line naming the tensor and its type (`unsupported` says it without loadin
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +80,11 @@ class Layer:
     gate_up: list[Packed]
     down: Packed
 
+    @property
+    def groups(self) -> list[list[Packed]]:
+        """The matrices in the order a pass runs them, those read from one input together."""
+        return [self.qkv, [self.out], self.gate_up, [self.down]]
+
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
@@ -88,8 +92,7 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
         if default is None:
             raise GGUFError(f"it has no {key!r}")
         return default
-    value = field.contents()
-    return value
+    return field.contents()
 
 
 def read_config(reader: Any) -> Config:
@@ -129,11 +132,8 @@ class QuantModel:
         except Exception as exc:  # noqa: BLE001 - gguf-py raises anything on a damaged file
             raise GGUFError(f"{self.path} is not a readable GGUF file ({type(exc).__name__}: "
                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'damaged'})") from None
-        self.config = cfg = read_config(reader)
-        self.context_length = min(context, cfg.context)
         tensors = {t.name: t for t in reader.tensors}
         self.types: dict[str, int] = {}
-        started = time.perf_counter()
 
         def raw(name: str, rows: int, width: int) -> tuple[np.ndarray, int]:
             t = tensors.get(name)
@@ -167,8 +167,10 @@ class QuantModel:
                                 f"not {size} floats")
             return np.array(t.data, dtype=np.float32).reshape(size)
 
-        h, kvw, qw = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.heads * cfg.head_dim
         try:
+            self.config = cfg = read_config(reader)
+            self.context_length = min(context, cfg.context)
+            h, kvw, qw = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.heads * cfg.head_dim
             self.layers = []
             for i in range(cfg.layers):
                 say(f"packing layer {i + 1}/{cfg.layers}")
@@ -196,14 +198,11 @@ class QuantModel:
             raise GGUFError(f"{self.path.name}: {exc}") from None
         del reader, tensors
         _release_freed_memory()
-        self.load_seconds = time.perf_counter() - started
         self.cos, self.sin = _rope_tables(cfg, self.context_length, freqs)
         self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
-        self.weight_bytes = sum(p.nbytes for layer in self.layers for p in [*layer.qkv, layer.out, *layer.gate_up,
-                                                                            layer.down]) + self.output.nbytes
-        self.embed_bytes = self.embed_raw.nbytes if self.embed_raw is not None else 0
-        self.multiply_adds = sum(p.n * p.k for layer in self.layers
-                                 for p in [*layer.qkv, layer.out, *layer.gate_up, layer.down]) + self.output.n * h
+        matrices = [w for layer in self.layers for group in layer.groups for w in group] + [self.output]
+        self.weight_bytes = sum(w.nbytes for w in matrices)
+        self.multiply_adds = sum(w.n * w.k for w in matrices)
         self._layers: Any = None
 
     def _compile(self) -> None:
@@ -212,7 +211,7 @@ class QuantModel:
         import numba
 
         cfg = self.config
-        groups_of = [[layer.qkv, [layer.out], layer.gate_up, [layer.down]] for layer in self.layers]
+        groups_of = [layer.groups for layer in self.layers]
         formats = tuple(dict.fromkeys(w.fmt for groups in groups_of for group in groups for w in group))
         self._mats = numba.typed.List()
         self._groups = np.zeros((cfg.layers, 4, 2), dtype=np.int64)
