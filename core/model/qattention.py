@@ -27,22 +27,13 @@ from numba.extending import intrinsic
 
 from ..numba_cache import configure as configure_numba_cache
 from .qforward import exp_rows
+from .qkernel import fma16, splat
 
 configure_numba_cache()
 
 LANES = 16  # keys per vector; the softmax's denominator is summed in this many lanes by position
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 _V16 = ir.VectorType(_F32, LANES)
-
-
-def _fma(builder: ir.IRBuilder) -> Any:
-    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_V16, [_V16] * 3))
-
-
-def _splat(builder: ir.IRBuilder, value: Any) -> Any:
-    one = builder.insert_element(ir.Constant(_V16, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(_V16, ir.Undefined),
-                                  ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
 
 
 def _scores_kernel(group: int) -> Any:
@@ -59,7 +50,7 @@ def _scores_kernel(group: int) -> Any:
             dim = builder.extract_value(kt_a.shape, 2)
             width = builder.extract_value(out_a.shape, 1)
             const = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            fma = _fma(builder)
+            fma = fma16(builder)
             vec = lambda ptr, idx: builder.load(builder.bitcast(builder.gep(ptr, [idx]), _V16.as_pointer()), align=4)  # noqa: E731
             blocks = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
             entry = builder.block
@@ -79,8 +70,8 @@ def _scores_kernel(group: int) -> Any:
             j = builder.mul(jb, const(LANES))
             tile = builder.add(builder.mul(g_, tiles), jb)
             keys = vec(kt_a.data, builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
-            new = [builder.call(fma, [_splat(builder, builder.load(builder.gep(
-                q_a.data, [builder.add(builder.mul(const(h), dim), d)]))), keys, acc[h]]) for h in range(group)]
+            new = [builder.call(fma, [splat(builder, builder.load(builder.gep(
+                q_a.data, [builder.add(builder.mul(const(h), dim), d)])), _V16), keys, acc[h]]) for h in range(group)]
             d_next = builder.add(d, const(1))
             d.add_incoming(d_next, builder.block)
             for a, v in zip(acc, new):
@@ -113,7 +104,7 @@ def _weighted_kernel(dim: int) -> Any:
             g_, start_, count_ = args[1], args[3], args[4]
             cap = builder.extract_value(v_a.shape, 1)
             const = lambda c: ir.Constant(_I64, c)  # noqa: E731
-            fma = _fma(builder)
+            fma = fma16(builder)
             ptr = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), _V16.as_pointer())  # noqa: E731
             first = [builder.load(ptr(acc_a.data, const(LANES * i)), align=4) for i in range(vectors)]
             entry = builder.block
@@ -125,7 +116,7 @@ def _weighted_kernel(dim: int) -> Any:
             acc = [builder.phi(_V16) for _ in range(vectors)]
             for a, f in zip(acc, first):
                 a.add_incoming(f, entry)
-            weight = _splat(builder, builder.load(builder.gep(p_a.data, [builder.add(start_, j)])))
+            weight = splat(builder, builder.load(builder.gep(p_a.data, [builder.add(start_, j)])), _V16)
             row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
             new = [builder.call(fma, [weight, builder.load(ptr(v_a.data, builder.add(row, const(LANES * i))), align=4),
                                       acc[i]]) for i in range(vectors)]

@@ -53,7 +53,14 @@ def vnni() -> bool:
     return bool(binding.get_host_cpu_features().get("avx512vnni", False))
 
 
-def _splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
+def fma16(builder: ir.IRBuilder) -> Any:
+    """llvm.fma on sixteen float32 lanes, declared in the builder's module (every kernel here and
+    core/model/qattention.py's)."""
+    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_V16F32, [_V16F32] * 3))
+
+
+def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
+    """`value` in every lane of `vec`."""
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, vec.count),
                                                                                  [0] * vec.count))
@@ -92,7 +99,7 @@ def _tile(rows: int, fmt: Format, use_vnni: bool) -> Any:
             m_dim = builder.extract_value(arrs[5].shape, 1)  # rows of the quantized inputs
             n_out = builder.extract_value(arrs[9].shape, 1)
             const = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_V16F32, [_V16F32] * 3))
+            fma = fma16(builder)
             if use_vnni:
                 dpbusd = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
                                                           fnty=ir.FunctionType(_V16I32, [_V16I32] * 3))
@@ -158,7 +165,7 @@ def _tile(rows: int, fmt: Format, use_vnni: bool) -> Any:
                     for g in range(s * groups_per_sub, (s + 1) * groups_per_sub):
                         xg = builder.load(builder.gep(xwd, [builder.add(builder.mul(builder.add(
                             builder.mul(b, const(8)), const(g)), m_dim), row[m])]))
-                        dot = dot4(dot, weights[g], _splat(builder, xg, _V16I32))
+                        dot = dot4(dot, weights[g], splat(builder, xg, _V16I32))
                     if fmt.offset:
                         # sums of the row's quantized inputs per 16: sx[2 b + h] for the halves in this sub-block
                         total = None
@@ -166,17 +173,17 @@ def _tile(rows: int, fmt: Format, use_vnni: bool) -> Any:
                             idx = builder.add(builder.mul(builder.add(builder.mul(b, const(2)), const(h)), m_dim), row[m])
                             v = builder.load(builder.gep(sxd, [idx]))
                             total = v if total is None else builder.add(total, v)
-                        dot = builder.sub(dot, _splat(builder, builder.mul(total, ir.Constant(_I32, fmt.offset)),
+                        dot = builder.sub(dot, splat(builder, builder.mul(total, ir.Constant(_I32, fmt.offset)),
                                                       _V16I32))
                     d_row = builder.load(builder.gep(dxd, [builder.add(builder.mul(b, m_dim), row[m])]))
-                    scaled = builder.fmul(scale, _splat(builder, d_row, _V16F32))
+                    scaled = builder.fmul(scale, splat(builder, d_row, _V16F32))
                     new[m] = builder.call(fma, [builder.sitofp(dot, _V16F32), scaled, new[m]])
             if fmt.has_min:
                 mins_v = (f16_vector(md, pb) if fmt.scale == "f16"
                           else builder.fneg(k_vector(md, pb, False, dmin256)))
                 for m in range(rows):
                     xs_row = builder.load(builder.gep(xsd, [builder.add(builder.mul(b, m_dim), row[m])]))
-                    new[m] = builder.call(fma, [mins_v, _splat(builder, xs_row, _V16F32), new[m]])
+                    new[m] = builder.call(fma, [mins_v, splat(builder, xs_row, _V16F32), new[m]])
             b_next = builder.add(b, const(1))
             b.add_incoming(b_next, builder.block)
             for a, v in zip(acc, new):
