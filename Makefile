@@ -53,7 +53,7 @@ demo: setup
 	$(VENV)/bin/specx entropy --db $(DEMO_DB)
 	$(VENV)/bin/specx replay --db $(DEMO_DB) --limit 2000 --plot $(VENV)/demo-replay.png
 	# which engine runs specx fastest here (llama.cpp proven in a child process first): measured, kept for --backend auto
-	$(VENV)/bin/specx engines --db $(DEMO_DB)
+	$(VENV)/bin/specx engines --db $(DEMO_DB) || true  # exit 1 when other processes disturbed the trial: said, nothing kept
 	# the model on an agent-like workload: text-to-SQL over the Spider schemas (else the stored prompts);
 	# then specx on the engine auto picks against llama.cpp's own decoding of the same GGUF
 	if [ -d ../shared/agent-data/text2sql-spider-dail-spider2 ]; then \
