@@ -147,82 +147,98 @@ _ATTEND: dict[tuple[int, int], Any] = {}
 
 
 def attention(group: int, dim: int) -> Any:
-    """attend(q [S, H, D], keys [Hkv, C / 16, D, 16], values [Hkv, C, D], n_cached, allowed [S, S], scale,
-    out [S, H, D]) for H / Hkv = `group` and D = `dim` (compiled on first use): out[s, h] =
-    softmax(q[s, h] . K * scale) V over the keys row s may see (the module's docstring)."""
+    """attend(q [S, H, D], keys, values, layer, starts [Q + 1], n0s [Q], alloweds, scale, out [S, H, D])
+    for H / Hkv = `group` and D = `dim` (compiled on first use): the rows of Q sequences (sequence
+    q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16, D, 16] and
+    values[q][layer] [Hkv, C, D] holding n0s[q] entries then its new rows', their visibility
+    alloweds[q] [S_q, S_q]); out[s, h] = softmax(q[s, h] . K * scale) V over the keys row s may
+    see (the module's docstring). One parallel loop over every sequence's (head, row) pairs, a
+    head's rows one after another (its keys and values stay in cache); a pair's result does not
+    depend on the others."""
     key = (group, dim)
     if key in _ATTEND:
         return _ATTEND[key]
     scores_fn, weighted_fn, pad = _scores_kernel(group), _weighted_kernel(dim), njit(inline="always")(_pad)
 
+    @njit(nogil=True)
+    def one(q, keys, values, n_cached, allowed, first, s, g, scale, out):  # pragma: no cover - compiled
+        """Row `first + s` (row s of its sequence, whose rows start at `first`), kv head g."""
+        rows = allowed.shape[0]
+        fresh = 0
+        for i in range(rows):
+            fresh += allowed[s, i]
+        visible = n_cached + fresh
+        # the new visible entries, side by side: keys [1, F' / 16, D, 16] and values [1, F, D]
+        new_keys = np.zeros((1, pad(fresh) // LANES, dim, LANES), dtype=np.float32)
+        new_values = np.empty((1, max(fresh, 1), dim), dtype=np.float32)
+        f = 0
+        for i in range(rows):
+            if allowed[s, i]:
+                for d in range(dim):
+                    new_keys[0, f // LANES, d, f % LANES] = keys[g, (n_cached + i) // LANES, d, (n_cached + i) % LANES]
+                    new_values[0, f, d] = values[g, n_cached + i, d]
+                f += 1
+        qg = np.empty((group, dim), dtype=np.float32)
+        for h in range(group):
+            for d in range(dim):
+                qg[h, d] = q[first + s, g * group + h, d]
+        cached = np.empty((group, pad(n_cached)), dtype=np.float32)
+        new = np.empty((group, pad(fresh)), dtype=np.float32)
+        scores_fn(keys, np.int64(g), qg, cached, np.int64(n_cached))
+        scores_fn(new_keys, np.int64(0), qg, new, np.int64(fresh))
+        row = np.empty(visible, dtype=np.float32)
+        probs = np.empty(visible, dtype=np.float32)
+        ibuf = np.empty(visible, dtype=np.int32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        acc = np.empty(dim, dtype=np.float32)
+        for h in range(group):
+            for j in range(n_cached):
+                row[j] = cached[h, j] * scale
+            for j in range(fresh):
+                row[n_cached + j] = new[h, j] * scale
+            whole = visible // LANES * LANES
+            for j in range(LANES):
+                lanes[j] = row[0]
+            for jb in range(0, whole, LANES):  # the maximum: in any order, the same
+                for j in range(LANES):
+                    lanes[j] = max(lanes[j], row[jb + j])
+            for j in range(whole, visible):
+                lanes[0] = max(lanes[0], row[j])
+            top = lanes[0]
+            for j in range(1, LANES):
+                top = max(top, lanes[j])
+            for j in range(visible):
+                row[j] = row[j] - top
+            exp_rows(row, probs, ibuf)
+            for j in range(LANES):
+                lanes[j] = np.float32(0.0)
+            for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
+                for j in range(LANES):
+                    lanes[j] += probs[jb + j]
+            for j in range(whole, visible):
+                lanes[j - whole] += probs[j]
+            total = lanes[0]
+            for j in range(1, LANES):
+                total += lanes[j]
+            for d in range(dim):
+                acc[d] = np.float32(0.0)
+            weighted_fn(values, np.int64(g), probs, np.int64(0), np.int64(n_cached), acc)
+            weighted_fn(new_values, np.int64(0), probs, np.int64(n_cached), np.int64(fresh), acc)
+            for d in range(dim):
+                out[first + s, g * group + h, d] = acc[d] / total
+
     @njit(parallel=True, nogil=True)
-    def attend(q, keys, values, n_cached, allowed, scale, out):  # pragma: no cover - compiled
-        rows = q.shape[0]
-        kv_heads = keys.shape[0]
-        for job in prange(rows * kv_heads):
-            s, g = job // kv_heads, job % kv_heads
-            fresh = 0
-            for i in range(rows):
-                fresh += allowed[s, i]
-            visible = n_cached + fresh
-            # the new visible entries, side by side: keys [1, F' / 16, D, 16] and values [1, F, D]
-            new_keys = np.zeros((1, pad(fresh) // LANES, dim, LANES), dtype=np.float32)
-            new_values = np.empty((1, max(fresh, 1), dim), dtype=np.float32)
-            f = 0
-            for i in range(rows):
-                if allowed[s, i]:
-                    for d in range(dim):
-                        new_keys[0, f // LANES, d, f % LANES] = keys[g, (n_cached + i) // LANES, d, (n_cached + i) % LANES]
-                        new_values[0, f, d] = values[g, n_cached + i, d]
-                    f += 1
-            qg = np.empty((group, dim), dtype=np.float32)
-            for h in range(group):
-                for d in range(dim):
-                    qg[h, d] = q[s, g * group + h, d]
-            cached = np.empty((group, pad(n_cached)), dtype=np.float32)
-            new = np.empty((group, pad(fresh)), dtype=np.float32)
-            scores_fn(keys, np.int64(g), qg, cached, np.int64(n_cached))
-            scores_fn(new_keys, np.int64(0), qg, new, np.int64(fresh))
-            row = np.empty(visible, dtype=np.float32)
-            probs = np.empty(visible, dtype=np.float32)
-            ibuf = np.empty(visible, dtype=np.int32)
-            lanes = np.empty(LANES, dtype=np.float32)
-            acc = np.empty(dim, dtype=np.float32)
-            for h in range(group):
-                for j in range(n_cached):
-                    row[j] = cached[h, j] * scale
-                for j in range(fresh):
-                    row[n_cached + j] = new[h, j] * scale
-                whole = visible // LANES * LANES
-                for j in range(LANES):
-                    lanes[j] = row[0]
-                for jb in range(0, whole, LANES):  # the maximum: in any order, the same
-                    for j in range(LANES):
-                        lanes[j] = max(lanes[j], row[jb + j])
-                for j in range(whole, visible):
-                    lanes[0] = max(lanes[0], row[j])
-                top = lanes[0]
-                for j in range(1, LANES):
-                    top = max(top, lanes[j])
-                for j in range(visible):
-                    row[j] = row[j] - top
-                exp_rows(row, probs, ibuf)
-                for j in range(LANES):
-                    lanes[j] = np.float32(0.0)
-                for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
-                    for j in range(LANES):
-                        lanes[j] += probs[jb + j]
-                for j in range(whole, visible):
-                    lanes[j - whole] += probs[j]
-                total = lanes[0]
-                for j in range(1, LANES):
-                    total += lanes[j]
-                for d in range(dim):
-                    acc[d] = np.float32(0.0)
-                weighted_fn(values, np.int64(g), probs, np.int64(0), np.int64(n_cached), acc)
-                weighted_fn(new_values, np.int64(0), probs, np.int64(n_cached), np.int64(fresh), acc)
-                for d in range(dim):
-                    out[s, g * group + h, d] = acc[d] / total
+    def attend(q, keys, values, layer, starts, n0s, alloweds, scale, out):  # pragma: no cover - compiled
+        kv_heads = keys[0][layer].shape[0]
+        seqs = len(n0s)
+        for job in prange(starts[seqs] * kv_heads):  # sequence q's jobs: starts[q] * Hkv .. starts[q + 1] * Hkv
+            sq = 0
+            while starts[sq + 1] * kv_heads <= job:
+                sq += 1
+            rows = starts[sq + 1] - starts[sq]
+            local = job - starts[sq] * kv_heads
+            one(q, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], starts[sq], local % rows,
+                local // rows, scale, out)
 
     _ATTEND[key] = attend
     return attend

@@ -20,7 +20,7 @@ Q6_K tensors); anything else is refused in one line naming the tensor and its ty
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class KVCache:
     def __init__(self, config: Config, capacity: int = 256) -> None:
         self.config = config
         self.length = 0
+        self.reused = 0  # entries copied from a prefix cache when it was made (the rest were prefilled)
         capacity = -(-capacity // 16) * 16
         self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=np.float32)
                      for _ in range(config.layers)]
@@ -97,11 +98,18 @@ class KVCache:
 
 def prefill(model: QuantModel, kv: KVCache, tokens: Sequence[int]) -> None:
     """Append `tokens` to `kv`, PREFILL_CHUNK at a time, each chunk causal."""
+    for part in prefill_parts(kv, tokens):
+        model.forward(*part)
+
+
+def prefill_parts(kv: KVCache, tokens: Sequence[int]) -> Iterator[tuple[Any, ...]]:
+    """The passes that append `tokens` to `kv`, PREFILL_CHUNK at a time, each chunk causal, as
+    QuantModel.forward_batch takes them: each is run before the next is made."""
     for start in range(0, len(tokens), PREFILL_CHUNK):
         chunk = list(tokens[start : start + PREFILL_CHUNK])
         n = len(chunk)
         positions = np.arange(kv.length, kv.length + n, dtype=np.int64)
-        model.forward(kv, chunk, positions, np.tril(np.ones((n, n), dtype=np.uint8)), np.array([n - 1]))
+        yield kv, chunk, positions, np.tril(np.ones((n, n), dtype=np.uint8)), np.array([n - 1])
 
 
 def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.ndarray, np.ndarray]:
@@ -124,12 +132,27 @@ class QuantPrefixCache(PrefixCache):
     """PrefixCache for the quantized engine: stored prompts' KVCache copies."""
 
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
+        steps = self.prefill_steps(model.config, tokens)
+        try:
+            part = next(steps)
+            while True:
+                model.forward(*part)
+                part = next(steps)
+        except StopIteration as done:
+            return done.value
+
+    def prefill_steps(self, config: Config, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
+        """`prefill` as the passes it needs (each run before the next is asked for; the batched
+        server runs them beside other requests' passes); returns the KVCache."""
         started = time.perf_counter()
         tokens = [int(t) for t in tokens]
         usable = self.max_tokens > 0
         reuse, stored = self._claim(tokens, usable)
-        kv = stored.copy(reuse) if stored is not None else KVCache(model.config)
-        prefill(model, kv, tokens[reuse:])
+        kv = stored.copy(reuse) if stored is not None else KVCache(config)
+        kv.reused = reuse
+        self.seconds += time.perf_counter() - started
+        yield from prefill_parts(kv, tokens[reuse:])
+        started = time.perf_counter()
         self._keep(tokens, reuse, usable, kv)
         self.seconds += time.perf_counter() - started
         return kv
@@ -204,11 +227,24 @@ class QuantEngine:
         self.compile_seconds = time.perf_counter() - started
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> QuantSession:
+        steps = self.start_steps(tokens, prefix_cache)
+        try:
+            part = next(steps)
+            while True:
+                self.model.forward(*part)
+                part = next(steps)
+        except StopIteration as done:
+            return done.value
+
+    def start_steps(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None
+                    ) -> Generator[tuple[Any, ...], None, QuantSession]:
+        """`start` as the prefill passes it needs (QuantPrefixCache.prefill_steps); returns the session."""
         prefixes = prefix_cache if isinstance(prefix_cache, QuantPrefixCache) else QuantPrefixCache(0)
-        hits = prefixes.hit_tokens
-        kv = prefixes.prefill(self.model, tokens)
-        self.hit_tokens += prefixes.hit_tokens - hits
+        kv = yield from prefixes.prefill_steps(self.model.config, tokens)
+        self.hit_tokens += kv.reused
         return QuantSession(self.model, kv)
+
+    score_batch = staticmethod(score_batch)
 
     def new_prefix_cache(self, max_tokens: int) -> QuantPrefixCache:
         return QuantPrefixCache(max_tokens)

@@ -170,8 +170,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                         for d in range(head_dim):
                             kc[hh, at // 16, d, at % 16] = k[s, hh, d]
                             vc[hh, at, d] = qkv[s, qw + kvw + hh * head_dim + d]
-                attend(q[starts[sq] : starts[sq + 1]], kc, vc, n0, alloweds[sq], scale,
-                       att[starts[sq] : starts[sq + 1]])
+            attend(q, keys, values, i, starts, n0s, alloweds, scale, att)
             project(att.reshape((rows, qw)), mats, groups[i, 1, 0], groups[i, 1, 1], proj)
             for s in range(rows):
                 for j in range(width):
