@@ -37,8 +37,12 @@ def serve_cmd(
     speculation: Annotated[bool, typer.Option("--speculation/--no-speculation", help="Draft from the suffix index "
                                               "(default), or decode plainly, for comparison.")] = True,
     drafter_name: DrafterOpt = None,
-    max_queue: Annotated[int, typer.Option(min=1, help="Requests that may wait while one is decoded; more get "
-                                                       "HTTP 429.")] = 16,
+    max_queue: Annotated[int, typer.Option(min=1, help="Requests that may wait while others are decoded; more get "
+                                                       "HTTP 429 with Retry-After.")] = 16,
+    max_batch: Annotated[Optional[int], typer.Option(min=1, help="Requests decoded together, sharing each forward "
+                                                     "pass (the quantized engine; others answer one at a time). "
+                                                     "Default: what half this machine's free memory holds at full "
+                                                     "context, at most 16.", show_default=False)] = None,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
     max_spec_factor: Annotated[float, typer.Option(min=0, help="Draft at most factor x match length tokens.")] = 4.0,
     cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Cut each draft where expected "
@@ -101,6 +105,7 @@ def serve_cmd(
     import uvicorn
 
     from specx.core.decode.grammar import Vocabulary
+    from specx.core.serve.batch import default_max_batch
     from specx.core.serve.metrics import Metrics
     from specx.core.serve.worker import Worker
     from specx.store.served import ServedRecorder
@@ -142,9 +147,13 @@ def serve_cmd(
             vocabulary = Vocabulary(tok, stack.engine.vocab_size, tok.eos_token_id)
             recorder = ServedRecorder(path, model, stack.fingerprint, len(tok), speculation,
                                       successors=stack.successors, successors_key=stack.successors_key)
-            worker = Worker(stack, max_queue=max_queue, metrics=metrics, recorder=recorder, vocabulary=vocabulary,
+            batch = max_batch or default_max_batch(stack.engine, min(max_model_len or context_length, context_length))
+            worker = Worker(stack, max_queue=max_queue, max_batch=batch, metrics=metrics, recorder=recorder, vocabulary=vocabulary,
                             save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
                             debug=bool(os.environ.get("SPECX_DEBUG")))
+            log.info("batching: %s", f"up to {worker.max_batch} requests share each forward pass" if worker.batched
+                     else f"off (one request at a time: {stack.engine.name} passes are not batched)"
+                     if batch > 1 else "off (--max-batch 1)")
 
             def announce() -> None:
                 tokenizers = api.tokenizers

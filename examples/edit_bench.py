@@ -26,7 +26,7 @@ from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 from specx.core.model.load import BACKENDS, chat_tokens
 from specx.core.model.prefix_cache import PrefixCache
-from specx.core.serve.worker import prediction_tokens
+from specx.core.serve.job import prediction_tokens
 
 HERE = Path(__file__).resolve().parent
 # Files of this repository (MIT, ours), cut to a function or two each; (path, start line, lines, old, new).

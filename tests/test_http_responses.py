@@ -8,7 +8,7 @@ import pytest
 
 from specx.cli.http.responses import HeldText
 from specx.core.serve.tools import parse_tool_calls
-from specx.core.serve.worker import GenerationRequest
+from specx.core.serve.job import GenerationRequest
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TEXTS = {  # recorded answers in each format, and whether they hold calls

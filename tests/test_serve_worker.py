@@ -63,7 +63,7 @@ def tiny_worker(recorder=None):
 
 
 def tiny_request(**kwargs):
-    from specx.core.serve.worker import GenerationRequest
+    from specx.core.serve.job import GenerationRequest
 
     return GenerationRequest(id="chatcmpl-test", endpoint="chat.completions", model=MODEL, prompt_ids=[5, 6, 7],
                              max_tokens=4, prompt_messages=[{"role": "user", "content": "q"}], temperature=0.0,
@@ -75,7 +75,7 @@ def answer(worker, *requests, timeout=60.0):
     (Done or Failed); asyncio.TimeoutError when one never ends (a dead worker)."""
     import asyncio
 
-    from specx.core.serve.worker import Job
+    from specx.core.serve.job import Job
 
     async def run():
         out = []
@@ -160,7 +160,7 @@ def test_health_is_503_with_the_reason_when_the_worker_is_gone(monkeypatch):
     class Bug(BaseException):  # what nothing catches: only a bug in the worker itself
         pass
 
-    def crash(job):
+    def crash(job, stack):
         raise Bug("a bug in the worker")
 
     worker = tiny_worker()

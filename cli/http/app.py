@@ -31,7 +31,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specx.core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
-from specx.core.serve.worker import Job, Worker
+from specx.core.serve.job import Job
+from specx.core.serve.worker import Worker
 from .errors import ApiError
 from .requests import parse_detokenize, parse_request, parse_tokenize
 from .responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json

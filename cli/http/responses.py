@@ -14,7 +14,7 @@ from specx.core.decode.loop import TokenLogprob
 from specx.core.serve.events import Choice
 from specx.core.serve.metrics import Stats
 from specx.core.serve.tools import ToolCall, call_marker, parse_tool_calls
-from specx.core.serve.worker import GenerationRequest
+from specx.core.serve.job import GenerationRequest
 
 Decode = Callable[[int], str]
 

@@ -39,6 +39,14 @@ class PassCost(Protocol):
         `verify_seconds` of the step's `step_seconds` and emitted `num_out` tokens; `tag` tells
         passes apart that must not be compared (e.g. thread counts)."""
 
+    def observe_pass(self, num_tokens: int, context: int, seconds: float, tag: Any = None) -> None:
+        """A pass that several requests shared (core.serve.batch): its shape only (a step of one
+        request's says nothing of whether its drafts pay)."""
+
+    def others(self) -> tuple[int, float]:
+        """(rows, tokens) of the other requests that share the next pass: (0, 0.0) but in the
+        batched server (core.cost.sizing.size_draft)."""
+
 
 class FixedCost:
     """The learning half of PassCost for a curve that never changes: no cap, nothing learned."""
@@ -52,6 +60,12 @@ class FixedCost:
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
         return None
+
+    def observe_pass(self, num_tokens: int, context: int, seconds: float, tag: Any = None) -> None:
+        return None
+
+    def others(self) -> tuple[int, float]:
+        return 0, 0.0
 
 
 @dataclass(frozen=True)

@@ -69,12 +69,24 @@ class DraftGuard:
         per_token = verify_seconds / self.shape(num_tokens, context)
         if now - self._one_at <= PLAIN_FRESH_S:  # plain steps measured a moment ago: the cheaper says
             per_token = min(per_token, self._one)
-        self._spent += step_seconds
-        self._plain += max(num_out, 1) * per_token
+        self.observe_priced(step_seconds, per_token, num_out, num_tokens - 1)
+
+    def observe_priced(self, seconds: float, plain_per_token: float, num_out: int, drafted: float) -> None:
+        """A step with `drafted` draft nodes that took `seconds` and emitted `num_out` tokens, where
+        plain decoding costs `plain_per_token` a token (the caller priced it: observe_step, or the
+        batched server's passes, core.serve.batch)."""
+        self._spent += seconds
+        self._plain += max(num_out, 1) * plain_per_token
         self._steps += 1
-        self._drafted += num_tokens - 1
+        self._drafted += drafted
         if self._steps >= GUARD_STEPS:
             self._judge()
+
+    def observe_plain(self) -> None:
+        """A step without drafts whose time says nothing here (the batched server's): it counts
+        toward the next probe when drafts are off."""
+        if self.cap == 0:
+            self._plain_steps += 1
 
     def _judge(self) -> None:
         ratio = self._spent / self._plain

@@ -63,6 +63,13 @@ class LearnedCost:
         self.guard.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
                                 step_seconds=step_seconds, num_out=num_out)
 
+    def observe_pass(self, num_tokens: int, context: int, seconds: float, tag: Any = None) -> None:
+        """A pass several requests shared teaches the curve only (the guard judges one request's steps)."""
+        self.curve.observe(num_tokens, context, seconds, tag=tag)
+
+    def others(self) -> tuple[int, float]:
+        return 0, 0.0
+
     def keep(self) -> None:
         """Write what the curve has learned to `kept_at` (beside it and renamed into place: nothing
         is left behind when that fails; OSError or ValueError then). Nothing without a file or a pass."""

@@ -293,7 +293,8 @@ def shape_draft(draft: Draft, verifier: Verifier, *, guesses: Sequence[int] = ()
     if tokens_left is not None:
         draft = limit_depth(draft, tokens_left - 1)
     if cost is not None:
-        draft = size_draft(draft, cost, 1, acceptance=acceptance, context=context, max_nodes=max_nodes)
+        draft = size_draft(draft, cost, 1, acceptance=acceptance, context=context, max_nodes=max_nodes,
+                           others=cost.others())
     if constraint is not None:
         draft = constraint.prune(draft)
     return draft

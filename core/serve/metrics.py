@@ -68,6 +68,11 @@ class Metrics:
         self.tokens_per_second = Gauge("specx_tokens_per_second", "Tokens per second of the last finished "
                                        "request.", registry=r)
         self.queue_depth = Gauge("specx_queue_depth", "Requests waiting for the worker.", registry=r)
+        self.running = Gauge("specx_running_requests", "Requests being decoded (sharing each forward pass when "
+                             "batched).", registry=r)
+        self.tokens_per_pass = Gauge("specx_tokens_per_pass", "Mean tokens (rows: pending, draft and prefill "
+                                     "tokens of every running request) per batched forward pass, since start.",
+                                     registry=r)
         self.index_tokens = Gauge("specx_global_index_tokens", "Tokens in the global suffix index.", registry=r)
         self._accepted = self._steps = 0
 

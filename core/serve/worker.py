@@ -1,4 +1,6 @@
-"""The thread that owns the model for `specx serve`: one request at a time, from a bounded queue.
+"""The thread that owns the model for `specx serve`: requests from a bounded queue, up to
+`max_batch` of them decoded together (core/serve/batch.py: they share each forward pass), or one
+at a time where the engine's passes cannot be batched (transformers, llama.cpp) or max_batch is 1.
 
 The HTTP side (cli/http/app.py) validates a request, wraps it in a Job and submits it; a full
 queue raises queue.Full (HTTP 429). The worker decodes it with the same loop as `specx generate`
@@ -8,7 +10,8 @@ Delta of new text per step, a ChoiceDone per choice, then Done with the request'
 with an HTTP status, a message and the request's parameter at fault).
 
 A client that goes away sets `job.cancelled`; the worker checks it between verification steps
-and closes the decode loop, which ends the request without learning from it. A finished request
+and closes the decode loop, which ends the request without learning from it (a batched request
+leaves the batch; the others go on). A finished request
 has already entered the global index (the drafter's finish_request); the worker then hands it to
 its Recorder (the "request finished" hook: `specx serve` passes store.served.ServedRecorder,
 which stores it in one transaction) and now and then asks it to persist the index, so a
@@ -18,16 +21,13 @@ environment: what it needs is passed in (the engine, drafter and cost in a core.
 
 from __future__ import annotations
 
-import asyncio
-import difflib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from ..cost.acceptance import AcceptanceModel
 from ..decode.generate import generate
@@ -36,7 +36,9 @@ from ..decode.loop import DecodeStats, Decoded, collect
 from ..decode.speculate import PredictionDrafter
 from ..decode.stack import Stack
 from ..decode.text import TextStream
-from .events import Choice, ChoiceDone, Delta, Done, Event, Failed
+from .batch import Batcher, Member, batchable, request_stack
+from .events import Choice, ChoiceDone, Delta, Done, Failed
+from .job import GenerationRequest, Job, LockedTokenizer, Recorder, prediction_tokens
 from .metrics import Metrics, Stats
 
 log = logging.getLogger("specx.serve")
@@ -45,91 +47,12 @@ PERSIST_EVERY = 16  # requests between index saves while busy (a save costs ~0.1
 PERSIST_IDLE_S = 10.0  # save after this long with unsaved requests and nothing queued
 
 
-@dataclass
-class GenerationRequest:
-    """A validated request: what to decode and how."""
-
-    id: str
-    endpoint: str  # "chat.completions" or "completions"
-    model: str  # the name the client asked for
-    prompt_ids: list[int]
-    max_tokens: int
-    prompt_messages: list[dict[str, Any]] | None = None  # chat
-    prompt_text: str | None = None  # completions
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    n: int = 1
-    prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
-    grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
-    grammar_param: str | None = None  # the request's param it came from (named when it fails)
-    logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
-    tool_parser: str | None = None  # the output may hold tool calls in this core.serve.tools format
-    tool_names: list[str] | None = None  # of the request's functions
-
-
-class Job:
-    """A request on its way through the worker, and the channel its events come back on."""
-
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
-        self.loop = loop
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.cancelled = threading.Event()
-        self.enqueued = time.perf_counter()
-
-    def emit(self, event: Event) -> None:
-        """Send an event to the event loop (from the worker thread)."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-
-class LockedTokenizer:
-    """The tokenizer behind one lock: the event loop encodes prompts while the worker decodes."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.lock = threading.Lock()
-
-    def decode(self, *args: Any, **kwargs: Any) -> str:
-        with self.lock:
-            return self.tokenizer.decode(*args, **kwargs)
-
-    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
-        with self.lock:
-            return self.tokenizer.encode(*args, **kwargs)
-
-    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
-        with self.lock:
-            return self.tokenizer.apply_chat_template(*args, **kwargs)
-
-
-class Recorder(Protocol):
-    """Where finished requests go, called on the worker's thread only: `open` when the thread
-    starts, `record` after each answered request (True when it was stored), `persist` to save the
-    global index (every PERSIST_EVERY records and when idle; False: it failed, try again later),
-    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving (and
-    logs what a recorder raises all the same: the answer still goes out)."""
-
-    def open(self) -> None: ...
-
-    def record(self, request: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
-               ended_at: str) -> bool: ...
-
-    def persist(self) -> bool: ...
-
-    def close(self) -> None: ...
-
-
 class Worker:
-    """Owns the model; answers jobs one at a time and hands each finished one to `recorder`
-    (None: nothing is kept but the global index in memory). `debug`: log tracebacks."""
+    """Owns the model; answers up to `max_batch` jobs at once (batched where the engine allows)
+    and hands each finished one to `recorder` (None: nothing is kept but the global index in
+    memory). `debug`: log tracebacks."""
 
-    def __init__(self, stack: Stack, *, max_queue: int = 16, metrics: Metrics | None = None,
+    def __init__(self, stack: Stack, *, max_queue: int = 16, max_batch: int = 1, metrics: Metrics | None = None,
                  recorder: Recorder | None = None, vocabulary: Any = None,
                  save_cost: Callable[[], None] | None = None, debug: bool = False) -> None:
         # the engine, its tokenizer, the global index, the drafter (None: plain decoding), the cost,
@@ -147,7 +70,15 @@ class Worker:
         self.metrics.queue_depth.set_function(self.jobs.qsize)
         self.metrics.index_tokens.set_function(lambda: self.stack.global_index.num_tokens)
         self._stopping = threading.Event()
-        self._current: Job | None = None  # the job being decoded
+        self.batched = max_batch > 1 and batchable(stack.engine)
+        self.max_batch = max_batch if self.batched else 1
+        self.batcher = Batcher(stack.engine.model, threads=stack.threads, cost=stack.cost,
+                               say=lambda m: log.info("batched passes: %s", m)) if self.batched else None
+        self._running: dict[Job, Member | None] = {}  # the jobs being decoded
+        self._finished: list[tuple[Job, Any]] = []  # batched jobs decoded, to be stored and answered (this thread)
+        self.metrics.running.set_function(lambda: len(self._running))
+        self.metrics.tokens_per_pass.set_function(
+            lambda: self.batcher.rows / self.batcher.passes if self.batcher is not None and self.batcher.passes else 0.0)
         self.died: str | None = None  # why the worker thread ended, when a bug ended it
         self._thread: threading.Thread | None = None
         self._unsaved = 0  # requests stored since the index was last persisted
@@ -164,6 +95,9 @@ class Worker:
         if self._thread is not None and not self._thread.is_alive():
             raise RuntimeError("the model worker has stopped; restart the server")
         self.jobs.put_nowait(job)
+        if self.batcher is not None:
+            with self.batcher.cond:  # the worker may be waiting for a pass's parts: it admits the job
+                self.batcher.cond.notify_all()
 
     # ------------------------------------------------------------ the worker thread
 
@@ -177,9 +111,11 @@ class Worker:
         """The server is going down (SIGTERM): take no more jobs and end the one being decoded at
         its next step, with an error its client can see (a stream then ends properly)."""
         self._stopping.set()
-        job = self._current
-        if job is not None:
+        for job in list(self._running):
             job.cancelled.set()
+        if self.batcher is not None:
+            with self.batcher.cond:
+                self.batcher.cond.notify_all()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the running request, turn away the queued ones, persist the index."""
@@ -199,7 +135,11 @@ class Worker:
             self.died = f"{type(exc).__name__}: {exc}"
             log.critical("the model worker stopped: %s", self.died, exc_info=True)
             self._stopping.set()  # no more jobs are taken (submit: 503); /health says why (Api.health)
-            waiting = [self._current] if self._current is not None else []
+            waiting = list(self._running)
+            for member in self._running.values():  # a request thread waiting for a pass: it ends
+                if member is not None:
+                    member.error = RuntimeError(self.died)
+                    member.done.set()
             while True:
                 try:
                     waiting.append(self.jobs.get_nowait())
@@ -216,7 +156,9 @@ class Worker:
                 log.error("cannot store answered requests: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
                 self.recorder = None
         try:
-            while True:
+            if self.batched:
+                self._serve_batched()
+            while not self.batched:
                 try:
                     job = self.jobs.get(timeout=0.25)
                 except queue.Empty:
@@ -228,14 +170,11 @@ class Worker:
                 if self._stopping.is_set():
                     job.emit(Failed(503, "the server is shutting down"))
                     continue
-                self._current = job
-                try:
-                    self._answer(job)
-                except Exception as exc:  # noqa: BLE001 - whatever one request raises, the next is answered
-                    log.error("%s %s failed: %s: %s", job.request.id, job.request.endpoint, type(exc).__name__,
-                              exc, exc_info=self.debug)
-                    job.emit(Failed(500, f"the request failed: {type(exc).__name__}: {exc}"))
-                self._current = None  # (still set when a bug ends the thread: _run answers it)
+                self._running[job] = None
+                answer = self._guarded(job, self.stack)
+                if answer is not None:
+                    self._finish(job, answer)
+                del self._running[job]  # (still there when a bug ends the thread: _run answers it)
                 if self._unsaved >= PERSIST_EVERY:
                     self._persist()
         finally:
@@ -247,7 +186,71 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001
                     log.error("cannot close the store of answered requests: %s: %s", type(exc).__name__, exc)
 
-    def _answer(self, job: Job) -> None:
+    def _serve_batched(self) -> None:
+        """Admit jobs up to max_batch, each on a thread of its own (core/serve/batch.py); run a pass
+        whenever all of them wait for one; store and answer the finished ones between passes."""
+        batcher = self.batcher
+        assert batcher is not None
+
+        def wake() -> bool:
+            return bool(self._finished) or self._stopping.is_set() or (
+                len(self._running) < self.max_batch and not self.jobs.empty())
+
+        while True:
+            while len(self._running) < self.max_batch:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if self._stopping.is_set():
+                    job.emit(Failed(503, "the server is shutting down"))
+                    continue
+                self._running[job] = member = batcher.join()  # in the next pass
+                threading.Thread(target=self._batched_request, args=(job, member), name=f"specx-{job.request.id}",
+                                 daemon=True).start()
+            members = batcher.ready(wake)
+            if members:
+                batcher.step(members)
+            if self._finished:
+                with batcher.baton:
+                    finished, self._finished = self._finished, []
+                    for job, answer in finished:
+                        self._finish(job, answer)
+                        del self._running[job]
+                    if self._unsaved >= PERSIST_EVERY:
+                        self._persist()
+            if not self._running:
+                if self._stopping.is_set() and self.jobs.empty():
+                    return
+                if self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S:
+                    with batcher.baton:
+                        self._persist()
+
+    def _batched_request(self, job: Job, member: Member) -> None:
+        """A batched job's thread: its decoding, its passes through the batcher."""
+        batcher = self.batcher
+        assert batcher is not None
+        with batcher.baton:
+            answer = None
+            try:
+                answer = self._guarded(job, request_stack(self.stack, batcher, member))
+            finally:
+                self._finished.append((job, answer))
+                batcher.leave(member)
+
+    def _guarded(self, job: Job, stack: Stack) -> Any:
+        """_answer, whatever it raises answered 500 (the next request is answered all the same)."""
+        try:
+            return self._answer(job, stack)
+        except Exception as exc:  # noqa: BLE001
+            log.error("%s %s failed: %s: %s", job.request.id, job.request.endpoint, type(exc).__name__,
+                      exc, exc_info=self.debug)
+            job.emit(Failed(500, f"the request failed: {type(exc).__name__}: {exc}"))
+            return None
+
+    def _answer(self, job: Job, stack: Stack) -> Any:
+        """Decode a job's choices with `stack`, streaming them; what `_finish` stores and answers
+        (None: the job was answered already, with an error or not at all: its client left)."""
         req = job.request
         if job.cancelled.is_set():  # the client left while the request was queued
             self.metrics.cancelled.inc()
@@ -257,12 +260,12 @@ class Worker:
         t0 = time.perf_counter()
         queue_seconds = t0 - job.enqueued
         choices = []
-        engine = self.stack.engine  # it counts the prompt tokens it found cached (Engine.hit_tokens)
+        engine = stack.engine  # it counts the prompt tokens it found cached (Engine.hit_tokens)
         hits = engine.hit_tokens
         cached = 0
         try:
             for i in range(req.n):
-                choice = self._decode(job, i)
+                choice = self._decode(job, i, stack)
                 if i == 0:  # the prompt as the first choice found it
                     cached = engine.hit_tokens - hits
                 if choice is None and self._stopping.is_set():
@@ -298,7 +301,14 @@ class Worker:
                  "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
                  decoded.tokens, decoded.steps, decoded.accepted, decoded.accepted_per_step, stats.tokens_per_s,
                  stats.seconds, stats.queue_seconds, ",".join(c.finish_reason for c in choices))
-        if self.recorder is not None and self._record(req, choices, stats, started_at):  # ~1 ms
+        return choices, stats, started_at
+
+    def _finish(self, job: Job, answer: Any) -> None:
+        """Store a decoded job (on this thread, which owns the store's connection) and answer it."""
+        if answer is None:
+            return
+        choices, stats, started_at = answer
+        if self.recorder is not None and self._record(job.request, choices, stats, started_at):  # ~1 ms
             self.metrics.stored.inc()  # the answer is durable when it arrives
             self._unsaved += 1
         job.emit(Done(stats))
@@ -312,11 +322,10 @@ class Worker:
                       exc_info=self.debug)
             return False
 
-    def _decode(self, job: Job, index: int) -> Choice | None:
+    def _decode(self, job: Job, index: int, stack: Stack) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
         req = job.request
         text = TextStream(self.tokenizer, stop=req.stop)
-        stack = self.stack
         drafter = stack.drafter
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
@@ -359,20 +368,6 @@ class Worker:
                 self._unsaved = 0
         except Exception as exc:  # noqa: BLE001 - tried again later; the worker goes on
             log.error("could not persist the index: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
-
-
-def prediction_tokens(prediction: list[int] | None, output: list[int]) -> tuple[int, int]:
-    """(tokens of the prediction that appear in the output, those that do not), as OpenAI counts
-    accepted and rejected prediction tokens: the matching blocks of the two token sequences.
-
-    >>> prediction_tokens([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6])
-    (4, 1)
-    """
-    if not prediction:
-        return 0, 0
-    blocks = difflib.SequenceMatcher(None, prediction, output, autojunk=False).get_matching_blocks()
-    accepted = sum(b.size for b in blocks)
-    return accepted, len(prediction) - accepted
 
 
 def _now() -> str:

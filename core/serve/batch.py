@@ -1,0 +1,371 @@
+"""Continuous batching for `specx serve`: the running requests share each forward pass.
+
+Each running request decodes on a thread of its own, with the decode loop every entrance uses
+(core.decode.generate), over a view of the stack made for it (`request_stack`): its engine
+(`BatchedEngine`) hands every pass it needs (the prompt's prefill chunks, then one verification
+tree per step) to the `Batcher` and waits. The worker thread, which owns the model, runs one
+forward pass as soon as every running request waits (QuantModel.forward_batch: a ragged batch, each
+part its own KV cache and tree mask) and hands each its logits. Requests join and leave between
+passes; a new one's prefill runs a chunk (core.model.qengine.PREFILL_CHUNK tokens) per pass beside
+the others' trees, so it never stalls them for more than a pass.
+
+Lossless per request: the engine's kernels are batch-invariant and attention never mixes
+sequences, so a request's logits are the bits its own pass gives; its sampler, grammar, stops and
+drafter are its own. Its output is what it is when it runs alone.
+
+The request threads' Python runs one at a time: a thread holds the batcher's `baton` except while
+its pass is waited for. The state the requests share (the global index, the successor table, the
+acceptance model, the learned cost, the prefix cache) so sees one thread at a time, as before.
+
+One draft budget for the pass: each request sizes its tree against the rows and tokens the others
+put in the pass (`BatchCost.others`, core.cost.sizing.size_draft), so a node is verified while its
+chance beats the pass's tokens per second times the time it adds: a confident tree takes more of
+the pass than a doubtful one, and under heavy load the pass goes to plain rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..cost.guard import DraftGuard
+from ..decode.stack import Stack
+from ..draft import Draft
+
+MAX_BATCH = 16  # the default cap on requests decoded together (--max-batch): past it, on CPUs, passes grow in step
+PASS_WAIT_S = 0.25
+FIT_DECAY = 0.97  # the weight of a pass in the batch's cost line falls by this factor each later pass
+FIT_PASSES = 8  # passes before the line is used (the shared cost's curve until then)
+MIN_SHARED = 64  # prompt tokens a prefill in flight must share beyond the prefix cache for a new one to wait for it  # the worker's longest wait for a pass's parts before it looks at its queue again
+
+
+class Pass:
+    """One forward pass the batcher ran: its rows, requests, seconds, thread tag, mean context."""
+
+    __slots__ = ("rows", "requests", "seconds", "tag", "context", "observed", "prefill", "steps", "tokens",
+                 "drafted")
+
+    def __init__(self, rows: int, requests: int, seconds: float, tag: Any, context: int, prefill: int,
+                 steps: int) -> None:
+        self.rows, self.requests, self.seconds, self.tag, self.context = rows, requests, seconds, tag, context
+        self.prefill = prefill  # rows of prompts' prefill chunks
+        self.steps = steps  # requests' decode steps in it (the other parts: prefill chunks)
+        self.observed = False  # a shared pass teaches the cost once
+        self.tokens = 0  # the steps' output tokens, as the requests report them (BatchCost.observe_step)
+        self.drafted = 0  # ... and their draft nodes
+
+
+class Member:
+    """A running request as the batcher sees it: its part of the pass it waits for, and what it
+    put in its last pass (rows, tokens out: what the others size their drafts against)."""
+
+    def __init__(self) -> None:
+        self.part: tuple[Any, ...] | None = None
+        self.prefill = False  # the part is a prefill chunk (not a step)
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.rows = 1  # rows of its last pass
+        self.tokens = 1.0  # tokens its last step emitted
+        self.last: Pass | None = None  # the last pass it was in
+        self.parked = False  # waiting for another request's prefill (core/serve/batch.py, BatchedEngine.start)
+
+
+class Batcher:
+    """The rendezvous between the request threads and the thread that owns the model (`model`: a
+    QuantModel). `threads`: the engine's ThreadTuner (None: nothing to tune); `cost`: the shared
+    PassCost, whose shape normalises the tuner's timings."""
+
+    def __init__(self, model: Any, *, threads: Any = None, cost: Any = None,
+                 say: Callable[[str], None] = lambda message: None) -> None:
+        self.model, self.threads, self.cost = model, threads, cost
+        self.cond = threading.Condition()
+        self.baton = threading.Lock()
+        self.members: list[Member] = []
+        self.prefilling: dict[Member, tuple[list[int], threading.Event]] = {}  # prompts being prefilled
+        self.passes = 0
+        self.rows = 0  # rows of every pass, added up (tokens per pass: rows / passes)
+        self.seconds = 0.0  # in the passes, added up
+        self.prefill_rows = 0
+        self.guard = DraftGuard(lambda n, context: 1.0, say)  # whether drafts pay in the shared passes
+        self._last: Pass | None = None
+        self._fit = np.zeros(5)  # decayed sums of 1, rows, seconds, rows^2, rows * seconds over the shared passes
+
+    # ---------------------------------------------------------------- request threads
+
+    def join(self) -> Member:
+        """A request begins (called on the worker thread, so that it is in the next pass)."""
+        member = Member()
+        with self.cond:
+            self.members.append(member)
+        return member
+
+    def leave(self, member: Member) -> None:
+        """A request ends (its thread, holding the baton)."""
+        with self.cond:
+            self.members.remove(member)
+            self.cond.notify_all()
+
+    def run(self, member: Member, part: tuple[Any, ...], prefill: bool = False) -> Any:
+        """Put `part` (QuantModel.forward_batch's; `prefill`: a prompt's chunk) in the next pass and
+        wait for its logits; called with the baton held, which is given up while waiting."""
+        member.part, member.prefill, member.result, member.error = part, prefill, None, None
+        member.done.clear()
+        with self.cond:
+            self.cond.notify_all()
+        self.baton.release()
+        try:
+            member.done.wait()
+        finally:
+            self.baton.acquire()
+        if member.error is not None:
+            raise member.error
+        return member.result
+
+    def others(self, member: Member) -> tuple[int, float]:
+        """(rows, tokens) the other running requests put in their last passes."""
+        rows, tokens = 0, 0.0
+        for m in self.members:
+            if m is not member and not m.parked:
+                rows += m.rows
+                tokens += m.tokens
+        return rows, tokens
+
+    # ---------------------------------------------------------------- the worker thread
+
+    def ready(self, wake: Any = lambda: False, timeout: float = PASS_WAIT_S) -> list[Member]:
+        """Wait until every running request waits for a pass (their members, in the order they
+        joined) or `wake()` says there is other work; [] then, or after `timeout`."""
+        def due() -> bool:
+            waiting = [m for m in self.members if not m.parked]
+            return bool(waiting) and all(m.part is not None for m in waiting)
+
+        with self.cond:
+            self.cond.wait_for(lambda: due() or wake(), timeout)
+            return [m for m in self.members if m.part is not None] if due() else []
+
+    def _judge(self, done: Pass | None) -> None:
+        """Show the guard a shared pass whose requests have all reported their steps (the next pass
+        is due, so each has): its time per output token against plain decoding's in passes of the
+        same requests (one row each, beside the same prefill), as the line prices them."""
+        line = self.line()
+        if done is None or line is None or done.requests < 2 or not done.steps:
+            return
+        if not done.drafted:
+            self.guard.observe_plain()
+            return
+        plain = (line[0] + line[1] * (done.prefill + done.steps)) / done.steps
+        self.guard.observe_priced(done.seconds, plain, done.tokens, done.drafted / done.steps)
+
+    def line(self) -> tuple[float, float] | None:
+        """(seconds per pass, seconds per row) of the shared passes, fitted to the last ones (each
+        weighing FIT_DECAY times the next); None before FIT_PASSES or without a spread of sizes.
+        A batch's rows come from several sequences and reach sizes one request's passes never
+        do: the shared cost's curve is learned on those (and flat past them), this line on these."""
+        n, x, y, xx, xy = self._fit
+        if self.passes < FIT_PASSES or n <= 0:
+            return None
+        var = xx / n - (x / n) ** 2
+        if var <= 1.0:
+            return None
+        slope = (xy / n - x / n * y / n) / var
+        base = y / n - slope * x / n
+        return (base, slope) if slope > 0 and base > 0 else None
+
+    def park(self, member: Member, until: threading.Event) -> None:
+        """Sit out the passes until `until` is set (the baton given up meanwhile)."""
+        member.parked = True
+        with self.cond:
+            self.cond.notify_all()
+        self.baton.release()
+        try:
+            until.wait()
+        finally:
+            self.baton.acquire()
+            member.parked = False
+
+    def leader(self, tokens: list[int], cached: int) -> threading.Event | None:
+        """The prefill in flight whose prompt shares with `tokens` more than `cached` tokens (what
+        the prefix cache holds of them now) by a chunk or more: waiting for it to be stored saves
+        prefilling the shared part twice (agents fanning out with one system prompt)."""
+        best, event = cached + MIN_SHARED, None
+        for prompt, done in self.prefilling.values():
+            n = min(len(prompt), len(tokens))
+            shared = next((i for i in range(n) if prompt[i] != tokens[i]), n)
+            if shared >= best:
+                best, event = shared, done
+        return event
+
+    def step(self, members: Sequence[Member]) -> None:
+        """One forward pass over the parts of `members` (from `ready`); each gets its logits or the
+        error the pass raised."""
+        self._judge(self._last)
+        parts = [m.part for m in members]
+        rows = sum(len(p[1]) for p in parts)
+        prefill = sum(len(m.part[1]) for m in members if m.prefill)
+        steps = sum(not m.prefill for m in members)
+        context = sum(p[0].length * len(p[1]) for p in parts) // max(rows, 1)
+        tag = self.threads.before_pass() if self.threads is not None else None
+        started = time.perf_counter()
+        try:
+            results: list[Any] = self.model.forward_batch(parts)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - each request answers it; the worker goes on
+            results, error = [None] * len(parts), exc
+        seconds = time.perf_counter() - started
+        if self.threads is not None and error is None:
+            shape = self.cost.shape(rows, context) if self.cost is not None else 1.0
+            self.threads.after_pass(tag, seconds / shape)
+        done = Pass(rows, len(parts), seconds, tag, context, prefill, steps)
+        self._last = done if error is None else None
+        self.passes += 1
+        self.rows += rows
+        self.seconds += seconds
+        self.prefill_rows += prefill
+        if error is None and len(parts) > 1:
+            self._fit = FIT_DECAY * self._fit + np.array([1.0, rows, seconds, rows * rows, rows * seconds])
+        for m, part, result in zip(members, parts, results):
+            m.rows, m.last = len(part[1]), done
+            m.part, m.result, m.error = None, result, error
+            m.done.set()
+
+
+class BatchedEngine:
+    """One request's view of a QuantEngine whose passes go through a Batcher (core.model.engine.Engine
+    as the decode loop uses it; `hit_tokens` counts this request's cached prompt tokens)."""
+
+    def __init__(self, engine: Any, batcher: Batcher, member: Member) -> None:
+        self.engine, self.batcher, self.member = engine, batcher, member
+        for name in ("name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
+                     "prompt_lookup", "cost_curve"):
+            setattr(self, name, getattr(engine, name))
+        self.hit_tokens = 0
+
+    def start(self, tokens: Sequence[int], prefix_cache: Any = None) -> BatchedSession:
+        tokens = [int(t) for t in tokens]
+        batcher, member = self.batcher, self.member
+        usable = prefix_cache is not None and getattr(prefix_cache, "max_tokens", 0) >= len(tokens)
+        while usable and (leader := batcher.leader(tokens, prefix_cache.longest_prefix(tokens)[0])) is not None:
+            batcher.park(member, leader)
+        done = threading.Event()
+        batcher.prefilling[member] = (tokens, done)
+        try:
+            steps = self.engine.start_steps(tokens, prefix_cache)
+            try:
+                part = next(steps)
+                while True:
+                    batcher.run(member, part, prefill=True)
+                    part = next(steps)
+            except StopIteration as finished:
+                session = finished.value
+        finally:
+            del batcher.prefilling[member]
+            done.set()
+        self.hit_tokens += session.kv.reused
+        return BatchedSession(session, self.batcher, self.member)
+
+
+class BatchedSession:
+    """A QuantSession whose passes go through the Batcher."""
+
+    def __init__(self, session: Any, batcher: Batcher, member: Member) -> None:
+        self.session, self.batcher, self.member = session, batcher, member
+
+    def score(self, pending: list[int], draft: Draft) -> Any:
+        import torch
+
+        return torch.from_numpy(self.batcher.run(self.member, self.session._part(pending, draft)))
+
+    def keep_path(self, accepted_nodes: list[int]) -> None:
+        self.session.keep_path(accepted_nodes)
+
+
+class BatchCost:
+    """The shared PassCost (core.cost.forward) as one request in the batch sees it: its drafts are
+    sized against the rest of the pass (`others`), and the passes teach the cost what they are: a
+    pass the request had alone is a step of its own (curve and guard, as when serving one at a
+    time), a shared pass teaches the curve its shape once (`observe_pass`). While others share the
+    passes no plain anchor is asked for (a shared pass has more than one row whatever its drafts)."""
+
+    def __init__(self, base: Any, batcher: Batcher, member: Member) -> None:
+        self.base, self.batcher, self.member = base, batcher, member
+
+    def __call__(self, n: int, context: int | None = None) -> float:
+        line = self.batcher.line() if len(self.batcher.members) > 1 else None
+        return self.base(n, context) if line is None else line[0] + line[1] * n
+
+    def shape(self, n: int, context: int | None = None) -> float:
+        return self.base.shape(n, context)
+
+    def others(self) -> tuple[int, float]:
+        return self.batcher.others(self.member)
+
+    def max_draft(self) -> int | None:
+        if len(self.batcher.members) <= 1:
+            return self.base.max_draft()
+        return self.batcher.guard.max_draft()
+
+    def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
+                     num_out: int, tag: Any = None) -> None:
+        member, last = self.member, self.member.last
+        member.tokens = float(num_out)
+        if last is None:
+            return
+        last.tokens += num_out
+        last.drafted += num_tokens - 1
+        if last.requests == 1:  # alone: its step is what a step of one request is (the wait aside)
+            self.base.observe_step(num_tokens=num_tokens, context=context, verify_seconds=last.seconds,
+                                   step_seconds=max(step_seconds - verify_seconds, 0.0) + last.seconds,
+                                   num_out=num_out, tag=last.tag)
+        elif not last.observed:
+            last.observed = True
+            self.base.observe_pass(last.rows, last.context, last.seconds, last.tag)
+
+
+def fork_drafter(drafter: Any) -> Any:
+    """A drafter for one more concurrent request: the request state its own, the indexes and the
+    successor table shared (a SuffixDrafter, a HybridDrafter around one, or None)."""
+    if drafter is None:
+        return None
+    mine = copy.copy(drafter)
+    inner = getattr(drafter, "inner", None)
+    if inner is not None:
+        mine.inner = fork_drafter(inner)
+    if hasattr(mine, "request_index"):
+        mine.request_index = None
+    return mine
+
+
+def request_stack(stack: Stack, batcher: Batcher, member: Member) -> Stack:
+    """The stack one batched request decodes with (its engine, drafter and cost views; the
+    batcher tunes the threads)."""
+    cost = BatchCost(stack.cost, batcher, member) if stack.cost is not None else None
+    return dataclasses.replace(stack, engine=BatchedEngine(stack.engine, batcher, member),
+                               drafter=fork_drafter(stack.drafter), cost=cost, threads=None)
+
+
+def batchable(engine: Any) -> bool:
+    """Whether `engine`'s passes can be batched (the quantized engine's: batch-invariant kernels,
+    a KV cache per session)."""
+    return hasattr(engine, "start_steps") and hasattr(getattr(engine, "model", None), "forward_batch")
+
+
+def default_max_batch(engine: Any, context: int) -> int:
+    """How many requests of `context` tokens half of this machine's free memory holds the KV caches
+    of (at most MAX_BATCH; 1 where the engine's passes are not batched)."""
+    if not batchable(engine):
+        return 1
+    cfg = engine.model.config
+    per_request = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 4 * max(context, 1)  # float32 keys and values
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return MAX_BATCH
+    return max(1, min(MAX_BATCH, free // 2 // per_request))

@@ -1,0 +1,109 @@
+"""What the worker decodes and how it answers: a validated request (GenerationRequest), the Job
+that carries it through the worker with the channel its events go back on, the tokenizer behind
+a lock, the Recorder protocol (where finished requests go), and the prediction's accounting."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .events import Choice, Event
+from .metrics import Stats
+
+
+@dataclass
+class GenerationRequest:
+    """A validated request: what to decode and how."""
+
+    id: str
+    endpoint: str  # "chat.completions" or "completions"
+    model: str  # the name the client asked for
+    prompt_ids: list[int]
+    max_tokens: int
+    prompt_messages: list[dict[str, Any]] | None = None  # chat
+    prompt_text: str | None = None  # completions
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
+    grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
+    grammar_param: str | None = None  # the request's param it came from (named when it fails)
+    logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
+    tool_parser: str | None = None  # the output may hold tool calls in this core.serve.tools format
+    tool_names: list[str] | None = None  # of the request's functions
+
+
+class Job:
+    """A request on its way through the worker, and the channel its events come back on."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.enqueued = time.perf_counter()
+
+    def emit(self, event: Event) -> None:
+        """Send an event to the event loop (from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+class LockedTokenizer:
+    """The tokenizer behind one lock: the event loop encodes prompts while the worker decodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.lock = threading.Lock()
+
+    def decode(self, *args: Any, **kwargs: Any) -> str:
+        with self.lock:
+            return self.tokenizer.decode(*args, **kwargs)
+
+    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
+        with self.lock:
+            return self.tokenizer.encode(*args, **kwargs)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+
+class Recorder(Protocol):
+    """Where finished requests go, called on the worker's thread only: `open` when the thread
+    starts, `record` after each answered request (True when it was stored), `persist` to save the
+    global index (every PERSIST_EVERY records and when idle; False: it failed, try again later),
+    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving (and
+    logs what a recorder raises all the same: the answer still goes out)."""
+
+    def open(self) -> None: ...
+
+    def record(self, request: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
+               ended_at: str) -> bool: ...
+
+    def persist(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def prediction_tokens(prediction: list[int] | None, output: list[int]) -> tuple[int, int]:
+    """(tokens of the prediction that appear in the output, those that do not), as OpenAI counts
+    accepted and rejected prediction tokens: the matching blocks of the two token sequences.
+
+    >>> prediction_tokens([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6])
+    (4, 1)
+    """
+    if not prediction:
+        return 0, 0
+    blocks = difflib.SequenceMatcher(None, prediction, output, autojunk=False).get_matching_blocks()
+    accepted = sum(b.size for b in blocks)
+    return accepted, len(prediction) - accepted
