@@ -214,11 +214,19 @@ class Batcher:
         context = sum(p[0].length * len(p[1]) for p in parts) // max(rows, 1)
         tag = self.threads.before_pass() if self.threads is not None else None
         started = time.perf_counter()
+        results: list[Any] = [None] * len(parts)
+        errors: list[BaseException | None] = [None] * len(parts)
         try:
-            results: list[Any] = self.model.forward_batch(parts)
+            results = self.model.forward_batch(parts)
             error = None
-        except Exception as exc:  # noqa: BLE001 - each request answers it; the worker goes on
-            results, error = [None] * len(parts), exc
+        except Exception as exc:  # noqa: BLE001 - the requests answer it; the worker goes on
+            error = errors[0] = exc
+            for i, part in enumerate(parts if len(parts) > 1 else ()):  # which failed: each alone (a cache's
+                try:  # length moves only when its pass ends), so that one request's fault stays its own
+                    results[i] = self.model.forward_batch([part])[0]
+                    errors[i] = None
+                except Exception as alone:  # noqa: BLE001
+                    errors[i] = alone
         seconds = time.perf_counter() - started
         if self.threads is not None and error is None:
             shape = self.cost.shape(rows, context) if self.cost is not None else 1.0
@@ -231,9 +239,9 @@ class Batcher:
         self.prefill_rows += prefill
         if error is None and len(parts) > 1:
             self._fit = FIT_DECAY * self._fit + np.array([1.0, rows, seconds, rows * rows, rows * seconds])
-        for m, part, result in zip(members, parts, results):
+        for m, part, result, failed in zip(members, parts, results, errors):
             m.rows, m.last = len(part[1]), done
-            m.part, m.result, m.error = None, result, error
+            m.part, m.result, m.error = None, result, failed
             m.done.set()
 
 

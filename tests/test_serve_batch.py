@@ -1,0 +1,295 @@
+"""Batching in `specx serve` (core/serve/batch.py, issue 46): concurrent requests share each
+forward pass of the quantized engine, and each gets what it gets alone, token for token.
+
+The worker tests run the built-in model's GGUF in this process (its kernels compile once, ~15 s);
+the slow test starts a real server and sends concurrent requests through the openai client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from specx.core.cost.sizing import size_draft
+from specx.core.draft import Draft
+from specx.core.serve.batch import Batcher, fork_drafter
+from specx.core.serve.events import ChoiceDone, Delta, Done, Failed
+from specx.core.serve.job import GenerationRequest, Job
+
+SYSTEM = ("You write SQLite queries for this schema.\nCREATE TABLE singer (singer_id, name, country, age);\n"
+          "CREATE TABLE concert (concert_id, concert_name, theme, stadium_id, year);\n"
+          "Question: How many singers are there?\n```sql\nSELECT count(*) FROM singer;\n```\n")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    from specx.cli.assemble import assemble
+
+    return assemble("smollm2-135m", backend="quantized", dtype=None, say=lambda m: None, prefix_cache_tokens=8192)
+
+
+@pytest.fixture(scope="module")
+def vocabulary(stack):
+    from specx.core.decode.grammar import Vocabulary
+
+    tok = stack.tokenizer
+    return Vocabulary(tok, stack.engine.vocab_size, tok.eos_token_id)
+
+
+def chat(stack, question: str, system: str = SYSTEM) -> list[int]:
+    ids = stack.tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": question}],
+                                              add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def requests(stack) -> list[GenerationRequest]:
+    """Different lengths, samplers, stops, a grammar, two choices; most share the system prompt."""
+    from specx.core.decode.grammar import json_schema_grammar
+
+    schema = {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}
+
+    def req(i: int, question: str, **kw) -> GenerationRequest:
+        kw.setdefault("temperature", 0.0)
+        return GenerationRequest(id=f"r{i}", endpoint="chat.completions", model="m", prompt_ids=chat(stack, question),
+                                 max_tokens=kw.pop("max_tokens", 40), **kw)
+
+    return [req(0, "List the names of singers from France."),
+            req(1, "What is the average age of singers?", max_tokens=6),
+            req(2, "Which concerts were held in 2014?", temperature=0.8, top_p=0.9, seed=7),
+            req(3, "Show every theme of concerts.", stop=["FROM"]),
+            req(4, "Count the concerts per year.", grammar=json_schema_grammar(schema), grammar_param="response_format"),
+            req(5, "Name the oldest singer.", n=2, temperature=0.7, seed=3, max_tokens=24),
+            GenerationRequest(id="r6", endpoint="completions", model="m", prompt_text="SELECT",
+                              prompt_ids=stack.tokenizer.encode("SELECT name FROM singer WHERE"), max_tokens=30,
+                              temperature=0.0)]
+
+
+def run(worker, reqs, *, at_once: bool, cancel: set[str] = frozenset()):
+    """Each request's (choices' tokens, last event); at once or one after the other; a request in
+    `cancel` is cancelled after its first delta."""
+    async def one(req):
+        job = Job(req, asyncio.get_running_loop())
+        worker.submit(job)
+        tokens: dict[int, list[int]] = {}
+        for _ in range(3000):
+            try:
+                event = await asyncio.wait_for(job.events.get(), 0.1)
+            except asyncio.TimeoutError:  # a cancelled job ends without an answer: once the worker let it go
+                if job.cancelled.is_set() and job not in worker._running:
+                    return None, None
+                continue
+            if isinstance(event, Delta) and req.id in cancel:
+                job.cancelled.set()
+            if isinstance(event, ChoiceDone):
+                tokens[event.choice.index] = event.choice.token_ids
+            if isinstance(event, (Done, Failed)):
+                return [tokens[i] for i in sorted(tokens)], event
+        raise AssertionError(f"{req.id} was never answered")
+
+    async def main():
+        if at_once:
+            return await asyncio.gather(*(one(r) for r in reqs))
+        return [await one(r) for r in reqs]
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def alone(stack, vocabulary):
+    """The requests answered one at a time (--max-batch 1): the reference."""
+    from specx.core.serve.worker import Worker
+
+    worker = Worker(stack, max_batch=1, vocabulary=vocabulary)
+    worker.start()
+    try:
+        assert not worker.batched
+        return run(worker, requests(stack), at_once=False)
+    finally:
+        worker.stop()
+
+
+def test_concurrent_requests_get_what_they_get_alone_and_share_passes(stack, vocabulary, alone):
+    from prometheus_client import generate_latest
+
+    from specx.core.serve.worker import Worker
+
+    worker = Worker(stack, max_batch=8, vocabulary=vocabulary)
+    worker.start()
+    try:
+        assert worker.batched
+        together = run(worker, requests(stack), at_once=True)
+    finally:
+        worker.stop()
+    for (want, _), (got, event) in zip(alone, together):
+        assert isinstance(event, Done) and got == want
+    assert json.loads(json.dumps([t for t, _ in together]))[4][0]  # the grammar-bound answer is there
+    steps = sum(e.stats.decode.steps for _, e in together)
+    batcher = worker.batcher
+    assert batcher.passes < steps  # requests shared passes (prefill chunks are passes too)
+    scrape = generate_latest(worker.metrics.registry).decode()
+    assert "specx_running_requests 0.0" in scrape
+    per_pass = float(next(line.split()[1] for line in scrape.splitlines() if line.startswith("specx_tokens_per_pass")))
+    assert per_pass == pytest.approx(batcher.rows / batcher.passes) and per_pass > 2
+
+
+def test_a_request_that_fails_or_is_cancelled_leaves_the_others_unchanged(stack, vocabulary, alone):
+    """One prompt holds a token the model has not (its prefill pass fails): it is answered 500,
+    one is cancelled by its client after its first delta; the rest finish as they do alone."""
+    from specx.core.serve.worker import Worker
+
+    reqs = requests(stack)
+    bad = GenerationRequest(id="bad", endpoint="completions", model="m", prompt_text="?",
+                            prompt_ids=[1, 2, stack.engine.vocab_size + 5], max_tokens=8, temperature=0.0)
+    worker = Worker(stack, max_batch=8, vocabulary=vocabulary)
+    worker.start()
+    try:
+        results = run(worker, [*reqs, bad], at_once=True, cancel={"r0"})
+        assert worker.alive
+    finally:
+        worker.stop()
+    *good, (_, failed) = results
+    assert isinstance(failed, Failed) and failed.status == 500
+    for req, (want, _), (got, event) in zip(reqs, alone, good):
+        if req.id == "r0":
+            assert not isinstance(event, Done)  # cancelled: no answer, nothing stored
+            continue
+        assert isinstance(event, Done) and got == want, req.id
+
+
+def test_prompts_sharing_a_prefill_in_flight_prefill_it_once(stack):
+    """Agents fanning out send one long system prompt at once: the later requests wait for the
+    first one's prefill and copy it from the prefix cache."""
+    from specx.core.serve.worker import Worker
+
+    system = SYSTEM * 4
+    reqs = [GenerationRequest(id=f"s{i}", endpoint="chat.completions", model="m", temperature=0.0, max_tokens=4,
+                              prompt_ids=chat(stack, q, system)) for i, q in enumerate(("Count singers.", "Count concerts.",
+                                                                                         "List themes."))]
+    shared = next(i for i, (a, b) in enumerate(zip(reqs[0].prompt_ids, reqs[1].prompt_ids)) if a != b)
+    worker = Worker(stack.__class__(**{**stack.__dict__, "prefix_cache": stack.engine.new_prefix_cache(8192)}),
+                    max_batch=4)
+    worker.start()
+    try:
+        results = run(worker, reqs, at_once=True)
+    finally:
+        worker.stop()
+    assert all(isinstance(e, Done) for _, e in results)
+    assert sum(e.stats.cached_tokens for _, e in results) >= 2 * (shared - 1)
+    prompt_rows = sum(len(r.prompt_ids) - 1 for r in reqs)
+    assert worker.batcher.prefill_rows <= prompt_rows - 2 * (shared - 1)
+
+
+def test_a_node_is_kept_only_while_it_beats_the_rate_of_the_whole_pass():
+    """size_draft with other requests in the pass: the same tree is cut shorter when the pass
+    already emits many tokens (the node's chance must beat the pass's tokens per second times
+    the time it adds), and left whole when it is alone on a flat curve."""
+    draft = Draft([5, 6, 7, 8], [-1, 0, 1, 2], [0.9, 0.6, 0.4, 0.3], 2.2, 4)
+
+    def line(n, context=None):
+        return 10.0 + 1.0 * n
+
+    assert len(size_draft(draft, line, 1)) == 4  # alone: 3.2 tokens in 15 units beat 2.9 in 14
+    assert len(size_draft(draft, line, 1, others=(7, 7.0))) == 2  # beside 7 others: 9.5 in 20 beats 8 in 18 and 9.9 in 21
+
+
+def test_the_batch_cost_line_is_fitted_to_the_shared_passes():
+    class Model:  # a pass costs 2 ms + 0.5 ms per row, exactly: what the line must find
+        def forward_batch(self, parts):
+            return [None for _ in parts]
+
+    batcher = Batcher(Model())
+    clock = iter(np.cumsum([v for rows in [3, 9, 5, 20, 7, 12, 30, 4, 16, 10] for v in (0.0, 0.002 + 0.0005 * rows)]))
+    import specx.core.serve.batch as batch
+
+    real = batch.time.perf_counter
+    batch.time.perf_counter = lambda: float(next(clock))
+    try:
+        for rows in [3, 9, 5, 20, 7, 12, 30, 4, 16, 10]:
+            members = [batcher.join(), batcher.join()]
+            for m, n in zip(members, (1, rows - 1)):
+                m.part = (type("KV", (), {"length": 100})(), [0] * n, None, None, np.arange(n))
+            batcher.step(members)
+            for m in members:
+                batcher.leave(m)
+    finally:
+        batch.time.perf_counter = real
+    base, slope = batcher.line()
+    assert base == pytest.approx(0.002, rel=1e-6) and slope == pytest.approx(0.0005, rel=1e-6)
+
+
+def test_a_forked_drafter_keeps_its_own_request_and_shares_the_index():
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.index.suffix_index import SuffixIndex
+
+    drafter = SuffixDrafter(SuffixIndex.build([[5, 6, 7, 8]]))
+    a, b = fork_drafter(drafter), fork_drafter(drafter)
+    a.start_request([1, 5, 6])
+    b.start_request([2, 7])
+    assert a.speculate().token_ids == [7, 8] and b.speculate().token_ids == [8]
+    a.extend([9, 9])
+    a.finish_request()
+    assert a.global_index is b.global_index is drafter.global_index and drafter.global_index.num_tokens > 4
+    assert b.speculate().token_ids == [8]  # its request is untouched by a's
+
+
+@pytest.mark.slow
+def test_a_real_server_batches_concurrent_openai_clients(tmp_path, tmp_path_factory):
+    """`specx serve --backend quantized`: four clients at once get the texts one client gets, and
+    /metrics shows the passes they shared."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_serve import Server
+
+    from conftest import specx_test_home
+
+    questions = ["How many singers are there?", "List all concert names.", "What is the oldest age?",
+                 "Show the themes of 2014 concerts.", "Count concerts per stadium.", "Name singers from France."]
+    srv = Server(str(specx_test_home(tmp_path_factory)), tmp_path / "served.db", "--backend", "quantized",
+                 "--max-batch", "4")
+    try:
+        client = srv.client()
+
+        def ask(q: str) -> str:
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+            out = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32, temperature=0)
+            return out.choices[0].message.content
+
+        one = [ask(q) for q in questions]
+        with ThreadPoolExecutor(4) as pool:
+            four = list(pool.map(ask, questions))
+        metrics = srv.metrics()
+    finally:
+        srv.stop()
+    assert four == one
+    assert metrics["specx_running_requests"] == 0 and metrics["specx_tokens_per_pass"] > 1
+    assert "up to 4 requests share each forward pass" in srv.log()
+
+
+def test_the_worker_thread_serves_while_request_threads_wait():  # the baton is free while a pass runs
+    class Model:
+        def __init__(self):
+            self.inside = threading.Event()
+
+        def forward_batch(self, parts):
+            assert not batcher.baton.locked()
+            return [np.zeros(1) for _ in parts]
+
+    batcher = Batcher(Model())
+    member = batcher.join()
+    out = []
+
+    def request():
+        with batcher.baton:
+            out.append(batcher.run(member, (type("KV", (), {"length": 0})(), [1], None, None, np.arange(1))))
+            batcher.leave(member)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    members = batcher.ready(timeout=10)
+    batcher.step(members)
+    thread.join(10)
+    assert members == [member] and len(out) == 1
