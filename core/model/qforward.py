@@ -11,7 +11,7 @@ Attention is core/model/qattention.py's (exact the same way); its exponentials c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..numba_cache import configure as configure_numba_cache
 
