@@ -293,3 +293,39 @@ def test_the_worker_thread_serves_while_request_threads_wait():  # the baton is 
     batcher.step(members)
     thread.join(10)
     assert members == [member] and len(out) == 1
+
+
+def test_shutdown_cuts_every_running_request_short_and_turns_the_queued_away(stack, vocabulary):
+    """SIGTERM (shutdown_begins) while several requests share the passes: each running one is
+    answered 503 "cut short" at its next step, the queued ones 503, and the worker thread ends
+    (not spinning: it waits for the running ones' steps)."""
+    from specx.core.serve.worker import Worker
+
+    worker = Worker(stack, max_batch=2, vocabulary=vocabulary)
+    worker.start()
+    reqs = requests(stack)[:4]
+    started = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(r, loop) for r in reqs]
+        for job in jobs:
+            worker.submit(job)
+        finals = []
+        for job in jobs:
+            while True:
+                event = await asyncio.wait_for(job.events.get(), 300)
+                if isinstance(event, Delta) and not started.is_set():
+                    started.set()
+                    worker.shutdown_begins()
+                if isinstance(event, (Done, Failed)):
+                    finals.append(event)
+                    break
+        return finals
+
+    finals = asyncio.run(main())
+    worker.stop()
+    assert not worker._thread.is_alive()
+    cut = [e for e in finals if isinstance(e, Failed)]
+    assert all(e.status == 503 and "shutting down" in e.message for e in cut)
+    assert any("cut short" in e.message for e in cut) and len(cut) >= 3  # the first one's batch-mate may finish

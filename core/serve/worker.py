@@ -192,9 +192,9 @@ class Worker:
         batcher = self.batcher
         assert batcher is not None
 
-        def wake() -> bool:
-            return bool(self._finished) or self._stopping.is_set() or (
-                len(self._running) < self.max_batch and not self.jobs.empty())
+        def wake() -> bool:  # work besides a pass: answers to send, jobs to admit or turn away, the end
+            return bool(self._finished) or (len(self._running) < self.max_batch and not self.jobs.empty()) or (
+                self._stopping.is_set() and not self._running)
 
         while True:
             while len(self._running) < self.max_batch:
