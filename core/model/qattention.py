@@ -4,6 +4,9 @@ A query row attends to the cached entries and to the new entries its `allowed` r
 visible keys are its sequence's positions 0, 1, ... in order (a tree's accepted path is its
 ancestors), so every sum runs over them in one fixed order, whichever pass the row is in:
 
+Keys and values are kept as float16 (their bits, uint16: half the memory traffic of float32,
+llama.cpp's default too) and widened to float32 as they are read.
+
 - scores: q . k for sixteen keys at a time, one vector lane per key, a fused multiply-add chain
   over the head dimension in order (LLVM IR, like the matmul kernels; `_scores`). New keys are
   copied beside each other first and go through the same code, so a key gets the same bits
@@ -27,7 +30,7 @@ from numba.extending import intrinsic
 
 from ..numba_cache import configure as configure_numba_cache
 from .qforward import exp_rows
-from .qkernel import fma16, splat
+from .qkernel import fma16, load_halves, splat
 
 configure_numba_cache()
 
@@ -37,7 +40,7 @@ _V16 = ir.VectorType(_F32, LANES)
 
 
 def _scores_kernel(group: int) -> Any:
-    """scores(kt [Hkv, C / 16, D, 16], g, q [G, D], out [G, W], count): out[h, j] = q[h] . key j of
+    """scores(kt [Hkv, C / 16, D, 16] float16 bits, g, q [G, D], out [G, W], count): out[h, j] = q[h] . key j of
     head g (kt[g, j // 16, :, j % 16]) for j < count rounded up to 16 (C and W at least that),
     h < G = `group`."""
 
@@ -51,7 +54,6 @@ def _scores_kernel(group: int) -> Any:
             width = builder.extract_value(out_a.shape, 1)
             const = lambda v: ir.Constant(_I64, v)  # noqa: E731
             fma = fma16(builder)
-            vec = lambda ptr, idx: builder.load(builder.bitcast(builder.gep(ptr, [idx]), _V16.as_pointer()), align=4)  # noqa: E731
             blocks = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
             entry = builder.block
             outer, inner, after, done = (builder.append_basic_block(n) for n in ("outer", "inner", "after", "done"))
@@ -69,7 +71,7 @@ def _scores_kernel(group: int) -> Any:
                 a.add_incoming(ir.Constant(_V16, None), outer_block)
             j = builder.mul(jb, const(LANES))
             tile = builder.add(builder.mul(g_, tiles), jb)
-            keys = vec(kt_a.data, builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
+            keys = load_halves(builder, kt_a.data, builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
             new = [builder.call(fma, [splat(builder, builder.load(builder.gep(
                 q_a.data, [builder.add(builder.mul(const(h), dim), d)])), _V16), keys, acc[h]]) for h in range(group)]
             d_next = builder.add(d, const(1))
@@ -93,7 +95,7 @@ def _scores_kernel(group: int) -> Any:
 
 
 def _weighted_kernel(dim: int) -> Any:
-    """weighted(v [Hkv, C, D], g, p [W], start, count, acc [D]): acc += sum over j < count of
+    """weighted(v [Hkv, C, D] float16 bits, g, p [W], start, count, acc [D]): acc += sum over j < count of
     p[start + j] v[g, j] (acc read first, written after), D = `dim`, a multiple of 16."""
     vectors = dim // LANES
 
@@ -118,7 +120,7 @@ def _weighted_kernel(dim: int) -> Any:
                 a.add_incoming(f, entry)
             weight = splat(builder, builder.load(builder.gep(p_a.data, [builder.add(start_, j)])), _V16)
             row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
-            new = [builder.call(fma, [weight, builder.load(ptr(v_a.data, builder.add(row, const(LANES * i))), align=4),
+            new = [builder.call(fma, [weight, load_halves(builder, v_a.data, builder.add(row, const(LANES * i))),
                                       acc[i]]) for i in range(vectors)]
             j_next = builder.add(j, const(1))
             j.add_incoming(j_next, builder.block)
@@ -169,8 +171,8 @@ def attention(group: int, dim: int) -> Any:
             fresh += allowed[s, i]
         visible = n_cached + fresh
         # the new visible entries, side by side: keys [1, F' / 16, D, 16] and values [1, F, D]
-        new_keys = np.zeros((1, pad(fresh) // LANES, dim, LANES), dtype=np.float32)
-        new_values = np.empty((1, max(fresh, 1), dim), dtype=np.float32)
+        new_keys = np.zeros((1, pad(fresh) // LANES, dim, LANES), dtype=np.uint16)
+        new_values = np.empty((1, max(fresh, 1), dim), dtype=np.uint16)
         f = 0
         for i in range(rows):
             if allowed[s, i]:

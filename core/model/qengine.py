@@ -37,7 +37,8 @@ PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
 
 
 class KVCache:
-    """One sequence's keys and values per layer, `length` entries used: keys in tiles of sixteen
+    """One sequence's keys and values per layer, `length` entries used, as float16 (their bits,
+    uint16: core/model/qattention.py widens them as it reads them): keys in tiles of sixteen
     positions [Hkv, C / 16, D, 16] (attention reads a tile's keys as one vector per dimension,
     core/model/qattention.py), values [Hkv, C, D]; the buffers double when full."""
 
@@ -46,9 +47,9 @@ class KVCache:
         self.length = 0
         self.reused = 0  # entries copied from a prefix cache when it was made (the rest were prefilled)
         capacity = -(-capacity // 16) * 16
-        self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=np.float32)
+        self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=np.uint16)
                      for _ in range(config.layers)]
-        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=np.float32)
+        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=np.uint16)
                        for _ in range(config.layers)]
         self._lists()
 
@@ -67,8 +68,8 @@ class KVCache:
         size = -(-max(n, 2 * self.capacity) // 16) * 16
         tiles = -(-self.length // 16)
         for i in range(len(self.keys)):
-            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=np.float32)
-            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=np.float32)
+            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=np.uint16)
+            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=np.uint16)
             keys[:, :tiles] = self.keys[i][:, :tiles]
             values[:, : self.length] = self.values[i][:, : self.length]
             self.keys[i], self.values[i] = keys, values

@@ -110,7 +110,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
     key = (id(run_any), id(attend))  # both are kept for the process (qkernel._ANY, qattention._ATTEND)
     if key in _LAYERS:
         return _LAYERS[key]
-    from .qkernel import ROW_CHUNK, quantize_rows
+    from .qkernel import ROW_CHUNK, quantize_rows, to_half
 
     @njit(nogil=True)
     def project(h, mats, start, end, dest):  # pragma: no cover - compiled
@@ -168,8 +168,8 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                     at = n0 + s - starts[sq]
                     for hh in range(kv_heads):
                         for d in range(head_dim):
-                            kc[hh, at // 16, d, at % 16] = k[s, hh, d]
-                            vc[hh, at, d] = qkv[s, qw + kvw + hh * head_dim + d]
+                            kc[hh, at // 16, d, at % 16] = to_half(k[s, hh, d])
+                            vc[hh, at, d] = to_half(qkv[s, qw + kvw + hh * head_dim + d])
             attend(q, keys, values, i, starts, n0s, alloweds, scale, att)
             project(att.reshape((rows, qw)), mats, groups[i, 1, 0], groups[i, 1, 1], proj)
             for s in range(rows):

@@ -59,6 +59,24 @@ def fma16(builder: ir.IRBuilder) -> Any:
     return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_V16F32, [_V16F32] * 3))
 
 
+def load_halves(builder: ir.IRBuilder, base: Any, index: Any) -> Any:
+    """The sixteen float16 values (their bits: uint16) at base[index] as sixteen float32 lanes
+    (vcvtph2ps where the CPU has F16C: every x86 CPU with AVX2)."""
+    v16i16, v16f16 = ir.VectorType(_I16, 16), ir.VectorType(ir.HalfType(), 16)
+    bits = builder.load(builder.bitcast(builder.gep(base, [index]), v16i16.as_pointer()), align=2)
+    return builder.fpext(builder.bitcast(bits, v16f16), _V16F32)
+
+
+@intrinsic
+def to_half(typingctx, x):  # pragma: no cover - compiled
+    """A float32's nearest float16 (ties to even), as its bits (uint16): how the quantized engine
+    keeps keys and values (numba has no float16 on the CPU)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), _I16)
+
+    return types.uint16(types.float32), codegen
+
+
 def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
     """`value` in every lane of `vec`."""
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(_I32, 0))
