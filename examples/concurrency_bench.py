@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,7 +31,7 @@ from openai import OpenAI
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_bench import DEFAULT_SPIDER, SYSTEM, LocalServer  # noqa: E402
+from serve_bench import DEFAULT_SPIDER, LocalServer, free_port, launch, spider_databases  # noqa: E402
 
 LLAMA_SERVER = Path.home() / ".cache" / "specx" / "llama.cpp" / "build" / "bin" / "llama-server"
 SKIP_DATABASES = 8  # the databases serve_bench's conversations use come first: start after them
@@ -42,21 +39,11 @@ SKIP_DATABASES = 8  # the databases serve_bench's conversations use come first: 
 
 def requests(folder: Path, num: int, per_db: int = 4, shots: int = 3) -> list[list[dict]]:
     """`num` chat requests, `per_db` questions per database after its `shots` examples."""
-    dev = json.loads((folder / "spider_dev.json").read_text())
-    schemas = {t["db_id"]: t for t in json.loads((folder / "spider_tables.json").read_text())}
-    by_db: dict[str, list[dict]] = {}
-    for item in dev:
-        by_db.setdefault(item["db_id"], []).append(item)
     out: list[list[dict]] = []
-    for db_id, items in list(by_db.items())[SKIP_DATABASES:]:
-        if len(items) < shots + per_db:
+    for i, (_, system, rest) in enumerate(spider_databases(folder, shots)):
+        if i < SKIP_DATABASES or len(rest) < per_db:
             continue
-        schema = schemas[db_id]
-        tables = [f"CREATE TABLE {name} ({', '.join(c for t, c in schema['column_names_original'] if t == i)});"
-                  for i, name in enumerate(schema["table_names_original"])]
-        examples = [f"Question: {ex['question']}\n```sql\n{ex['query'].strip()};\n```" for ex in items[:shots]]
-        system = SYSTEM + "\n".join(tables) + "\n\nExamples:\n\n" + "\n\n".join(examples)
-        for q in items[shots : shots + per_db]:
+        for q in rest[:per_db]:
             out.append([{"role": "system", "content": system}, {"role": "user", "content": q["question"]}])
             if len(out) == num:
                 return out
@@ -99,28 +86,11 @@ class LlamaServer:
     """llama.cpp's server on a free loopback port with `slots` parallel sequences."""
 
     def __init__(self, binary: Path, gguf: Path, slots: int, context: int, threads: int, workdir: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.log = workdir / f"llama-server-{port}.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([str(binary), "-m", str(gguf), "--port", str(port), "-np", str(slots),
-                                          "-c", str(context * slots), "-t", str(threads), "--no-webui"],
-                                         stdout=log, stderr=subprocess.STDOUT)
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"error: llama-server exited:\n{self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        sys.exit("error: llama-server did not start")
+        self.proc = launch([str(binary), "-m", str(gguf), "--port", str(port), "-np", str(slots), "-c",
+                            str(context * slots), "-t", str(threads), "--no-webui"],
+                           workdir / f"llama-server-{port}.log", f"http://127.0.0.1:{port}/health", "llama-server")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

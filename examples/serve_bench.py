@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from openai import OpenAI
@@ -38,23 +39,29 @@ SYSTEM = ("You are a text-to-SQL agent. Answer each question with one SQLite que
           "in a ```sql block, and nothing else.\n\n")
 
 
-def conversations(folder: Path, num: int, turns: int, shots: int = 3) -> list[dict]:
-    """`num` databases with at least shots + turns questions: schema + examples, then `turns` questions."""
+def spider_databases(folder: Path, shots: int = 3) -> Iterator[tuple[str, str, list[dict]]]:
+    """Each Spider dev database in order: (db_id, a system message with its schema and its first
+    `shots` question/SQL examples, its other questions)."""
     dev = json.loads((folder / "spider_dev.json").read_text())
     schemas = {t["db_id"]: t for t in json.loads((folder / "spider_tables.json").read_text())}
     by_db: dict[str, list[dict]] = {}
     for item in dev:
         by_db.setdefault(item["db_id"], []).append(item)
-    out = []
     for db_id, items in by_db.items():
-        if len(items) < shots + turns:
-            continue
         schema = schemas[db_id]
         tables = [f"CREATE TABLE {name} ({', '.join(c for t, c in schema['column_names_original'] if t == i)});"
                   for i, name in enumerate(schema["table_names_original"])]
         examples = [f"Question: {ex['question']}\n```sql\n{ex['query'].strip()};\n```" for ex in items[:shots]]
-        system = SYSTEM + "\n".join(tables) + "\n\nExamples:\n\n" + "\n\n".join(examples)
-        out.append({"db_id": db_id, "system": system, "questions": [q["question"] for q in items[shots:shots + turns]]})
+        yield db_id, SYSTEM + "\n".join(tables) + "\n\nExamples:\n\n" + "\n\n".join(examples), items[shots:]
+
+
+def conversations(folder: Path, num: int, turns: int, shots: int = 3) -> list[dict]:
+    """`num` databases with at least shots + turns questions: schema + examples, then `turns` questions."""
+    out = []
+    for db_id, system, rest in spider_databases(folder, shots):
+        if len(rest) < turns:
+            continue
+        out.append({"db_id": db_id, "system": system, "questions": [q["question"] for q in rest[:turns]]})
         if len(out) == num:
             break
     return out
@@ -82,34 +89,46 @@ def run_workload(client: OpenAI, model: str, convs: list[dict], max_tokens: int)
     return rows
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(argv: list[str], log_path: Path, health: str, what: str) -> subprocess.Popen:
+    """`argv` in a subprocess writing to `log_path`, returned once GET `health` answers 200; the
+    script exits with the log's tail if it dies or is not ready in 10 minutes."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"error: {what} exited:\n{log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(health, timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    sys.exit(f"error: {what} did not start")
+
+
 class LocalServer:
     """`specx serve` in a subprocess on a free loopback port, with its own copy of the store (or,
     given `db`, on that store itself: a restart)."""
 
     def __init__(self, args: list[str], store: Path | None, workdir: Path, db: Path | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         if db is None:
             db = workdir / f"store-{port}.db"
             if store is not None:
                 shutil.copy(store, db)
         self.log = workdir / f"serve-{port}.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "specx", "serve", "--port", str(port), "--db", str(db),
-                                          *args], stdout=log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"error: specx serve exited:\n{self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        sys.exit("error: specx serve did not start")
+        self.proc = launch([sys.executable, "-m", "specx", "serve", "--port", str(port), "--db", str(db), *args],
+                           self.log, f"http://127.0.0.1:{port}/health", "specx serve")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
