@@ -148,7 +148,8 @@ def serve_cmd(
             recorder = ServedRecorder(path, model, stack.fingerprint, len(tok), speculation,
                                       successors=stack.successors, successors_key=stack.successors_key)
             batch = max_batch or default_max_batch(stack.engine, min(max_model_len or context_length, context_length))
-            worker = Worker(stack, max_queue=max_queue, max_batch=batch, metrics=metrics, recorder=recorder, vocabulary=vocabulary,
+            worker = Worker(stack, max_queue=max_queue, max_batch=batch, metrics=metrics, recorder=recorder,
+                            vocabulary=vocabulary,
                             save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
                             debug=bool(os.environ.get("SPECX_DEBUG")))
             log.info("batching: %s", f"up to {worker.max_batch} requests share each forward pass" if worker.batched

@@ -8,7 +8,7 @@ the slow test starts a real server and sends concurrent requests through the ope
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import threading
 
 import numpy as np
@@ -126,7 +126,7 @@ def test_concurrent_requests_get_what_they_get_alone_and_share_passes(stack, voc
         worker.stop()
     for (want, _), (got, event) in zip(alone, together):
         assert isinstance(event, Done) and got == want
-    assert json.loads(json.dumps([t for t, _ in together]))[4][0]  # the grammar-bound answer is there
+    assert together[4][0][0]  # the grammar-bound answer is there
     steps = sum(e.stats.decode.steps for _, e in together)
     batcher = worker.batcher
     assert batcher.passes < steps  # requests shared passes (prefill chunks are passes too)
@@ -170,8 +170,7 @@ def test_prompts_sharing_a_prefill_in_flight_prefill_it_once(stack):
                               prompt_ids=chat(stack, q, system)) for i, q in enumerate(("Count singers.", "Count concerts.",
                                                                                          "List themes."))]
     shared = next(i for i, (a, b) in enumerate(zip(reqs[0].prompt_ids, reqs[1].prompt_ids)) if a != b)
-    worker = Worker(stack.__class__(**{**stack.__dict__, "prefix_cache": stack.engine.new_prefix_cache(8192)}),
-                    max_batch=4)
+    worker = Worker(dataclasses.replace(stack, prefix_cache=stack.engine.new_prefix_cache(8192)), max_batch=4)
     worker.start()
     try:
         results = run(worker, reqs, at_once=True)
@@ -271,9 +270,6 @@ def test_a_real_server_batches_concurrent_openai_clients(tmp_path, tmp_path_fact
 
 def test_the_worker_thread_serves_while_request_threads_wait():  # the baton is free while a pass runs
     class Model:
-        def __init__(self):
-            self.inside = threading.Event()
-
         def forward_batch(self, parts):
             assert not batcher.baton.locked()
             return [np.zeros(1) for _ in parts]

@@ -34,6 +34,7 @@ from .qmodel import Config, GGUFError, QuantModel
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
+KV_DTYPE = np.uint16  # keys and values as float16 bits (core/model/qattention.py widens them as it reads)
 
 
 class KVCache:
@@ -47,9 +48,9 @@ class KVCache:
         self.length = 0
         self.reused = 0  # entries copied from a prefix cache when it was made (the rest were prefilled)
         capacity = -(-capacity // 16) * 16
-        self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=np.uint16)
+        self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=KV_DTYPE)
                      for _ in range(config.layers)]
-        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=np.uint16)
+        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=KV_DTYPE)
                        for _ in range(config.layers)]
         self._lists()
 
@@ -57,6 +58,11 @@ class KVCache:
         import numba
 
         self.key_list, self.value_list = numba.typed.List(self.keys), numba.typed.List(self.values)
+
+    @staticmethod
+    def bytes_per_token(config: Config) -> int:
+        """What one position's keys and values take, over all layers."""
+        return config.layers * 2 * config.kv_heads * config.head_dim * np.dtype(KV_DTYPE).itemsize
 
     @property
     def capacity(self) -> int:
@@ -68,8 +74,8 @@ class KVCache:
         size = -(-max(n, 2 * self.capacity) // 16) * 16
         tiles = -(-self.length // 16)
         for i in range(len(self.keys)):
-            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=np.uint16)
-            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=np.uint16)
+            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=KV_DTYPE)
+            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=KV_DTYPE)
             keys[:, :tiles] = self.keys[i][:, :tiles]
             values[:, : self.length] = self.values[i][:, : self.length]
             self.keys[i], self.values[i] = keys, values
@@ -103,6 +109,19 @@ def prefill(model: QuantModel, kv: KVCache, tokens: Sequence[int]) -> None:
         model.forward(*part)
 
 
+def run_steps(steps: Generator[tuple[Any, ...], None, Any], run: Callable[[tuple[Any, ...]], Any]) -> Any:
+    """Run each pass a steps generator (prefill_steps, start_steps) asks for with `run` (one
+    QuantModel.forward, or a batched server's shared pass), before the next is asked for; what
+    the generator returns."""
+    try:
+        part = next(steps)
+        while True:
+            run(part)
+            part = next(steps)
+    except StopIteration as done:
+        return done.value
+
+
 def prefill_parts(kv: KVCache, tokens: Sequence[int]) -> Iterator[tuple[Any, ...]]:
     """The passes that append `tokens` to `kv`, PREFILL_CHUNK at a time, each chunk causal, as
     QuantModel.forward_batch takes them: each is run before the next is made."""
@@ -133,14 +152,7 @@ class QuantPrefixCache(PrefixCache):
     """PrefixCache for the quantized engine: stored prompts' KVCache copies."""
 
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
-        steps = self.prefill_steps(model.config, tokens)
-        try:
-            part = next(steps)
-            while True:
-                model.forward(*part)
-                part = next(steps)
-        except StopIteration as done:
-            return done.value
+        return run_steps(self.prefill_steps(model.config, tokens), lambda part: model.forward(*part))
 
     def prefill_steps(self, config: Config, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
         """`prefill` as the passes it needs (each run before the next is asked for; the batched
@@ -228,14 +240,7 @@ class QuantEngine:
         self.compile_seconds = time.perf_counter() - started
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> QuantSession:
-        steps = self.start_steps(tokens, prefix_cache)
-        try:
-            part = next(steps)
-            while True:
-                self.model.forward(*part)
-                part = next(steps)
-        except StopIteration as done:
-            return done.value
+        return run_steps(self.start_steps(tokens, prefix_cache), lambda part: self.model.forward(*part))
 
     def start_steps(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None
                     ) -> Generator[tuple[Any, ...], None, QuantSession]:

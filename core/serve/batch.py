@@ -26,8 +26,8 @@ the pass than a doubtful one, and under heavy load the pass goes to plain rows.
 from __future__ import annotations
 
 import copy
-import os
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,12 +38,13 @@ import numpy as np
 from ..cost.guard import DraftGuard
 from ..decode.stack import Stack
 from ..draft import Draft
+from ..model.qengine import KVCache, run_steps
 
 MAX_BATCH = 16  # the default cap on requests decoded together (--max-batch): past it, on CPUs, passes grow in step
-PASS_WAIT_S = 0.25
+PASS_WAIT_S = 0.25  # the worker's longest wait for a pass's parts before it looks at its queue again
 FIT_DECAY = 0.97  # the weight of a pass in the batch's cost line falls by this factor each later pass
 FIT_PASSES = 8  # passes before the line is used (the shared cost's curve until then)
-MIN_SHARED = 64  # prompt tokens a prefill in flight must share beyond the prefix cache for a new one to wait for it  # the worker's longest wait for a pass's parts before it looks at its queue again
+MIN_SHARED = 64  # prompt tokens a prefill in flight must share beyond the prefix cache for a new one to wait for it
 
 
 class Pass:
@@ -92,7 +93,6 @@ class Batcher:
         self.prefilling: dict[Member, tuple[list[int], threading.Event]] = {}  # prompts being prefilled
         self.passes = 0
         self.rows = 0  # rows of every pass, added up (tokens per pass: rows / passes)
-        self.seconds = 0.0  # in the passes, added up
         self.prefill_rows = 0
         self.guard = DraftGuard(lambda n, context: 1.0, say)  # whether drafts pay in the shared passes
         self._last: Pass | None = None
@@ -235,7 +235,6 @@ class Batcher:
         self._last = done if error is None else None
         self.passes += 1
         self.rows += rows
-        self.seconds += seconds
         self.prefill_rows += prefill
         if error is None and len(parts) > 1:
             self._fit = FIT_DECAY * self._fit + np.array([1.0, rows, seconds, rows * rows, rows * seconds])
@@ -265,14 +264,8 @@ class BatchedEngine:
         done = threading.Event()
         batcher.prefilling[member] = (tokens, done)
         try:
-            steps = self.engine.start_steps(tokens, prefix_cache)
-            try:
-                part = next(steps)
-                while True:
-                    batcher.run(member, part, prefill=True)
-                    part = next(steps)
-            except StopIteration as finished:
-                session = finished.value
+            session = run_steps(self.engine.start_steps(tokens, prefix_cache),
+                                lambda part: batcher.run(member, part, prefill=True))
         finally:
             del batcher.prefilling[member]
             done.set()
@@ -370,8 +363,7 @@ def default_max_batch(engine: Any, context: int) -> int:
     of (at most MAX_BATCH; 1 where the engine's passes are not batched)."""
     if not batchable(engine):
         return 1
-    cfg = engine.model.config
-    per_request = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 4 * max(context, 1)  # float32 keys and values
+    per_request = KVCache.bytes_per_token(engine.model.config) * max(context, 1)
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):

@@ -156,27 +156,7 @@ class Worker:
                 log.error("cannot store answered requests: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
                 self.recorder = None
         try:
-            if self.batched:
-                self._serve_batched()
-            while not self.batched:
-                try:
-                    job = self.jobs.get(timeout=0.25)
-                except queue.Empty:
-                    if self._stopping.is_set():
-                        break
-                    if self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S:
-                        self._persist()
-                    continue
-                if self._stopping.is_set():
-                    job.emit(Failed(503, "the server is shutting down"))
-                    continue
-                self._running[job] = None
-                answer = self._guarded(job, self.stack)
-                if answer is not None:
-                    self._finish(job, answer)
-                del self._running[job]  # (still there when a bug ends the thread: _run answers it)
-                if self._unsaved >= PERSIST_EVERY:
-                    self._persist()
+            (self._serve_batched if self.batched else self._serve_serial)()
         finally:
             if self._unsaved:
                 self._persist()
@@ -185,6 +165,24 @@ class Worker:
                     self.recorder.close()
                 except Exception as exc:  # noqa: BLE001
                     log.error("cannot close the store of answered requests: %s: %s", type(exc).__name__, exc)
+
+    def _serve_serial(self) -> None:
+        """One job at a time, to its end."""
+        while True:
+            try:
+                job = self.jobs.get(timeout=0.25)
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                self._persist_due(idle=True)
+                continue
+            if self._stopping.is_set():
+                job.emit(Failed(503, "the server is shutting down"))
+                continue
+            self._running[job] = None
+            self._finish(job, self._guarded(job, self.stack))
+            del self._running[job]  # (still there when a bug ends the thread: _run answers it)
+            self._persist_due()
 
     def _serve_batched(self) -> None:
         """Admit jobs up to max_batch, each on a thread of its own (core/serve/batch.py); run a pass
@@ -217,14 +215,12 @@ class Worker:
                     for job, answer in finished:
                         self._finish(job, answer)
                         del self._running[job]
-                    if self._unsaved >= PERSIST_EVERY:
-                        self._persist()
+                    self._persist_due()
             if not self._running:
                 if self._stopping.is_set() and self.jobs.empty():
                     return
-                if self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S:
-                    with batcher.baton:
-                        self._persist()
+                with batcher.baton:
+                    self._persist_due(idle=True)
 
     def _batched_request(self, job: Job, member: Member) -> None:
         """A batched job's thread: its decoding, its passes through the batcher."""
@@ -358,6 +354,13 @@ class Worker:
             job.emit(Delta(index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:]))
         return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), run.stats,
                       prediction_tokens(req.prediction_ids, tokens), logprobs)
+
+    def _persist_due(self, idle: bool = False) -> None:
+        """Persist after PERSIST_EVERY stored requests, or (`idle`: nothing being decoded) after
+        PERSIST_IDLE_S with any unsaved."""
+        if self._unsaved >= PERSIST_EVERY or (
+                idle and self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S):
+            self._persist()
 
     def _persist(self) -> None:
         self._saved_at = time.monotonic()
