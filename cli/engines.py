@@ -184,7 +184,7 @@ def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
     from specx.core.model import qkernel
     from specx.core.model.load import BUILTIN
 
-    if quantized and qkernel.vnni():
+    if quantized and qkernel.isa() == "avx512vnni":
         return "quantized", ("prior: on an AVX-512 VNNI CPU (AMD EPYC Zen 4) specx on its quantized engine ran the "
                              "built-in model at 2.49x / 2.62x llama.cpp's plain decoding, text-to-SQL 3-/0-shot "
                              "(docs/quantized.md)")

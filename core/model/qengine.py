@@ -28,7 +28,7 @@ import numpy as np
 
 from ..draft import Draft, check_draft
 from .prefix_cache import PrefixCache
-from .qkernel import vnni
+from .qkernel import ISA_NAMES, isa
 from .qmodel import Config, GGUFError, QuantModel
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
@@ -232,7 +232,7 @@ class QuantEngine:
         self.vocab_size = self.model.config.vocab
         self.context_length = self.model.context_length
         self.precision = self.model.precision
-        self.kernels = [f"quantized linear ({'AVX-512 VNNI' if vnni() else 'generic vectors'})", "row-wise attention"]
+        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})", "row-wise attention"]
         self.hit_tokens = 0
         started = time.perf_counter()
         say("compiling the quantized engine's kernels for this model (once per process)")
@@ -271,7 +271,7 @@ class QuantEngine:
 
         from .llamacpp import file_digest
 
-        return {"engine": self.name, "file": file_digest(self.path), "vnni": vnni(), "numba": version("numba")}
+        return {"engine": self.name, "file": file_digest(self.path), "isa": isa(), "numba": version("numba")}
 
     def plain(self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, *,
               prefix_cache: PrefixCache | None = None, lookup: int | None = None) -> list[int]:

@@ -11,7 +11,7 @@ Attention is core/model/qattention.py's (exact the same way); its exponentials c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..numba_cache import configure as configure_numba_cache
 
@@ -23,6 +23,7 @@ _LN2_LO = np.float32(1.428606765330187e-06)
 # Taylor terms of exp(r) for |r| <= ln(2) / 2 (relative error ~2e-7: float32's own)
 _C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
 _C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
+_ROUND = np.float32(1.5 * 2**23)
 
 
 @njit(nogil=True, cache=True)
@@ -32,7 +33,7 @@ def exp_rows(x, out, ibuf):  # pragma: no cover - compiled
     n = x.shape[0]
     for j in range(n):
         v = min(max(x[j], np.float32(-87.0)), np.float32(88.0))
-        k = np.rint(v * _LOG2E)
+        k = (v * _LOG2E + _ROUND) - _ROUND  # rint (ties to even) for |v| < 2^22: np.rint is a call
         r = (v - k * _LN2_HI) - k * _LN2_LO
         p = _C6 + r * _C7
         p = _C5 + r * p
@@ -78,17 +79,31 @@ def rope(x, positions, cos, sin, neox):  # pragma: no cover - compiled
                 x[s, h, b] = x0 * si + x1 * c
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _silu_row(gate_up, m, width, out, scratch, ibuf):  # pragma: no cover - compiled
+    for j in range(width):
+        scratch[j] = -gate_up[m, j]
+    exp_rows(scratch, scratch, ibuf)
+    for j in range(width):
+        out[m, j] = gate_up[m, j] / (np.float32(1.0) + scratch[j]) * gate_up[m, width + j]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _silu_parallel(gate_up, width, out):  # pragma: no cover - compiled
+    for m in prange(gate_up.shape[0]):
+        _silu_row(gate_up, m, width, out, np.empty(width, dtype=np.float32), np.empty(width, dtype=np.int32))
+
+
 @njit(nogil=True, cache=True)
 def silu_mul(gate_up, width, out, scratch, ibuf):  # pragma: no cover - compiled
     """out[m] = silu(g) * u for gate_up[m] = [g (width), u (width), ...]: silu(g) = g / (1 + exp(-g));
-    scratch [width] float32 and ibuf [width] int32 are exp_rows' buffers."""
-    rows = gate_up.shape[0]
-    for m in range(rows):
-        for j in range(width):
-            scratch[j] = -gate_up[m, j]
-        exp_rows(scratch, scratch, ibuf)
-        for j in range(width):
-            out[m, j] = gate_up[m, j] / (np.float32(1.0) + scratch[j]) * gate_up[m, width + j]
+    scratch [width] float32 and ibuf [width] int32 are exp_rows' buffers. A row depends on itself
+    alone: several rows go to the threads."""
+    if gate_up.shape[0] >= 4:
+        _silu_parallel(gate_up, width, out)
+    else:
+        for m in range(gate_up.shape[0]):
+            _silu_row(gate_up, m, width, out, scratch, ibuf)
 
 
 _LAYERS: dict[tuple[int, int], object] = {}

@@ -6,13 +6,23 @@ is then exact integer arithmetic, scaled once:
 
     out[m, n] += s[n] * dx[m] * (sum_k q_w[n, k] q_x[m, k] - o * sum_k q_x[m, k]) + min[n] * dx[m] * sum_k q_x[m, k]
 
-A micro-kernel (LLVM IR, like core/model/matmul.py's) holds sixteen outputs (a panel) of 1, 2, 4
-or 8 rows in vector registers for the whole of K: per 32 inputs it loads the panel's weights
-once (4 or 8 loads of 64 bytes; 4-bit values unpacked with two ands and a shift), and for each
-row runs vpdpbusd (u8 x s8 -> int32, four inputs per lane) against that row's inputs broadcast,
+A micro-kernel (LLVM IR, like core/model/matmul.py's) holds a panel's outputs (sixteen in a
+512-bit register, eight in a 256-bit one) for 1 to 8 rows in vector registers for the whole of K:
+per 32 inputs it loads the weights once (4-bit values unpacked with two ands and a shift) and for
+each row takes the integer dot products of four inputs a lane against that row's inputs broadcast,
 then one conversion and two multiply-adds. So a pass reads each weight once from memory whatever
-the rows; extra rows cost only their arithmetic. Without AVX-512 VNNI the same arithmetic runs as
-generic LLVM vector code (AVX2: pmaddwd), same results.
+the rows; extra rows cost only their arithmetic. One kernel per instruction-set family (`isa()`:
+the CPU numba compiles for, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES can name):
+
+    family       dot of four u8 x s8 inputs a lane              lanes  row tiles
+    avx512vnni   vpdpbusd zmm                                    16     8 4 2 1
+    avxvnni      vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8     4 2 1
+    avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8     4 2 1
+    generic      plain vector IR with vpdpbusd's arithmetic      16     8 4 2 1
+
+The integer sums are exact in every family (`_Dots` says why none overflows), and the float steps
+the same, so every family gives the same bits (tested). An Arm port would mirror the avx2 one with
+NEON's sdot/udot (docs/quantized.md).
 
 Batch-invariant: a row's outputs are one fixed sequence of exact integer sums and float
 multiply-adds over K in order, whatever rows are beside it, however the rows are grouped and
@@ -35,28 +45,69 @@ from .quant import BLOCK, PANEL, Format, Packed
 configure_numba_cache()  # before any kernel here is decorated
 
 ROW_CHUNK = 64  # rows per kernel call: a chunk's quantized inputs stay in L2 while the panels stream
-_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_I8, _I16, _I32, _I64, _F32 = (ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64),
+                                    ir.FloatType())
 _V16I32, _V16F32 = ir.VectorType(_I32, PANEL), ir.VectorType(_F32, PANEL)
+
+# The instruction-set families the kernel is written for: vector lanes (output features a register
+# holds: a 512-bit vector or half a panel in a 256-bit one) and the row tiles (rows held in registers
+# at once: 32 zmm registers take 8, 16 ymm registers 4).
+ISAS = ("avx512vnni", "avxvnni", "avx2", "generic")
+LANES = {"avx512vnni": 16, "avxvnni": 8, "avx2": 8, "generic": 16}
+ROW_TILES = {"avx512vnni": (8, 4, 2, 1), "avxvnni": (4, 2, 1), "avx2": (4, 2, 1), "generic": (8, 4, 2, 1)}
+ISA_NAMES = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2", "generic": "generic vectors"}
+# LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) -> their family
+_NAMED_CPUS = {
+    **dict.fromkeys(("haswell", "broadwell", "skylake", "skylake-avx512", "znver1", "znver2", "znver3"), "avx2"),
+    **dict.fromkeys(("alderlake", "raptorlake", "meteorlake", "arrowlake", "gracemont", "sierraforest"), "avxvnni"),
+    **dict.fromkeys(("icelake-client", "icelake-server", "tigerlake", "rocketlake", "cascadelake", "cooperlake",
+                     "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"), "avx512vnni"),
+}
+
+
+def family(features: set[str] | frozenset[str]) -> str:
+    """The kernel family for LLVM feature names ({"avx2", "avxvnni", ...})."""
+    if "avx512vnni" in features:
+        return "avx512vnni"
+    if "avxvnni" in features:
+        return "avxvnni"
+    return "avx2" if "avx2" in features else "generic"
 
 
 @functools.lru_cache(maxsize=None)
-def vnni() -> bool:
-    """Whether numba compiles for a CPU with AVX-512 VNNI (NUMBA_CPU_NAME/FEATURES can say no)."""
+def isa() -> str:
+    """The kernel family numba compiles for: the host CPU's, or the one NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES name (how the tests compile every family on any machine)."""
+    from llvmlite import binding
     from numba.core import config
+
+    if config.CPU_FEATURES:
+        return family({f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")})
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return _NAMED_CPUS.get(config.CPU_NAME, "generic")
+    return family({name for name, on in binding.get_host_cpu_features().items() if on})
+
+
+def runs_here(name: str) -> bool:
+    """Whether this machine executes family `name`'s instructions (compiling them needs no CPU)."""
     from llvmlite import binding
 
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        features = config.CPU_FEATURES or ""
-        return "+avx512vnni" in features.split(",")
-    if config.CPU_FEATURES:
-        return "+avx512vnni" in config.CPU_FEATURES.split(",")
-    return bool(binding.get_host_cpu_features().get("avx512vnni", False))
+    have = {f for f, on in binding.get_host_cpu_features().items() if on}
+    return {"avx512vnni": "avx512vnni" in have and "avx512vl" in have,
+            "avxvnni": "avxvnni" in have or {"avx512vnni", "avx512vl"} <= have,
+            "avx2": "avx2" in have, "generic": True}[name]
 
 
-def fma16(builder: ir.IRBuilder) -> Any:
-    """llvm.fma on sixteen float32 lanes, declared in the builder's module (every kernel here and
+def vnni() -> bool:
+    """Whether the kernel's dot products are one instruction (vpdpbusd, 512- or 256-bit)."""
+    return isa() in ("avx512vnni", "avxvnni")
+
+
+def fma16(builder: ir.IRBuilder, lanes: int = PANEL) -> Any:
+    """llvm.fma on `lanes` float32 lanes, declared in the builder's module (every kernel here and
     core/model/qattention.py's)."""
-    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(_V16F32, [_V16F32] * 3))
+    vec = ir.VectorType(_F32, lanes)
+    return builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
 
 
 def load_halves(builder: ir.IRBuilder, base: Any, index: Any) -> Any:
@@ -87,56 +138,134 @@ def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
 def _dot4_generic(builder: ir.IRBuilder, acc: Any, w: Any, x: Any) -> Any:
     """acc[i] + sum_j<4 u8(w)[4i + j] * s8(x)[4i + j] in plain vector IR (vpdpbusd's arithmetic):
     products fit int16, pairs are summed as pmaddwd does, then pairs of pairs."""
-    v64i8, v64i16, v32i32 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 64), ir.VectorType(_I32, 32)
-    a = builder.zext(builder.bitcast(w, v64i8), v64i16)
-    b = builder.sext(builder.bitcast(x, v64i8), v64i16)
-    undef = ir.Constant(v64i16, ir.Undefined)
+    lanes = acc.type.count
+    vi8, vi16, vpairs = (ir.VectorType(_I8, 4 * lanes), ir.VectorType(_I16, 4 * lanes),
+                         ir.VectorType(_I32, 2 * lanes))
+    a = builder.zext(builder.bitcast(w, vi8), vi16)
+    b = builder.sext(builder.bitcast(x, vi8), vi16)
+    undef = ir.Constant(vi16, ir.Undefined)
     pick = lambda v, start: builder.shuffle_vector(  # noqa: E731
-        v, undef, ir.Constant(ir.VectorType(_I32, 32), list(range(start, 64, 2))))
-    pairs = builder.add(builder.mul(builder.sext(pick(a, 0), v32i32), builder.sext(pick(b, 0), v32i32)),
-                        builder.mul(builder.sext(pick(a, 1), v32i32), builder.sext(pick(b, 1), v32i32)))
-    undef32 = ir.Constant(v32i32, ir.Undefined)
-    even = builder.shuffle_vector(pairs, undef32, ir.Constant(ir.VectorType(_I32, 16), list(range(0, 32, 2))))
-    odd = builder.shuffle_vector(pairs, undef32, ir.Constant(ir.VectorType(_I32, 16), list(range(1, 32, 2))))
+        v, undef, ir.Constant(ir.VectorType(_I32, 2 * lanes), list(range(start, 4 * lanes, 2))))
+    pairs = builder.add(builder.mul(builder.sext(pick(a, 0), vpairs), builder.sext(pick(b, 0), vpairs)),
+                        builder.mul(builder.sext(pick(a, 1), vpairs), builder.sext(pick(b, 1), vpairs)))
+    undef32 = ir.Constant(vpairs, ir.Undefined)
+    even = builder.shuffle_vector(pairs, undef32, ir.Constant(ir.VectorType(_I32, lanes), list(range(0, 2 * lanes, 2))))
+    odd = builder.shuffle_vector(pairs, undef32, ir.Constant(ir.VectorType(_I32, lanes), list(range(1, 2 * lanes, 2))))
     return builder.add(acc, builder.add(even, odd))
 
 
-def _tile(rows: int, fmt: Format, use_vnni: bool) -> Any:
-    """An LLVM-IR micro-kernel: out[r0 + m, 16 p : 16 p + 16] = the rows r0..r0+rows-1 of the
-    quantized inputs against panel p of a Packed weight of format `fmt`, over all of K."""
+class _Dots:
+    """The integer dot products of one sub-block: sum over its groups g of u8(w_g) x s8(x_g), four
+    inputs a lane, as the family computes them. Exact integers in every family (no sum can
+    overflow), so all of them give the same bits.
+
+    - avx512vnni / avxvnni: vpdpbusd per group (512- or 256-bit).
+    - avx2: vpmaddubsw (u8 x s8 -> pairs summed in int16) then vpmaddwd with ones (-> int32), as
+      ggml's AVX2 dots. 4-bit weights (<= 15) sum a whole sub-block in int16 (8 x 2 x 15 x 127 <
+      32767), 6-bit ones (<= 63) two groups, 8-bit ones one. Q8_0's unsigned q = w + 128 would
+      saturate vpmaddubsw: the sign trick (|w| u8 times x with w's sign, as llama.cpp's Q8_0 dot)
+      gives sum w x itself, so the offset correction is left out (`signed_dot`).
+    - generic: plain vector IR with vpdpbusd's arithmetic."""
+
+    def __init__(self, builder: ir.IRBuilder, fmt: Format, isa_name: str, lanes: int) -> None:
+        self.b, self.fmt, self.isa, self.lanes = builder, fmt, isa_name, lanes
+        self.vi32 = ir.VectorType(_I32, lanes)
+        self.vi8 = ir.VectorType(_I8, 4 * lanes)
+        self.vi16 = ir.VectorType(_I16, 2 * lanes)
+        self.signed_dot = isa_name == "avx2" and fmt.bits == 8
+        module = builder.module
+        if isa_name in ("avx512vnni", "avxvnni"):
+            self.dpbusd = module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}",
+                                                   fnty=ir.FunctionType(self.vi32, [self.vi32] * 3))
+        elif isa_name == "avx2":
+            self.maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw",
+                                                    fnty=ir.FunctionType(self.vi16, [self.vi8, self.vi8]))
+            self.madd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd",
+                                                 fnty=ir.FunctionType(self.vi32, [self.vi16, self.vi16]))
+            self.ones = ir.Constant(self.vi16, [1] * (2 * lanes))
+
+    def prepare(self, weights: list[Any]) -> list[Any]:
+        """Per-block work on the weights shared by every row: Q8_0 on AVX2 as (|w|, w) pairs."""
+        if not self.signed_dot:
+            return weights
+        b = self.b
+        flip = ir.Constant(self.vi8, [-128] * (4 * self.lanes))
+        out = []
+        for w in weights:
+            signed = b.xor(b.bitcast(w, self.vi8), flip)
+            negative = b.icmp_signed("<", signed, ir.Constant(self.vi8, None))
+            out.append((b.select(negative, b.sub(ir.Constant(self.vi8, None), signed), signed), negative))
+        return out
+
+    def dot(self, weights: list[Any], xs: list[Any]) -> Any:
+        """<lanes x i32>: the dot of the sub-block's weights (prepared) with its x words (splat)."""
+        b = self.b
+        zero = ir.Constant(self.vi32, None)
+        if self.isa in ("avx512vnni", "avxvnni"):
+            acc = zero
+            for w, x in zip(weights, xs):
+                acc = b.call(self.dpbusd, [acc, w, x])
+            return acc
+        if self.isa == "generic":
+            acc = zero
+            for w, x in zip(weights, xs):
+                acc = _dot4_generic(b, acc, w, x)
+            return acc
+        products = []
+        for w, x in zip(weights, xs):
+            x8 = b.bitcast(x, self.vi8)
+            if self.signed_dot:
+                (magnitude, negative) = w
+                x8 = b.select(negative, b.sub(ir.Constant(self.vi8, None), x8), x8)
+                products.append(b.call(self.maddubs, [magnitude, x8]))
+            else:
+                products.append(b.call(self.maddubs, [b.bitcast(w, self.vi8), x8]))
+        per = {4: len(products), 6: 2, 8: 1}[self.fmt.bits]  # products summed in int16 before widening
+        acc = None
+        for i in range(0, len(products), per):
+            s16 = products[i]
+            for p in products[i + 1 : i + per]:
+                s16 = b.add(s16, p)
+            wide = b.call(self.madd, [s16, self.ones])
+            acc = wide if acc is None else b.add(acc, wide)
+        return acc
+
+
+def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
+    """An LLVM-IR micro-kernel: out[r0 + m, 16 p + lane0 : 16 p + lane0 + L] = the rows
+    r0..r0+rows-1 of the quantized inputs against L outputs (LANES[isa_name]) of panel p of a
+    Packed weight of format `fmt`, over all of K."""
     groups_per_sub = fmt.sub // 4  # groups of four inputs per scale
     subs = BLOCK // fmt.sub  # scales per block of 32
+    lanes = LANES[isa_name]
+    vi32, vf32 = ir.VectorType(_I32, lanes), ir.VectorType(_F32, lanes)
 
     @intrinsic
-    def tile(typingctx, values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, p, r0):  # pragma: no cover - compiled
+    def tile(typingctx, values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, p, r0, lane0):  # pragma: no cover
         def codegen(context, builder, signature, args):
             arrs = [context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:10], args[:10])]
             vd, sd, md, kdd, kmd, xwd, dxd, sxd, xsd, od = (a.data for a in arrs)
-            p_, r0_ = args[10], args[11]
+            p_, r0_, lane0_ = args[10], args[11], args[12]
             nb = builder.extract_value(arrs[0].shape, 1)  # blocks of 32 along K
             m_dim = builder.extract_value(arrs[5].shape, 1)  # rows of the quantized inputs
             n_out = builder.extract_value(arrs[9].shape, 1)
             const = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            fma = fma16(builder)
-            if use_vnni:
-                dpbusd = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
-                                                          fnty=ir.FunctionType(_V16I32, [_V16I32] * 3))
-                dot4 = lambda acc, w, x: builder.call(dpbusd, [acc, w, x])  # noqa: E731
-            else:
-                dot4 = lambda acc, w, x: _dot4_generic(builder, acc, w, x)  # noqa: E731
+            fma = fma16(builder, lanes)
+            dots = _Dots(builder, fmt, isa_name, lanes)
             vec_at = lambda ptr, idx, vec: builder.load(  # noqa: E731
                 builder.bitcast(builder.gep(ptr, [idx]), vec.as_pointer()), align=1)
-            v16i8, v16i16 = ir.VectorType(_I8, PANEL), ir.VectorType(_I16, PANEL)
-            v16half = ir.VectorType(ir.HalfType(), PANEL)
+            vi8, vi16 = ir.VectorType(_I8, lanes), ir.VectorType(_I16, lanes)
+            vhalf = ir.VectorType(ir.HalfType(), lanes)
+            lane_bytes = builder.mul(lane0_, const(4))  # this tile's lanes within a 64-byte group
 
-            def f16_vector(ptr: Any, index: Any) -> Any:  # 16 float16 at byte 32 * index
-                raw = vec_at(ptr, builder.mul(index, const(32)), v16i16)
-                return builder.fpext(builder.bitcast(raw, v16half), _V16F32)
+            def f16_vector(ptr: Any, index: Any) -> Any:  # L float16 at byte 32 * index + 2 * lane0
+                raw = vec_at(ptr, builder.add(builder.mul(index, const(32)), builder.mul(lane0_, const(2))), vi16)
+                return builder.fpext(builder.bitcast(raw, vhalf), vf32)
 
-            def k_vector(ptr: Any, index: Any, signed: bool, d: Any) -> Any:  # 16 integers at byte 16 * index, times d
-                raw = vec_at(ptr, builder.mul(index, const(16)), v16i8)
-                wide = builder.sext(raw, _V16I32) if signed else builder.zext(raw, _V16I32)
-                return builder.fmul(d, builder.sitofp(wide, _V16F32))
+            def k_vector(ptr: Any, index: Any, signed: bool, d: Any) -> Any:  # L integers at byte 16 index + lane0, times d
+                raw = vec_at(ptr, builder.add(builder.mul(index, const(16)), lane0_), vi8)
+                wide = builder.sext(raw, vi32) if signed else builder.zext(raw, vi32)
+                return builder.fmul(d, builder.sitofp(wide, vf32))
 
             row = [builder.add(r0_, const(m)) for m in range(rows)]
             entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
@@ -144,64 +273,63 @@ def _tile(rows: int, fmt: Format, use_vnni: bool) -> Any:
             builder.position_at_end(loop)
             b = builder.phi(_I64)
             b.add_incoming(const(0), entry)
-            acc = [builder.phi(_V16F32) for _ in range(rows)]
+            acc = [builder.phi(vf32) for _ in range(rows)]
             for a in acc:
-                a.add_incoming(ir.Constant(_V16F32, None), entry)
+                a.add_incoming(ir.Constant(vf32, None), entry)
             pb = builder.add(builder.mul(p_, nb), b)  # (panel, block) index
-            base = builder.mul(pb, const(fmt.block_bytes))
-            weights: list[Any] = [None] * 8  # 8 groups of four inputs for sixteen outputs, <16 x i32>
+            base = builder.add(builder.mul(pb, const(fmt.block_bytes)), lane_bytes)
+            weights: list[Any] = [None] * 8  # 8 groups of four inputs for L outputs, <L x i32>
             if fmt.bits == 8:
                 for g in range(8):
-                    weights[g] = vec_at(vd, builder.add(base, const(64 * g)), _V16I32)
+                    weights[g] = vec_at(vd, builder.add(base, const(64 * g)), vi32)
             else:
-                low = ir.Constant(_V16I32, [0x0F0F0F0F] * PANEL)
+                low = ir.Constant(vi32, [0x0F0F0F0F] * lanes)
                 for t in range(4):
-                    both = vec_at(vd, builder.add(base, const(64 * t)), _V16I32)
+                    both = vec_at(vd, builder.add(base, const(64 * t)), vi32)
                     weights[t] = builder.and_(both, low)
-                    weights[t + 4] = builder.and_(builder.lshr(both, ir.Constant(_V16I32, [4] * PANEL)), low)
+                    weights[t + 4] = builder.and_(builder.lshr(both, ir.Constant(vi32, [4] * lanes)), low)
                 if fmt.bits == 6:
-                    two = ir.Constant(_V16I32, [0x03030303] * PANEL)
+                    two = ir.Constant(vi32, [0x03030303] * lanes)
                     for u in range(2):
-                        high = vec_at(vd, builder.add(base, const(256 + 64 * u)), _V16I32)
+                        high = vec_at(vd, builder.add(base, const(256 + 64 * u)), vi32)
                         for i in range(4):
-                            bits = builder.and_(builder.lshr(high, ir.Constant(_V16I32, [2 * i] * PANEL)), two)
+                            bits = builder.and_(builder.lshr(high, ir.Constant(vi32, [2 * i] * lanes)), two)
                             weights[4 * u + i] = builder.or_(weights[4 * u + i],
-                                                             builder.shl(bits, ir.Constant(_V16I32, [4] * PANEL)))
+                                                             builder.shl(bits, ir.Constant(vi32, [4] * lanes)))
+            weights = dots.prepare(weights)
             d256 = dmin256 = None
-            if fmt.scale == "k":  # the 256-block's float32 d (and dmin) for sixteen outputs
+            if fmt.scale == "k":  # the 256-block's float32 d (and dmin) for L outputs
                 k256 = builder.add(builder.mul(p_, builder.udiv(nb, const(8))), builder.udiv(b, const(8)))
-                d256 = vec_at(kdd, builder.mul(k256, const(PANEL)), _V16F32)
+                at = builder.add(builder.mul(k256, const(PANEL)), lane0_)
+                d256 = vec_at(kdd, at, vf32)
                 if fmt.has_min:
-                    dmin256 = vec_at(kmd, builder.mul(k256, const(PANEL)), _V16F32)
+                    dmin256 = vec_at(kmd, at, vf32)
             new = list(acc)
-            zero = ir.Constant(_V16I32, None)
             for s in range(subs):
                 sub = builder.add(builder.mul(pb, const(subs)), const(s))  # (panel, sub-block) index
                 scale = (f16_vector(sd, sub) if fmt.scale == "f16" else k_vector(sd, sub, fmt.signed, d256))
+                group_ids = range(s * groups_per_sub, (s + 1) * groups_per_sub)
                 for m in range(rows):
-                    dot = zero
-                    for g in range(s * groups_per_sub, (s + 1) * groups_per_sub):
-                        xg = builder.load(builder.gep(xwd, [builder.add(builder.mul(builder.add(
-                            builder.mul(b, const(8)), const(g)), m_dim), row[m])]))
-                        dot = dot4(dot, weights[g], splat(builder, xg, _V16I32))
-                    if fmt.offset:
+                    xs_m = [splat(builder, builder.load(builder.gep(xwd, [builder.add(builder.mul(builder.add(
+                        builder.mul(b, const(8)), const(g)), m_dim), row[m])])), vi32) for g in group_ids]
+                    dot = dots.dot([weights[g] for g in group_ids], xs_m)
+                    if fmt.offset and not dots.signed_dot:
                         # sums of the row's quantized inputs per 16: sx[2 b + h] for the halves in this sub-block
                         total = None
                         for h in ((s,) if fmt.sub == 16 else (0, 1)):
                             idx = builder.add(builder.mul(builder.add(builder.mul(b, const(2)), const(h)), m_dim), row[m])
                             v = builder.load(builder.gep(sxd, [idx]))
                             total = v if total is None else builder.add(total, v)
-                        dot = builder.sub(dot, splat(builder, builder.mul(total, ir.Constant(_I32, fmt.offset)),
-                                                      _V16I32))
+                        dot = builder.sub(dot, splat(builder, builder.mul(total, ir.Constant(_I32, fmt.offset)), vi32))
                     d_row = builder.load(builder.gep(dxd, [builder.add(builder.mul(b, m_dim), row[m])]))
-                    scaled = builder.fmul(scale, splat(builder, d_row, _V16F32))
-                    new[m] = builder.call(fma, [builder.sitofp(dot, _V16F32), scaled, new[m]])
+                    scaled = builder.fmul(scale, splat(builder, d_row, vf32))
+                    new[m] = builder.call(fma, [builder.sitofp(dot, vf32), scaled, new[m]])
             if fmt.has_min:
                 mins_v = (f16_vector(md, pb) if fmt.scale == "f16"
                           else builder.fneg(k_vector(md, pb, False, dmin256)))
                 for m in range(rows):
                     xs_row = builder.load(builder.gep(xsd, [builder.add(builder.mul(b, m_dim), row[m])]))
-                    new[m] = builder.call(fma, [mins_v, splat(builder, xs_row, _V16F32), new[m]])
+                    new[m] = builder.call(fma, [mins_v, splat(builder, xs_row, vf32), new[m]])
             b_next = builder.add(b, const(1))
             b.add_incoming(b_next, builder.block)
             for a, v in zip(acc, new):
@@ -209,54 +337,61 @@ def _tile(rows: int, fmt: Format, use_vnni: bool) -> Any:
             builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
             builder.position_at_end(done)
             for m in range(rows):
-                at = builder.add(builder.mul(row[m], n_out), builder.mul(p_, const(PANEL)))
-                builder.store(new[m], builder.bitcast(builder.gep(od, [at]), _V16F32.as_pointer()), align=4)
+                at = builder.add(builder.add(builder.mul(row[m], n_out), builder.mul(p_, const(PANEL))), lane0_)
+                builder.store(new[m], builder.bitcast(builder.gep(od, [at]), vf32.as_pointer()), align=4)
             return context.get_dummy_value()
 
-        return types.void(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, p, r0), codegen
+        return types.void(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, p, r0, lane0), codegen
 
     return tile
 
 
-def _driver(fmt: Format, use_vnni: bool) -> Any:
-    t8, t4, t2, t1 = (_tile(r, fmt, use_vnni) for r in (8, 4, 2, 1))
+def _driver(fmt: Format, isa_name: str) -> Any:
+    sizes = ROW_TILES[isa_name] + (1,) * (4 - len(ROW_TILES[isa_name]))  # (big, mid, small, 1)
+    big, mid, small = sizes[0], sizes[1], sizes[2]
+    tb, tm, ts, t1 = (_tile(r, fmt, isa_name) for r in sizes)
+    lanes = LANES[isa_name]
+    halves = PANEL // lanes
 
     @njit(parallel=True, nogil=True)
     def run(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out):  # pragma: no cover - compiled
         rows = xw.shape[1]
-        for p in prange(values.shape[0]):  # panels, split between the threads
-            pp = np.int64(p)
+        for job in prange(values.shape[0] * halves):  # (panel, lanes) pairs, split between the threads
+            pp = np.int64(job // halves)
+            l0 = np.int64(job % halves * lanes)
             r = 0
-            while r + 8 <= rows:
-                t8(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r))
-                r += 8
-            if r + 4 <= rows:
-                t4(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r))
-                r += 4
-            if r + 2 <= rows:
-                t2(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r))
-                r += 2
-            if r < rows:
-                t1(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r))
+            while r + big <= rows:
+                tb(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += big
+            if mid < big and r + mid <= rows:
+                tm(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += mid
+            if small < mid and r + small <= rows:
+                ts(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += small
+            while r < rows:
+                t1(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += 1
 
     return run
 
 
-_DRIVERS: dict[tuple[Format, bool], Any] = {}
+_DRIVERS: dict[tuple[Format, str], Any] = {}
 
 
-def driver(fmt: Format, use_vnni: bool | None = None) -> Any:
-    """The compiled kernel for `fmt` (compiled on first use, a few seconds)."""
-    key = (fmt, vnni() if use_vnni is None else use_vnni)
+def driver(fmt: Format, isa_name: str | None = None) -> Any:
+    """The compiled kernel for `fmt` in family `isa_name` (default: the target's; compiled on first
+    use, a few seconds)."""
+    key = (fmt, isa_name or isa())
     if key not in _DRIVERS:
         _DRIVERS[key] = _driver(*key)
     return _DRIVERS[key]
 
 
-def any_driver(formats: tuple[Format, ...], use_vnni: bool | None = None) -> Any:
+def any_driver(formats: tuple[Format, ...], isa_name: str | None = None) -> Any:
     """run_any(f, values, scales, mins, kd, kdmin, xw, dx, sx, xs, out): the kernel of formats[f], callable
     from compiled code (core/model/qforward.py's layers), where a model's layers mix formats."""
-    key = (formats, vnni() if use_vnni is None else use_vnni)
+    key = (formats, isa_name or isa())
     if key not in _ANY:
         drivers = {f"d{i}": driver(fmt, key[1]) for i, fmt in enumerate(formats)}
         src = "def run_any(f, values, scales, mins, kd, kdmin, xw, dx, sx, xs, out):\n" + "".join(
@@ -267,32 +402,65 @@ def any_driver(formats: tuple[Format, ...], use_vnni: bool | None = None) -> Any
     return _ANY[key]
 
 
-_ANY: dict[tuple[tuple[Format, ...], bool], Any] = {}
+_ANY: dict[tuple[tuple[Format, ...], str], Any] = {}
+
+
+_ROUND = np.float32(1.5 * 2**23)  # (v + _ROUND) - _ROUND is rint(v), ties to even, for |v| < 2^22
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _quantize_row(x, m, q8, dx, sx, xs, block, part):  # pragma: no cover - compiled
+    """Row m of x into q8 / dx / sx / xs (Inputs' layout); `block` int32 [32] and `part` float32 [8]
+    scratch. The maximum runs in eight lanes (one chain of 32 dependent maxima was most of the
+    time) and the rounding by the float trick above (np.rint is a call numba does not inline):
+    the same values as max() in order and np.rint."""
+    k = x.shape[1]
+    for b in range(k // 32):
+        for i in range(8):
+            part[i] = abs(x[m, 32 * b + i])
+        for j in range(1, 4):
+            for i in range(8):
+                part[i] = max(part[i], abs(x[m, 32 * b + 8 * j + i]))
+        amax = max(max(max(part[0], part[1]), max(part[2], part[3])), max(max(part[4], part[5]), max(part[6], part[7])))
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if amax > 0 else np.float32(0.0)
+        for j in range(32):
+            block[j] = min(127, max(-127, np.int32((x[m, 32 * b + j] * inv + _ROUND) - _ROUND)))
+        s0, s1 = 0, 0
+        for j in range(16):
+            s0 += block[j]
+            s1 += block[16 + j]
+        for g in range(8):
+            for i in range(4):
+                q8[8 * b + g, m, i] = block[4 * g + i]
+        dx[b, m] = d
+        sx[2 * b, m] = s0
+        sx[2 * b + 1, m] = s1
+        xs[b, m] = d * np.float32(s0 + s1)
+
+
+@njit(nogil=True, cache=True)
+def _quantize_serial(x, q8, dx, sx, xs):  # pragma: no cover - compiled
+    block, part = np.empty(32, dtype=np.int32), np.empty(8, dtype=np.float32)
+    for m in range(x.shape[0]):
+        _quantize_row(x, m, q8, dx, sx, xs, block, part)
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _quantize_parallel(x, q8, dx, sx, xs):  # pragma: no cover - compiled
+    for m in prange(x.shape[0]):
+        _quantize_row(x, m, q8, dx, sx, xs, np.empty(32, dtype=np.int32), np.empty(8, dtype=np.float32))
 
 
 @njit(nogil=True, cache=True)
 def quantize_rows(x, q8, dx, sx, xs):  # pragma: no cover - compiled
-    rows, k = x.shape
-    for m in range(rows):
-        for b in range(k // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[m, 32 * b + j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if amax > 0 else np.float32(0.0)
-            s0, s1 = 0, 0
-            for j in range(32):
-                v = int(np.rint(x[m, 32 * b + j] * inv))
-                v = min(127, max(-127, v))
-                q8[8 * b + j // 4, m, j % 4] = v
-                if j < 16:
-                    s0 += v
-                else:
-                    s1 += v
-            dx[b, m] = d
-            sx[2 * b, m] = s0
-            sx[2 * b + 1, m] = s1
-            xs[b, m] = d * np.float32(s0 + s1)
+    """Each row of x [M, K] to int8 per block of 32 (d = max|x| / 127, q = rint(x / d)), its
+    scales, sums per 16 and scaled sums per 32: a row's figures depend on that row alone, so rows
+    go to the threads when there are several."""
+    if x.shape[0] >= 4:
+        _quantize_parallel(x, q8, dx, sx, xs)
+    else:
+        _quantize_serial(x, q8, dx, sx, xs)
 
 
 class Inputs:
