@@ -54,7 +54,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         raise ValueError(f"unknown drafter {drafter!r}: choose from {', '.join(DRAFTERS)}")
     engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
                                      dtype=dtype)
-    say(f"backend: {engine.name}" + (f" ({engine.precision}; kernels compiled in {engine.compile_seconds:.0f} s)"
+    say(f"backend: {engine.name}" + (f" ({engine.precision}; kernels ready in {engine.compile_seconds:.0f} s)"
                                      if hasattr(engine, "compile_seconds") else ""))
     drafter = drafter or default_drafter(engine)
     if check_template or chat_template is not None:

@@ -49,7 +49,31 @@ def configure() -> pathlib.Path:
                 digest.update(str(path.relative_to(_HERE)).encode() + b"\0" + source)
         _folder = _base() / (_prefix() + digest.hexdigest()[:16])
         config.CACHE_DIR = str(_folder)
+        _pickle_llvm_types_without_caches()
     return _folder
+
+
+def _rebuild_llvm_type(cls: type, state: dict):  # noqa: ANN205 - an llvmlite type
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
+def _pickle_llvm_types_without_caches() -> None:
+    """llvmlite's IR types remember their printed form once printed, which changes their pickle: an
+    intrinsic's definition that names a type (every kernel's does) would pickle one way before its
+    first compile and another after, and numba's cache would key the same kernel two ways (found
+    by neither). Pickled without the remembered string, a type pickles the same before and after."""
+    import copyreg
+
+    from llvmlite.ir import types as ir_types
+
+    def reduce(t):  # noqa: ANN001, ANN202
+        return _rebuild_llvm_type, (type(t), {k: v for k, v in vars(t).items() if "cached" not in k})
+
+    for cls in vars(ir_types).values():
+        if isinstance(cls, type) and issubclass(cls, ir_types.Type):
+            copyreg.pickle(cls, reduce)
 
 
 def prune() -> int:
@@ -62,3 +86,26 @@ def prune() -> int:
                 shutil.rmtree(old, ignore_errors=True)
                 removed += 1
     return removed
+
+
+def fixed(obj, key: str):  # noqa: ANN001, ANN201 - a numba dispatcher or intrinsic, returned
+    """Give a numba dispatcher or intrinsic an identity fixed by `key` instead of a random uuid.
+
+    numba keys a cached closure by a pickle of its cells, and a dispatcher or intrinsic pickles as
+    its uuid (random per process): a compiled function that reaches one through a closure (the
+    quantized engine's layers reach every kernel that way) would never be found in the cache
+    again. Named by what they compute, they pickle the same in every process, and a second start
+    loads the machine code instead of compiling it."""
+    obj._set_uuid(f"specx:{key}")
+    return obj
+
+
+def fix_module(namespace: dict, module: str) -> None:
+    """`fixed` for every numba dispatcher and intrinsic defined at the top of a module (they are
+    pickled by value with the functions that name them as globals)."""
+    from numba.core.dispatcher import Dispatcher
+    from numba.core.extending import _Intrinsic
+
+    for name, obj in list(namespace.items()):
+        if isinstance(obj, (Dispatcher, _Intrinsic)) and obj.__module__ == module:
+            fixed(obj, f"{module}.{name}")

@@ -351,3 +351,22 @@ def test_the_builtin_model_speculates_losslessly_on_its_quantized_weights(builti
     out, steps = collect(generate(engine, prompt, SuffixDrafter(), max_new_tokens=24, eos_token_ids=eos))
     assert out == want
     assert len(steps) < len(out)
+
+
+def test_a_second_process_loads_the_compiled_layers_from_numbas_cache(tmp_path):
+    """The whole pass (layers, kernels, attention: closures over generated IR) is found in numba's
+    cache by the next process: nothing of it compiles again (numba's own hit and miss counters)."""
+    model = tiny_gguf(tmp_path / "tiny.gguf", T.Q4_K)
+    code = f"""
+from specx.core.model import qforward
+from specx.core.model.qengine import QuantEngine
+QuantEngine({str(model)!r})
+layers = list(qforward._LAYERS.values())[0]
+print(len(layers.stats.cache_hits), len(layers.stats.cache_misses))
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-2000:]
+    assert runs[0].stdout.split() == ["0", "1"]  # compiled, and kept
+    assert runs[1].stdout.split() == ["1", "0"]  # found: nothing compiled

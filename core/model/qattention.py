@@ -29,6 +29,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..numba_cache import configure as configure_numba_cache
+from ..numba_cache import fixed
 from .qforward import exp_rows
 from .qkernel import fma16, load_halves, splat
 
@@ -91,7 +92,7 @@ def _scores_kernel(group: int) -> Any:
 
         return types.void(kt, g, q, out, count), codegen
 
-    return scores
+    return fixed(scores, f"qattention.scores.{group}")
 
 
 def _weighted_kernel(dim: int) -> Any:
@@ -138,7 +139,7 @@ def _weighted_kernel(dim: int) -> Any:
 
         return types.void(v, g, p, start, count, acc), codegen
 
-    return weighted
+    return fixed(weighted, f"qattention.weighted.{dim}")
 
 
 def _pad(n: int) -> int:  # pragma: no cover - compiled (inlined into the kernels)
@@ -160,7 +161,8 @@ def attention(group: int, dim: int) -> Any:
     key = (group, dim)
     if key in _ATTEND:
         return _ATTEND[key]
-    scores_fn, weighted_fn, pad = _scores_kernel(group), _weighted_kernel(dim), njit(inline="always")(_pad)
+    scores_fn, weighted_fn = _scores_kernel(group), _weighted_kernel(dim)
+    pad = fixed(njit(inline="always")(_pad), f"qattention.pad.{group}.{dim}")
 
     @njit(nogil=True)
     def one(q, keys, values, n_cached, allowed, first, s, g, scale, out):  # pragma: no cover - compiled
@@ -242,5 +244,6 @@ def attention(group: int, dim: int) -> Any:
             one(q, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], starts[sq], local % rows,
                 local // rows, scale, out)
 
-    _ATTEND[key] = attend
+    fixed(one, f"qattention.one.{group}.{dim}")
+    _ATTEND[key] = fixed(attend, f"qattention.attend.{group}.{dim}")
     return attend

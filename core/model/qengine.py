@@ -235,8 +235,9 @@ class QuantEngine:
         self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})", "row-wise attention"]
         self.hit_tokens = 0
         started = time.perf_counter()
-        say("compiling the quantized engine's kernels for this model (once per process)")
-        prefill(self.model, KVCache(self.model.config, 16), [0])  # compiles every kernel the passes run
+        say(f"quantized engine: {ISA_NAMES[isa()]} kernels for this model (compiled once per CPU and formats, "
+            "then read from numba's cache)")
+        prefill(self.model, KVCache(self.model.config, 16), [0])  # compiles (or loads) every kernel the passes run
         self.compile_seconds = time.perf_counter() - started
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> QuantSession:

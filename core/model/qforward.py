@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..numba_cache import configure as configure_numba_cache
+from ..numba_cache import fix_module, fixed
 
 configure_numba_cache()
 
@@ -127,7 +128,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
         return _LAYERS[key]
     from .qkernel import ROW_CHUNK, quantize_rows, to_half
 
-    @njit(nogil=True)
+    @njit(nogil=True, cache=True)
     def project(h, mats, start, end, dest):  # pragma: no cover - compiled
         rows, k = h.shape
         for r0 in range(0, rows, ROW_CHUNK):
@@ -147,7 +148,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                 dest[r0:r1, col : col + n] = out[:, :n]
                 col += n
 
-    @njit(nogil=True)
+    @njit(nogil=True, cache=True)
     def layers(x, positions, starts, alloweds, n0s, mats, groups, norms, biases, has_bias, keys, values, cos, sin,
                neox, eps, scale, heads, kv_heads, head_dim, ffn):  # pragma: no cover - compiled
         rows, width = x.shape
@@ -199,5 +200,10 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
                     x[s, j] = x[s, j] + proj[s, j]
         return x
 
-    _LAYERS[key] = layers
+    # named by what they call, so that numba's cache finds them again in the next process
+    fixed(project, f"qforward.project.{run_any._uuid}")
+    _LAYERS[key] = fixed(layers, f"qforward.layers.{run_any._uuid}.{attend._uuid}")
     return layers
+
+
+fix_module(globals(), __name__)

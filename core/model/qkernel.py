@@ -40,6 +40,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..numba_cache import configure as configure_numba_cache
+from ..numba_cache import fix_module, fixed
 from .quant import BLOCK, PANEL, Format, Packed
 
 configure_numba_cache()  # before any kernel here is decorated
@@ -343,7 +344,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
 
         return types.void(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, p, r0, lane0), codegen
 
-    return tile
+    return fixed(tile, f"qkernel.tile.{rows}.{fmt}.{isa_name}")
 
 
 def _driver(fmt: Format, isa_name: str) -> Any:
@@ -353,7 +354,7 @@ def _driver(fmt: Format, isa_name: str) -> Any:
     lanes = LANES[isa_name]
     halves = PANEL // lanes
 
-    @njit(parallel=True, nogil=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def run(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out):  # pragma: no cover - compiled
         rows = xw.shape[1]
         for job in prange(values.shape[0] * halves):  # (panel, lanes) pairs, split between the threads
@@ -373,7 +374,7 @@ def _driver(fmt: Format, isa_name: str) -> Any:
                 t1(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
                 r += 1
 
-    return run
+    return fixed(run, f"qkernel.driver.{fmt}.{isa_name}")
 
 
 _DRIVERS: dict[tuple[Format, str], Any] = {}
@@ -398,7 +399,7 @@ def any_driver(formats: tuple[Format, ...], isa_name: str | None = None) -> Any:
             f"    {'if' if i == 0 else 'elif'} f == {i}:\n        d{i}(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out)\n"
             for i in range(len(formats)))
         exec(compile(src, "<specx any_driver>", "exec"), drivers)  # noqa: S102 - generated from the format list only
-        _ANY[key] = njit(nogil=True)(drivers["run_any"])
+        _ANY[key] = fixed(njit(nogil=True)(drivers["run_any"]), f"qkernel.any.{key[0]}.{key[1]}")
     return _ANY[key]
 
 
@@ -503,3 +504,6 @@ def qmatmul(inputs: Inputs, weight: Packed, out: np.ndarray | None = None) -> np
 def linear(x: np.ndarray, weight: Packed) -> np.ndarray:
     """x [M, K] @ W.T -> [M, N] float32 (W a Packed weight)."""
     return qmatmul(Inputs(x), weight)[:, : weight.n]
+
+
+fix_module(globals(), __name__)
