@@ -169,8 +169,8 @@ def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:
 
 
 def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
-    """Whether specx's quantized engine (core/model/qengine.py) runs the GGUF at `path`; when not, says why."""
-    from specx.core.model.qmodel import unsupported
+    """Whether specx's quantized engine (core/model/quantized/engine.py) runs the GGUF at `path`; when not, says why."""
+    from specx.core.model.quantized.model import unsupported
 
     why = unsupported(path)
     if why:
@@ -181,7 +181,7 @@ def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> b
 def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
     """The engine before any trial here, and why (the shipped measurements); `quantized`: the
     quantized engine runs the model's file (quantized_runs said so)."""
-    from specx.core.model import qkernel
+    from specx.core.model.quantized import kernel as qkernel
     from specx.core.model.load import BUILTIN
 
     if quantized and qkernel.isa() == "avx512vnni":

@@ -19,9 +19,12 @@ from .engines import (choice_key, gguf_file, kept_path, llama_verdict, quantized
                       write_kept)
 from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
 
-TRIAL_PROMPT_TOKENS = 768  # each trial prompt's last tokens: prefill counted, the trial bounded in time
-TRIAL_REQUESTS = 4  # prompts per trial (the first untimed)
+TRIAL_PROMPT_TOKENS = 768  # a conversation's first prompt: its last tokens (later calls keep the same start)
+TRIAL_PROMPT_LIMIT = 2048  # a conversation's calls are replayed while their prompts stay within this
+TRIAL_CALLS_PER_CONVERSATION = 3
+TRIAL_REQUESTS = 6  # calls per trial (the first untimed)
 TRIAL_MAX_TOKENS = 48
+PREFIX_CACHE_TOKENS = 8192  # as `specx serve`'s default --prefix-cache-tokens
 
 # Prompts for a trial when the store has none of its own: agent-like, their answers repeat the prompt
 # (a schema's names, earlier SQL, a JSON shape), as agents' outputs do.
@@ -48,10 +51,13 @@ def engines_cmd(
 ) -> None:
     """Measure which engine runs specx fastest for this model on this machine, and keep the choice.
 
-    Proves llama.cpp in a child process first (a native crash never takes specx down), then runs
-    the store's latest prompts (cut to their last 768 tokens; built-in agent-like prompts when the
-    store has none) through specx on each engine that can hold the model and through llama.cpp's
-    plain decoding, taking turns request by request, whole requests timed (prefill included).
+    Proves llama.cpp in a child process first (a native crash never takes specx down), then replays
+    the store's latest conversations as an agent sends them: consecutive calls of one conversation
+    (up to 3 each, the first prompt cut to its last 768 tokens and the later ones from the same
+    start, up to 2048), each engine with the prefix cache `specx serve` keeps (llama.cpp reusing
+    its last prompt's start), through specx on each engine that can hold the model and through
+    llama.cpp's plain decoding, taking turns request by request, whole requests timed (prefill
+    included; built-in agent-like prompts when the store has none).
     `--backend auto` in serve, generate and replay uses the choice from then on; `specx serve`
     runs this in the background when no choice was made here.
 
@@ -96,8 +102,9 @@ def engines_cmd(
         raise ModelError(f"no engine can run {model} here")
     tok = load_tokenizer(model, specx_home() / "models")
     global_index, prompts, source = _trial_prompts(tok, store_path(db), requests)
-    say(f"trial: {len(prompts)} prompts ({source}; {sum(map(len, prompts)):,} tokens, the first untimed), "
-        f"at most {max_tokens} tokens each, on {', '.join(engines)}")
+    shared = sum(_common(a, b) for a, b in zip(prompts, prompts[1:]))
+    say(f"trial: {len(prompts)} prompts ({source}; {sum(map(len, prompts)):,} tokens, {shared:,} of them the start "
+        f"of the call before; the first untimed), at most {max_tokens} tokens each, on {', '.join(engines)}")
     eos = tok.eos_token_id
     runners, costs = {}, []
     for engine in engines:
@@ -106,9 +113,10 @@ def engines_cmd(
         costs.append(cost)
         drafter = SuffixDrafter(global_index)
         threads = net.thread_tuner(say)
-        runners[specx_method(engine)] = (lambda net, drafter, cost, threads: lambda prompt: timed(generate(
+        cache = net.new_prefix_cache(PREFIX_CACHE_TOKENS)
+        runners[specx_method(engine)] = (lambda net, drafter, cost, threads, cache: lambda prompt: timed(generate(
             net, prompt, drafter, max_new_tokens=max_tokens, eos_token_ids=eos, cost=cost, threads=threads,
-            learn=False), collect))(net, drafter, cost, threads)
+            learn=False, prefix_cache=cache), collect))(net, drafter, cost, threads, cache)
     if "llama.cpp" in engines:
         runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
     with output.progress() as bar:
@@ -178,8 +186,8 @@ def trial_store(db: Path) -> None:
 
 
 def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[int]], str]:
-    """The global index and the trial's prompts: the store's latest calls for this tokenizer, else
-    the built-in ones."""
+    """The global index and the trial's prompts: the store's latest conversations for this
+    tokenizer (`_conversations`), else the built-in prompts."""
     from specx.core.index.suffix_index import SuffixIndex
     from specx.core.model.load import render_prompt, tokenizer_fingerprint
 
@@ -194,15 +202,60 @@ def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[in
             index = index_for(store, fingerprint)
             tokenizer_id = store.tokenizer_id(fingerprint)
             if tokenizer_id is not None:
-                calls = select_calls(store, tokenizer_id)[-4 * requests:]
-                calls, prompts = model_prompts(store, tok, calls, TRIAL_PROMPT_TOKENS)
+                calls = select_calls(store, tokenizer_id)[-8 * requests:]
+                calls, prompts = model_prompts(store, tok, calls, 1 << 30)
+                prompts = _conversations([c.session_id for c in calls], prompts, requests)
                 if len(prompts) >= 2:
-                    return index, prompts[-requests:], f"the latest stored calls of {db}"
+                    return index, prompts, f"the latest stored conversations of {db}"
     else:
         index = SuffixIndex()
     prompts = [tok.encode(render_prompt(tok, [{"role": "user", "content": p}], generation_prompt=True),
                           add_special_tokens=False) for p in PROMPTS]
     return index, [list(p) for p in (prompts * requests)[:requests]], "built-in prompts: the store has none"
+
+
+def _conversations(sessions: list[int], prompts: list[list[int]], requests: int,
+                   window: int = TRIAL_PROMPT_TOKENS, limit: int = TRIAL_PROMPT_LIMIT,
+                   per_conversation: int = TRIAL_CALLS_PER_CONVERSATION) -> list[list[int]]:
+    """Up to `requests` prompts replayed as agents send them: the latest conversations' consecutive
+    calls (up to `per_conversation` each), in order. A conversation is a run of calls of one session
+    each of which starts with (90% of) the prompt before it; conversations of several calls come
+    first. Its prompts all lose the tokens its first one loses to keep its last `window`, so each
+    still starts as the one before it did (what a prefix cache reuses); its calls stop where a
+    prompt outgrows `limit`.
+
+    >>> _conversations([1, 1, 2, 2, 2, 3], [[1, 2], [1, 2, 3], [7], [7, 8], [7, 8, 9], [5]], 9, window=1, limit=2)
+    [[2], [2, 3], [7], [7, 8], [5]]
+    """
+    chains: list[list[list[int]]] = []
+    for i, (session, prompt) in enumerate(zip(sessions, prompts)):
+        before = prompts[i - 1] if i else []
+        if i and sessions[i - 1] == session and _common(before, prompt) >= 0.9 * len(before):
+            chains[-1].append(prompt)
+        else:
+            chains.append([prompt])
+    latest = sorted(range(len(chains)), key=lambda c: (len(chains[c]) > 1, c), reverse=True)
+    chosen: dict[int, list[list[int]]] = {}
+    for c in latest:
+        own = chains[c]
+        cut = max(0, len(own[0]) - window)
+        run = [p[cut:] for p in own[:per_conversation]]
+        while run and len(run[-1]) > limit:
+            run.pop()
+        chosen[c] = run
+        if sum(map(len, chosen.values())) >= requests:
+            break
+    return [p for c in sorted(chosen) for p in chosen[c]][:requests]
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """How many tokens b starts with that a started with."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _stock_llama_runner(path: Path, max_tokens: int, eos: int) -> Callable[[list[int]], Any]:

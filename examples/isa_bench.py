@@ -40,8 +40,8 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
     """Runs in the child: the engine compiled for this process's numba target, timed."""
     import numpy as np
 
-    from specx.core.model import qkernel
-    from specx.core.model.qengine import KVCache, QuantEngine, prefill
+    from specx.core.model.quantized import kernel as qkernel
+    from specx.core.model.quantized.engine import KVCache, QuantEngine, prefill
 
     started = time.perf_counter()
     engine = QuantEngine(model)
@@ -75,7 +75,7 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
 
 
 def run_family(family: str, args: argparse.Namespace) -> dict | None:
-    from specx.core.model import qkernel
+    from specx.core.model.quantized import kernel as qkernel
 
     if not qkernel.runs_here(family):
         say(f"{family}: this CPU does not execute it: skipped")

@@ -9,7 +9,7 @@ weighs on all alike), greedy, at most --max-new-tokens each:
 - `llama.cpp prompt lookup`: llama-cpp-python's stock `LlamaPromptLookupDecoding` draft model.
 - `specx llama.cpp`: specx's decode loop on llama.cpp (suffix drafts, learned cost, guard).
 - `specx transformers`: specx on its transformers engine (the built-in model de-quantized to float32).
-- `quantized plain`: specx's quantized engine (core/model/qengine.py, the GGUF's own 4-bit weights)
+- `quantized plain`: specx's quantized engine (core/model/quantized/engine.py, the GGUF's own 4-bit weights)
   decoding one token per pass: what `specx serve --backend quantized --no-speculation` runs.
 - `specx quantized`: specx on the quantized engine (suffix drafts verified as trees).
 - `specx auto`: specx on the engine `--backend auto` picks here (`specx engines`' kept choice, else
@@ -57,7 +57,7 @@ from specx.core.decode.loop import collect  # noqa: E402
 from specx.core.model import cpu  # noqa: E402
 from specx.core.model.hf_engine import TransformersEngine  # noqa: E402
 from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
-from specx.core.model.qengine import QuantEngine  # noqa: E402
+from specx.core.model.quantized.engine import QuantEngine  # noqa: E402
 from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402
 from specx.core.decode.speculate import SuffixDrafter  # noqa: E402
 

@@ -15,6 +15,8 @@ from specx.core.model import cpu
 from specx.core.model.probe import prove
 from specx.core.predict.engines import REFERENCE, Figures, Request, choose, trial
 
+from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
+
 SIGILL_CHILD = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"]
 AMX_XEON = frozenset("sse4_2 avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16 avx_vnni amx_tile "
                      "amx_int8 amx_bf16".split())
@@ -302,3 +304,23 @@ def test_a_disturbed_trial_is_said_and_not_kept(tmp_path):
         child.wait()
     share = others_share(before, sample())
     assert share is None or share > 0.25
+
+
+def test_the_trial_replays_stored_conversations_call_after_call(tmp_path, tokenizer):  # noqa: F811
+    """The trial's prompts are the store's conversations as an agent sends them: consecutive calls
+    of one conversation, each starting as the one before (what the prefix caches reuse), the first
+    cut to its last TRIAL_PROMPT_TOKENS, none past TRIAL_PROMPT_LIMIT."""
+    from specx.cli.trial import TRIAL_PROMPT_LIMIT, TRIAL_PROMPT_TOKENS, _common, _trial_prompts
+    from specx.store.db import Store
+    from specx.store.ingest import ingest
+
+    db = tmp_path / "agents.db"
+    with Store(db) as store:
+        ingest(store, [good_logs(tmp_path)], tokenizer)
+    _, prompts, source = _trial_prompts(tokenizer.get(), db, 6)
+    assert "conversations" in source and 2 <= len(prompts) <= 6
+    assert all(len(p) <= TRIAL_PROMPT_LIMIT for p in prompts)
+    assert len(prompts[0]) <= TRIAL_PROMPT_TOKENS
+    # most calls follow one of their own conversation: they start with (nearly all of) its prompt
+    follows = [_common(a, b) >= 0.9 * len(a) for a, b in zip(prompts, prompts[1:])]
+    assert sum(follows) >= len(prompts) // 2, [len(p) for p in prompts]

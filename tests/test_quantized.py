@@ -1,4 +1,4 @@
-"""The quantized engine (core/model/quant.py, qkernel.py, qforward.py, qengine.py): every tensor type
+"""The quantized engine (core/model/quantized/quant.py, qkernel.py, qforward.py, qengine.py): every tensor type
 unpacks as gguf-py de-quantizes it, the kernel matches a brute-force de-quantized product on every
 type and is batch-invariant, and speculation on the engine is its plain decoding token for token
 (greedy, sampled, under a grammar), on tiny random GGUFs of each type and on the built-in model."""
@@ -14,9 +14,9 @@ import torch
 
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import json_schema_grammar
-from specx.core.model import qkernel, quant
-from specx.core.model.qengine import GGUFError, QuantEngine
-from specx.core.model.quant import UnsupportedType
+from specx.core.model.quantized import kernel as qkernel, quant
+from specx.core.model.quantized.engine import GGUFError, QuantEngine
+from specx.core.model.quantized.quant import UnsupportedType
 
 from test_generate import MAKERS, FakeDrafter, collect
 from test_grammar import SCHEMA
@@ -125,14 +125,14 @@ NAMED_TARGETS = {"haswell": ("avx2", "vpmaddubsw", "vpdpbusd"), "alderlake": ("a
 
 
 @pytest.mark.parametrize("cpu_name", sorted(NAMED_TARGETS))
-def test_each_family_compiles_for_its_cpu_and_runs_where_it_can(cpu_name):
+def test_each_family_compiles_for_its_cpu_and_runs_where_it_can(cpu_name, tmp_path):
     """NUMBA_CPU_NAME picks the family (any machine compiles any of them); its machine code holds
     the family's dot instruction (AVX2: no zmm register, no VNNI); where this CPU executes it,
     the kernel runs and agrees with a de-quantized reference."""
     family, must, must_not = NAMED_TARGETS[cpu_name]
     code = f"""
 import numpy as np, numba, gguf
-from specx.core.model import qkernel, quant
+from specx.core.model.quantized import kernel as qkernel, quant
 assert qkernel.isa() == {family!r}, qkernel.isa()
 rng = np.random.default_rng(1); w = rng.standard_normal((32, 256)).astype(np.float32)
 raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0); p = quant.pack_tensor(raw, 2, 256)
@@ -149,8 +149,8 @@ if qkernel.runs_here({family!r}):
     assert np.abs(out - ref).max() < 0.05 * np.abs(ref).max(), np.abs(out - ref).max()
 print("ok")
 """
-    env = {**os.environ, "NUMBA_CPU_NAME": cpu_name, "NUMBA_CPU_FEATURES": "",
-           "NUMBA_CACHE_DIR": str(Path(os.environ.get("SPECX_HOME", "/tmp")) / f"numba-{cpu_name}")}
+    # a cache of its own: the machine code is read from the compilation, not from numba's cache
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu_name, "NUMBA_CPU_FEATURES": "", "NUMBA_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
@@ -244,7 +244,7 @@ def test_sessions_batched_in_one_pass_get_the_bits_of_their_own_passes(tiny_engi
     """Issue 46's foundation: several requests' pending tokens and draft trees in one pass (every
     weight read once), each attending to its own cache, each row's logits exactly its own pass's."""
     from specx.core.draft import Draft
-    from specx.core.model.qengine import score_batch
+    from specx.core.model.quantized.engine import score_batch
 
     engine = tiny_engines[T.Q8_0]
     prompts = [[5, 6, 7], list(range(100, 140)), [9] * 70]  # 70: prefilled in two chunks
@@ -358,8 +358,8 @@ def test_a_second_process_loads_the_compiled_layers_from_numbas_cache(tmp_path):
     cache by the next process: nothing of it compiles again (numba's own hit and miss counters)."""
     model = tiny_gguf(tmp_path / "tiny.gguf", T.Q4_K)
     code = f"""
-from specx.core.model import qforward
-from specx.core.model.qengine import QuantEngine
+from specx.core.model.quantized import forward as qforward
+from specx.core.model.quantized.engine import QuantEngine
 QuantEngine({str(model)!r})
 layers = list(qforward._LAYERS.values())[0]
 print(len(layers.stats.cache_hits), len(layers.stats.cache_misses))

@@ -6,7 +6,7 @@ Each running request decodes on a thread of its own, with the decode loop every 
 tree per step) to the `Batcher` and waits. The worker thread, which owns the model, runs one
 forward pass as soon as every running request waits (QuantModel.forward_batch: a ragged batch, each
 part its own KV cache and tree mask) and hands each its logits. Requests join and leave between
-passes; a new one's prefill runs a chunk (core.model.qengine.PREFILL_CHUNK tokens) per pass beside
+passes; a new one's prefill runs a chunk (core.model.quantized.engine.PREFILL_CHUNK tokens) per pass beside
 the others' trees, so it never stalls them for more than a pass.
 
 Lossless per request: the engine's kernels are batch-invariant and attention never mixes
@@ -38,7 +38,7 @@ import numpy as np
 from ..cost.guard import DraftGuard
 from ..decode.stack import Stack
 from ..draft import Draft
-from ..model.qengine import KVCache, run_steps
+from ..model.quantized.engine import KVCache, run_steps
 
 MAX_BATCH = 16  # the default cap on requests decoded together (--max-batch): past it, on CPUs, passes grow in step
 PASS_WAIT_S = 0.25  # the worker's longest wait for a pass's parts before it looks at its queue again

@@ -1,4 +1,4 @@
-"""GGUF quantized tensors as specx's 4-bit verifier reads them (core/model/qkernel.py).
+"""GGUF quantized tensors as specx's 4-bit verifier reads them (core/model/quantized/kernel.py).
 
 Every supported block type says the same thing in its own bits: along a weight row, blocks of B
 inputs (B = 16 or 32) share a float scale s and (for some types) a float min m, and each weight is
@@ -179,7 +179,7 @@ def dequantize(q: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, fmt: 
 
 @dataclass
 class Packed:
-    """A weight [N, K] laid out for core/model/qkernel.py, P = ceil(N / 16) panels (the last
+    """A weight [N, K] laid out for core/model/quantized/kernel.py, P = ceil(N / 16) panels (the last
     zero-padded): `values` [P, K/32, fmt.block_bytes] uint8; `scales` [P, K/sub, 32 (f16) or 16
     (K-quant integers)] and `mins` [P, K/32, 32 or 16] as bytes; `kd`, `kdmin` [P, K/256, 16]
     float32 (K-quants). Arrays a format does not use are [1, 1, 16] stand-ins. `n` outputs, `k` inputs."""

@@ -5,14 +5,14 @@
     logits = session.score([prompt_ids[-1]], draft)   # [1 + N, V], as every engine's
     session.keep_path(accepted_nodes)
 
-The weights stay in the file's blocks (core/model/quant.py repacks them, never to floats), each
-linear layer runs core/model/qkernel.py's kernel (a weight read once per pass, whatever the
-rows), the rest core/model/qforward.py's row-wise steps. Every step is batch-invariant, so a
+The weights stay in the file's blocks (core/model/quantized/quant.py repacks them, never to floats), each
+linear layer runs core/model/quantized/kernel.py's kernel (a weight read once per pass, whatever the
+rows), the rest core/model/quantized/forward.py's row-wise steps. Every step is batch-invariant, so a
 verification pass gives each token the bits a one-token pass gives it: greedy speculation is this
 engine's plain decoding token for token, sampled and grammar-bound decoding likewise. The numbers
 differ from llama.cpp's (another order of float operations), as any two engines' do.
 
-What it runs: core/model/qmodel.py (llama and qwen2 models; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and
+What it runs: core/model/quantized/model.py (llama and qwen2 models; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and
 Q6_K tensors); anything else is refused in one line naming the tensor and its type, and
 `--backend auto` runs such a file on llama.cpp.
 """
@@ -26,22 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from ..draft import Draft, check_draft
-from .prefix_cache import PrefixCache
-from .qkernel import ISA_NAMES, isa
-from .qmodel import Config, GGUFError, QuantModel
+from ...draft import Draft, check_draft
+from ..prefix_cache import PrefixCache
+from .kernel import ISA_NAMES, isa
+from .model import Config, GGUFError, QuantModel
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
-KV_DTYPE = np.uint16  # keys and values as float16 bits (core/model/qattention.py widens them as it reads)
+KV_DTYPE = np.uint16  # keys and values as float16 bits (core/model/quantized/attention.py widens them as it reads)
 
 
 class KVCache:
     """One sequence's keys and values per layer, `length` entries used, as float16 (their bits,
-    uint16: core/model/qattention.py widens them as it reads them): keys in tiles of sixteen
+    uint16: core/model/quantized/attention.py widens them as it reads them): keys in tiles of sixteen
     positions [Hkv, C / 16, D, 16] (attention reads a tile's keys as one vector per dimension,
-    core/model/qattention.py), values [Hkv, C, D]; the buffers double when full."""
+    core/model/quantized/attention.py), values [Hkv, C, D]; the buffers double when full."""
 
     def __init__(self, config: Config, capacity: int = 256) -> None:
         self.config = config
@@ -189,7 +189,7 @@ class QuantSession:
         return score_batch([self], [pending], [draft])[0]
 
     def _part(self, pending: list[int], draft: Draft) -> tuple[Any, ...]:
-        """This pass as core.model.qmodel.QuantModel.forward_batch takes it (checked, bookkept)."""
+        """This pass as core.model.quantized.model.QuantModel.forward_batch takes it (checked, bookkept)."""
         check_draft(draft, self.model.config.vocab)
         if not pending:
             raise ValueError("verification needs at least one pending token (the root's logits come from it)")
@@ -262,7 +262,7 @@ class QuantEngine:
     def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> Any:
         import numba
 
-        from .threads import ThreadTuner, set_threads
+        from ..threads import ThreadTuner, set_threads
 
         threads = numba.get_num_threads()
         return ThreadTuner((threads, 1), set_threads, say) if threads > 1 else None
@@ -270,7 +270,7 @@ class QuantEngine:
     def cost_key(self) -> dict[str, Any]:
         from importlib.metadata import version
 
-        from .llamacpp import file_digest
+        from ..llamacpp import file_digest
 
         return {"engine": self.name, "file": file_digest(self.path), "isa": isa(), "numba": version("numba")}
 

@@ -1,10 +1,10 @@
-"""The quantized engine's row-wise steps (core/model/qengine.py): RMS norm, rotary embedding, SiLU,
+"""The quantized engine's row-wise steps (core/model/quantized/engine.py): RMS norm, rotary embedding, SiLU,
 attention. Each computes a row's result from that row alone, in one fixed order of float
 operations (no reassociation, no fused multiply-adds the compiler may or may not form), so a token
 gets the same bits in a one-token pass, a tree pass or a prefill: with the batch-invariant linear
-kernel (core/model/qkernel.py) that makes speculation exactly the engine's own plain decoding.
+kernel (core/model/quantized/kernel.py) that makes speculation exactly the engine's own plain decoding.
 
-Attention is core/model/qattention.py's (exact the same way); its exponentials come from
+Attention is core/model/quantized/attention.py's (exact the same way); its exponentials come from
 `exp_rows` here (a polynomial: the same bits in a vector lane and in a scalar tail).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..numba_cache import configure as configure_numba_cache
-from ..numba_cache import fix_module, fixed
+from ...numba_cache import configure as configure_numba_cache
+from ...numba_cache import fix_module, fixed
 
 configure_numba_cache()
 
@@ -33,7 +33,9 @@ def exp_rows(x, out, ibuf):  # pragma: no cover - compiled
     a degree-7 polynomial of r times 2^n (built as float bits in `ibuf`, an int32 scratch)."""
     n = x.shape[0]
     for j in range(n):
-        v = min(max(x[j], np.float32(-87.0)), np.float32(88.0))
+        v = x[j]
+        v = v if v > np.float32(-87.0) else np.float32(-87.0)  # selects (min/max branch on NaN: no vectors)
+        v = v if v < np.float32(88.0) else np.float32(88.0)
         k = (v * _LOG2E + _ROUND) - _ROUND  # rint (ties to even) for |v| < 2^22: np.rint is a call
         r = (v - k * _LN2_HI) - k * _LN2_LO
         p = _C6 + r * _C7
@@ -111,22 +113,22 @@ _LAYERS: dict[tuple[int, int], object] = {}
 
 
 def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled function
-    """The transformer's layers as one compiled function over `run_any` (core.model.qkernel.any_driver)
-    and `attend` (core.model.qattention.attention): a pass costs one call from Python, not dozens
+    """The transformer's layers as one compiled function over `run_any` (core.model.quantized.kernel.any_driver)
+    and `attend` (core.model.quantized.attention.attention): a pass costs one call from Python, not dozens
     per layer.
 
     layers(x [S, E], positions [S], starts [Q + 1], alloweds, n0s [Q], mats, groups [L, 4, 2],
     norms [L, 2, E], biases [L, Wqkv] (has_bias), keys, values, cos, sin, neox, eps, scale, heads,
     kv_heads, head_dim, ffn): x after the last layer. The rows are Q sequences' (a batch):
     sequence q's rows starts[q]..starts[q+1]-1, its cache keys[q], values[q] (per layer,
-    core.model.qengine.KVCache's buffers) holding n0s[q] entries, its new rows' visibility
+    core.model.quantized.engine.KVCache's buffers) holding n0s[q] entries, its new rows' visibility
     alloweds[q]; their keys and values are written at n0s[q] on. The linear layers read every
     row in one pass; attention never mixes sequences. mats: (values, scales, mins, kd, kdmin, format index, n) per
     matrix; groups[i]: layer i's [start, end) in mats of qkv, output, gate+up and down."""
     key = (id(run_any), id(attend))  # both are kept for the process (qkernel._ANY, qattention._ATTEND)
     if key in _LAYERS:
         return _LAYERS[key]
-    from .qkernel import ROW_CHUNK, quantize_rows, to_half
+    from .kernel import ROW_CHUNK, quantize_rows, to_half
 
     @njit(nogil=True, cache=True)
     def project(h, mats, start, end, dest):  # pragma: no cover - compiled

@@ -1,4 +1,4 @@
-"""**Quantized linear layers**: x [M, K] @ W.T for a GGUF weight kept in its own bits (core/model/quant.py).
+"""**Quantized linear layers**: x [M, K] @ W.T for a GGUF weight kept in its own bits (core/model/quantized/quant.py).
 
 The activations are quantized per row, in blocks of 32 inputs, to int8 with a float scale (as
 llama.cpp's Q8_0: d = max|x| / 127, q = round(x / d)); a block's dot product with a weight block
@@ -12,7 +12,8 @@ per 32 inputs it loads the weights once (4-bit values unpacked with two ands and
 each row takes the integer dot products of four inputs a lane against that row's inputs broadcast,
 then one conversion and two multiply-adds. So a pass reads each weight once from memory whatever
 the rows; extra rows cost only their arithmetic. One kernel per instruction-set family (`isa()`:
-the CPU numba compiles for, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES can name):
+the CPU numba compiles for, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES can name; each in a file of
+its own under arch/, the same names in each):
 
     family       dot of four u8 x s8 inputs a lane              lanes  row tiles
     avx512vnni   vpdpbusd zmm                                    16     8 4 2 1
@@ -20,9 +21,9 @@ the CPU numba compiles for, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES can name):
     avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8     4 2 1
     generic      plain vector IR with vpdpbusd's arithmetic      16     8 4 2 1
 
-The integer sums are exact in every family (`_Dots` says why none overflows), and the float steps
-the same, so every family gives the same bits (tested). An Arm port would mirror the avx2 one with
-NEON's sdot/udot (docs/quantized.md).
+The integer sums are exact in every family (arch/avx2.py says why none overflows), and the float
+steps the same, so every family gives the same bits (tested). An Arm port would add arch/neon.py
+(docs/quantized.md).
 
 Batch-invariant: a row's outputs are one fixed sequence of exact integer sums and float
 multiply-adds over K in order, whatever rows are beside it, however the rows are grouped and
@@ -39,24 +40,26 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ..numba_cache import configure as configure_numba_cache
-from ..numba_cache import fix_module, fixed
+from ...numba_cache import configure as configure_numba_cache
+from ...numba_cache import fix_module, fixed
+from .arch import FAMILIES
+from .ir import F32 as _F32
+from .ir import I8 as _I8
+from .ir import I16 as _I16
+from .ir import I32 as _I32
+from .ir import I64 as _I64
+from .ir import fma as ir_fma
+from .ir import splat, to_half  # noqa: F401 - to_half: forward.py takes it from here
 from .quant import BLOCK, PANEL, Format, Packed
 
 configure_numba_cache()  # before any kernel here is decorated
 
 ROW_CHUNK = 64  # rows per kernel call: a chunk's quantized inputs stay in L2 while the panels stream
-_I8, _I16, _I32, _I64, _F32 = (ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64),
-                                    ir.FloatType())
-_V16I32, _V16F32 = ir.VectorType(_I32, PANEL), ir.VectorType(_F32, PANEL)
 
-# The instruction-set families the kernel is written for: vector lanes (output features a register
-# holds: a 512-bit vector or half a panel in a 256-bit one) and the row tiles (rows held in registers
-# at once: 32 zmm registers take 8, 16 ymm registers 4).
-ISAS = ("avx512vnni", "avxvnni", "avx2", "generic")
-LANES = {"avx512vnni": 16, "avxvnni": 8, "avx2": 8, "generic": 16}
-ROW_TILES = {"avx512vnni": (8, 4, 2, 1), "avxvnni": (4, 2, 1), "avx2": (4, 2, 1), "generic": (8, 4, 2, 1)}
-ISA_NAMES = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2", "generic": "generic vectors"}
+ISAS = tuple(FAMILIES)
+LANES = {name: module.LANES for name, module in FAMILIES.items()}
+ROW_TILES = {name: module.ROW_TILES for name, module in FAMILIES.items()}
+ISA_NAMES = {name: module.NAME for name, module in FAMILIES.items()}
 # LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) -> their family
 _NAMED_CPUS = {
     **dict.fromkeys(("haswell", "broadwell", "skylake", "skylake-avx512", "znver1", "znver2", "znver3"), "avx2"),
@@ -99,139 +102,6 @@ def runs_here(name: str) -> bool:
             "avx2": "avx2" in have, "generic": True}[name]
 
 
-def vnni() -> bool:
-    """Whether the kernel's dot products are one instruction (vpdpbusd, 512- or 256-bit)."""
-    return isa() in ("avx512vnni", "avxvnni")
-
-
-def fma16(builder: ir.IRBuilder, lanes: int = PANEL) -> Any:
-    """llvm.fma on `lanes` float32 lanes, declared in the builder's module (every kernel here and
-    core/model/qattention.py's)."""
-    vec = ir.VectorType(_F32, lanes)
-    return builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
-
-
-def load_halves(builder: ir.IRBuilder, base: Any, index: Any) -> Any:
-    """The sixteen float16 values (their bits: uint16) at base[index] as sixteen float32 lanes
-    (vcvtph2ps where the CPU has F16C: every x86 CPU with AVX2)."""
-    v16i16, v16f16 = ir.VectorType(_I16, 16), ir.VectorType(ir.HalfType(), 16)
-    bits = builder.load(builder.bitcast(builder.gep(base, [index]), v16i16.as_pointer()), align=2)
-    return builder.fpext(builder.bitcast(bits, v16f16), _V16F32)
-
-
-@intrinsic
-def to_half(typingctx, x):  # pragma: no cover - compiled
-    """A float32's nearest float16 (ties to even), as its bits (uint16): how the quantized engine
-    keeps keys and values (numba has no float16 on the CPU)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), _I16)
-
-    return types.uint16(types.float32), codegen
-
-
-def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
-    """`value` in every lane of `vec`."""
-    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, vec.count),
-                                                                                 [0] * vec.count))
-
-
-def _dot4_generic(builder: ir.IRBuilder, acc: Any, w: Any, x: Any) -> Any:
-    """acc[i] + sum_j<4 u8(w)[4i + j] * s8(x)[4i + j] in plain vector IR (vpdpbusd's arithmetic):
-    products fit int16, pairs are summed as pmaddwd does, then pairs of pairs."""
-    lanes = acc.type.count
-    vi8, vi16, vpairs = (ir.VectorType(_I8, 4 * lanes), ir.VectorType(_I16, 4 * lanes),
-                         ir.VectorType(_I32, 2 * lanes))
-    a = builder.zext(builder.bitcast(w, vi8), vi16)
-    b = builder.sext(builder.bitcast(x, vi8), vi16)
-    undef = ir.Constant(vi16, ir.Undefined)
-    pick = lambda v, start: builder.shuffle_vector(  # noqa: E731
-        v, undef, ir.Constant(ir.VectorType(_I32, 2 * lanes), list(range(start, 4 * lanes, 2))))
-    pairs = builder.add(builder.mul(builder.sext(pick(a, 0), vpairs), builder.sext(pick(b, 0), vpairs)),
-                        builder.mul(builder.sext(pick(a, 1), vpairs), builder.sext(pick(b, 1), vpairs)))
-    undef32 = ir.Constant(vpairs, ir.Undefined)
-    even = builder.shuffle_vector(pairs, undef32, ir.Constant(ir.VectorType(_I32, lanes), list(range(0, 2 * lanes, 2))))
-    odd = builder.shuffle_vector(pairs, undef32, ir.Constant(ir.VectorType(_I32, lanes), list(range(1, 2 * lanes, 2))))
-    return builder.add(acc, builder.add(even, odd))
-
-
-class _Dots:
-    """The integer dot products of one sub-block: sum over its groups g of u8(w_g) x s8(x_g), four
-    inputs a lane, as the family computes them. Exact integers in every family (no sum can
-    overflow), so all of them give the same bits.
-
-    - avx512vnni / avxvnni: vpdpbusd per group (512- or 256-bit).
-    - avx2: vpmaddubsw (u8 x s8 -> pairs summed in int16) then vpmaddwd with ones (-> int32), as
-      ggml's AVX2 dots. 4-bit weights (<= 15) sum a whole sub-block in int16 (8 x 2 x 15 x 127 <
-      32767), 6-bit ones (<= 63) two groups, 8-bit ones one. Q8_0's unsigned q = w + 128 would
-      saturate vpmaddubsw: the sign trick (|w| u8 times x with w's sign, as llama.cpp's Q8_0 dot)
-      gives sum w x itself, so the offset correction is left out (`signed_dot`).
-    - generic: plain vector IR with vpdpbusd's arithmetic."""
-
-    def __init__(self, builder: ir.IRBuilder, fmt: Format, isa_name: str, lanes: int) -> None:
-        self.b, self.fmt, self.isa, self.lanes = builder, fmt, isa_name, lanes
-        self.vi32 = ir.VectorType(_I32, lanes)
-        self.vi8 = ir.VectorType(_I8, 4 * lanes)
-        self.vi16 = ir.VectorType(_I16, 2 * lanes)
-        self.signed_dot = isa_name == "avx2" and fmt.bits == 8
-        module = builder.module
-        if isa_name in ("avx512vnni", "avxvnni"):
-            self.dpbusd = module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}",
-                                                   fnty=ir.FunctionType(self.vi32, [self.vi32] * 3))
-        elif isa_name == "avx2":
-            self.maddubs = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw",
-                                                    fnty=ir.FunctionType(self.vi16, [self.vi8, self.vi8]))
-            self.madd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd",
-                                                 fnty=ir.FunctionType(self.vi32, [self.vi16, self.vi16]))
-            self.ones = ir.Constant(self.vi16, [1] * (2 * lanes))
-
-    def prepare(self, weights: list[Any]) -> list[Any]:
-        """Per-block work on the weights shared by every row: Q8_0 on AVX2 as (|w|, w) pairs."""
-        if not self.signed_dot:
-            return weights
-        b = self.b
-        flip = ir.Constant(self.vi8, [-128] * (4 * self.lanes))
-        out = []
-        for w in weights:
-            signed = b.xor(b.bitcast(w, self.vi8), flip)
-            negative = b.icmp_signed("<", signed, ir.Constant(self.vi8, None))
-            out.append((b.select(negative, b.sub(ir.Constant(self.vi8, None), signed), signed), negative))
-        return out
-
-    def dot(self, weights: list[Any], xs: list[Any]) -> Any:
-        """<lanes x i32>: the dot of the sub-block's weights (prepared) with its x words (splat)."""
-        b = self.b
-        zero = ir.Constant(self.vi32, None)
-        if self.isa in ("avx512vnni", "avxvnni"):
-            acc = zero
-            for w, x in zip(weights, xs):
-                acc = b.call(self.dpbusd, [acc, w, x])
-            return acc
-        if self.isa == "generic":
-            acc = zero
-            for w, x in zip(weights, xs):
-                acc = _dot4_generic(b, acc, w, x)
-            return acc
-        products = []
-        for w, x in zip(weights, xs):
-            x8 = b.bitcast(x, self.vi8)
-            if self.signed_dot:
-                (magnitude, negative) = w
-                x8 = b.select(negative, b.sub(ir.Constant(self.vi8, None), x8), x8)
-                products.append(b.call(self.maddubs, [magnitude, x8]))
-            else:
-                products.append(b.call(self.maddubs, [b.bitcast(w, self.vi8), x8]))
-        per = {4: len(products), 6: 2, 8: 1}[self.fmt.bits]  # products summed in int16 before widening
-        acc = None
-        for i in range(0, len(products), per):
-            s16 = products[i]
-            for p in products[i + 1 : i + per]:
-                s16 = b.add(s16, p)
-            wide = b.call(self.madd, [s16, self.ones])
-            acc = wide if acc is None else b.add(acc, wide)
-        return acc
-
-
 def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
     """An LLVM-IR micro-kernel: out[r0 + m, 16 p + lane0 : 16 p + lane0 + L] = the rows
     r0..r0+rows-1 of the quantized inputs against L outputs (LANES[isa_name]) of panel p of a
@@ -251,8 +121,8 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
             m_dim = builder.extract_value(arrs[5].shape, 1)  # rows of the quantized inputs
             n_out = builder.extract_value(arrs[9].shape, 1)
             const = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            fma = fma16(builder, lanes)
-            dots = _Dots(builder, fmt, isa_name, lanes)
+            fma = ir_fma(builder, lanes)
+            dots = FAMILIES[isa_name].Dots(builder, fmt)
             vec_at = lambda ptr, idx, vec: builder.load(  # noqa: E731
                 builder.bitcast(builder.gep(ptr, [idx]), vec.as_pointer()), align=1)
             vi8, vi16 = ir.VectorType(_I8, lanes), ir.VectorType(_I16, lanes)
@@ -314,7 +184,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
                     xs_m = [splat(builder, builder.load(builder.gep(xwd, [builder.add(builder.mul(builder.add(
                         builder.mul(b, const(8)), const(g)), m_dim), row[m])])), vi32) for g in group_ids]
                     dot = dots.dot([weights[g] for g in group_ids], xs_m)
-                    if fmt.offset and not dots.signed_dot:
+                    if fmt.offset and not dots.offset_done:
                         # sums of the row's quantized inputs per 16: sx[2 b + h] for the halves in this sub-block
                         total = None
                         for h in ((s,) if fmt.sub == 16 else (0, 1)):
@@ -391,7 +261,7 @@ def driver(fmt: Format, isa_name: str | None = None) -> Any:
 
 def any_driver(formats: tuple[Format, ...], isa_name: str | None = None) -> Any:
     """run_any(f, values, scales, mins, kd, kdmin, xw, dx, sx, xs, out): the kernel of formats[f], callable
-    from compiled code (core/model/qforward.py's layers), where a model's layers mix formats."""
+    from compiled code (core/model/quantized/forward.py's layers), where a model's layers mix formats."""
     key = (formats, isa_name or isa())
     if key not in _ANY:
         drivers = {f"d{i}": driver(fmt, key[1]) for i, fmt in enumerate(formats)}

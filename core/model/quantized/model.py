@@ -1,5 +1,5 @@
-"""A GGUF model for the quantized engine (core/model/qengine.py): its configuration, its weights
-packed as the file holds them (core/model/quant.py: never de-quantized), and the forward pass.
+"""A GGUF model for the quantized engine (core/model/quantized/engine.py): its configuration, its weights
+packed as the file holds them (core/model/quantized/quant.py: never de-quantized), and the forward pass.
 
     model = QuantModel("model.Q4_K_M.gguf")
     logits = model.forward(kv, tokens, positions, allowed, logits_rows)   # qengine drives it
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from . import qforward
-from .qattention import attention
-from .qkernel import Inputs, any_driver, qmatmul
+from . import forward as qforward
+from .attention import attention
+from .kernel import Inputs, any_driver, qmatmul
 from .quant import (FLOAT_TYPES, FORMATS, PANEL, TYPES, Packed, UnsupportedType, concat, dequantize, pack_tensor,
                     type_name, unpack, unpack_rows)
 
@@ -188,7 +188,7 @@ class QuantModel:
             if "output.weight" in tensors:
                 self.output = weight("output.weight", cfg.vocab, h)
                 self.embed_raw = np.array(embed_raw)  # out of the file's mapping, which then closes
-            else:  # tied: lookups read the packed output layer (core.model.quant.unpack_rows), one copy
+            else:  # tied: lookups read the packed output layer (core.model.quantized.quant.unpack_rows), one copy
                 self.output = pack_tensor(embed_raw, self.embed_type, h)
                 self.embed_raw = None
             freqs = vector("rope_freqs.weight", cfg.rope_dim // 2, required=False)
@@ -206,7 +206,7 @@ class QuantModel:
         self._layers: Any = None
 
     def _compile(self) -> None:
-        """The layers as one compiled call (core.model.qforward.build_layers) over the formats this
+        """The layers as one compiled call (core.model.quantized.forward.build_layers) over the formats this
         file holds, and their weights as it reads them."""
         import numba
 
@@ -249,7 +249,7 @@ class QuantModel:
                 logits_rows: np.ndarray) -> np.ndarray:
         """Run `tokens` (at `positions`, each seeing the cache and the new tokens `allowed` [S, S]
         marks) through the model, appending their keys and values to `kv` (a
-        core.model.qengine.KVCache); the logits [R, V] of the rows `logits_rows`."""
+        core.model.quantized.engine.KVCache); the logits [R, V] of the rows `logits_rows`."""
         return self.forward_batch([(kv, tokens, positions, allowed, logits_rows)])[0]
 
     def forward_batch(self, parts: Sequence[tuple[Any, Sequence[int], np.ndarray, np.ndarray, np.ndarray]]

@@ -1,4 +1,4 @@
-"""Attention for the quantized engine, exact whatever pass a row is in (core/model/qforward.py).
+"""Attention for the quantized engine, exact whatever pass a row is in (core/model/quantized/forward.py).
 
 A query row attends to the cached entries and to the new entries its `allowed` row marks. Its
 visible keys are its sequence's positions 0, 1, ... in order (a tree's accepted path is its
@@ -11,7 +11,7 @@ llama.cpp's default too) and widened to float32 as they are read.
   over the head dimension in order (LLVM IR, like the matmul kernels; `_scores`). New keys are
   copied beside each other first and go through the same code, so a key gets the same bits
   cached or new.
-- softmax: the maximum (exact in any order), core.model.qforward.exp_rows, and the sum in 16
+- softmax: the maximum (exact in any order), core.model.quantized.forward.exp_rows, and the sum in 16
   lanes by position, combined in order.
 - values: sum_j p_j v_j with the head dimension in vector registers, a multiply-add chain over
   the visible keys in order (`_weighted`), the new entries' values after the cached ones.
@@ -28,10 +28,11 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ..numba_cache import configure as configure_numba_cache
-from ..numba_cache import fixed
-from .qforward import exp_rows
-from .qkernel import fma16, load_halves, splat
+from ...numba_cache import configure as configure_numba_cache
+from ...numba_cache import fixed
+from .forward import exp_rows
+from .ir import fma as fma16
+from .ir import load_halves, splat
 
 configure_numba_cache()
 

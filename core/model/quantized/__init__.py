@@ -1,0 +1,12 @@
+"""specx's quantized engine: a GGUF's own quantized weights, verified in trees on the CPU.
+
+    quant.py       the GGUF block types, unpacked exactly and repacked in panels of 16 outputs
+    kernel.py      the batch-invariant int8 linear kernel (activations quantized per row), built
+                   for the CPU's instruction-set family from arch/ (avx512vnni, avxvnni, avx2,
+                   generic: the same names in each)
+    ir.py          the LLVM-IR pieces the kernels share
+    attention.py   row-exact attention over float16 keys and values
+    forward.py     norms, rotary, SiLU and the whole pass as one compiled call
+    model.py       a GGUF file's model (llama, qwen2) and its passes
+    engine.py      the Engine protocol: KV caches, trees, prefix cache, batches
+"""

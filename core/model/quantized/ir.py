@@ -1,0 +1,54 @@
+"""LLVM-IR pieces the quantized engine's kernels share (kernel.py, arch/*.py, attention.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ...numba_cache import configure as configure_numba_cache
+from ...numba_cache import fix_module
+
+configure_numba_cache()
+
+I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+
+def vector(element: ir.Type, lanes: int) -> ir.VectorType:
+    return ir.VectorType(element, lanes)
+
+
+def fma(builder: ir.IRBuilder, lanes: int = 16) -> Any:
+    """llvm.fma on `lanes` float32 lanes, declared in the builder's module."""
+    vec = ir.VectorType(F32, lanes)
+    return builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
+
+
+def load_halves(builder: ir.IRBuilder, base: Any, index: Any) -> Any:
+    """The sixteen float16 values (their bits: uint16) at base[index] as sixteen float32 lanes
+    (vcvtph2ps where the CPU has F16C: every x86 CPU with AVX2)."""
+    v16i16, v16f16 = ir.VectorType(I16, 16), ir.VectorType(ir.HalfType(), 16)
+    bits = builder.load(builder.bitcast(builder.gep(base, [index]), v16i16.as_pointer()), align=2)
+    return builder.fpext(builder.bitcast(bits, v16f16), ir.VectorType(F32, 16))
+
+
+def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
+    """`value` in every lane of `vec`."""
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, vec.count), [0] * vec.count))
+
+
+@intrinsic
+def to_half(typingctx, x):  # pragma: no cover - compiled
+    """A float32's nearest float16 (ties to even), as its bits (uint16): how the quantized engine
+    keeps keys and values (numba has no float16 on the CPU)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+fix_module(globals(), __name__)
