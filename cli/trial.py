@@ -202,7 +202,15 @@ def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[in
             index = index_for(store, fingerprint)
             tokenizer_id = store.tokenizer_id(fingerprint)
             if tokenizer_id is not None:
-                calls = select_calls(store, tokenizer_id)[-8 * requests:]
+                calls = select_calls(store, tokenizer_id)
+                latest = set(list(dict.fromkeys(c.session_id for c in calls))[-4 * requests:])
+                firsts = []
+                taken: dict[int, int] = {}  # each latest session's first calls: where its conversation starts
+                for call in [c for c in calls if c.session_id in latest]:
+                    if taken.get(call.session_id, 0) <= TRIAL_CALLS_PER_CONVERSATION:
+                        taken[call.session_id] = taken.get(call.session_id, 0) + 1
+                        firsts.append(call)
+                calls = firsts
                 calls, prompts = model_prompts(store, tok, calls, 1 << 30)
                 prompts = _conversations([c.session_id for c in calls], prompts, requests)
                 if len(prompts) >= 2:
