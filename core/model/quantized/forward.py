@@ -25,6 +25,7 @@ _LN2_LO = np.float32(1.428606765330187e-06)
 _C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
 _C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
 _ROUND = np.float32(1.5 * 2**23)
+PARALLEL_VALUES = 1 << 15  # row-wise work goes to the threads from this many values (~30 us of it)
 
 
 @njit(nogil=True, cache=True)
@@ -101,8 +102,9 @@ def _silu_parallel(gate_up, width, out):  # pragma: no cover - compiled
 def silu_mul(gate_up, width, out, scratch, ibuf):  # pragma: no cover - compiled
     """out[m] = silu(g) * u for gate_up[m] = [g (width), u (width), ...]: silu(g) = g / (1 + exp(-g));
     scratch [width] float32 and ibuf [width] int32 are exp_rows' buffers. A row depends on itself
-    alone: several rows go to the threads."""
-    if gate_up.shape[0] >= 4:
+    alone: many rows go to the threads (a parallel region costs microseconds to start: a few rows'
+    work is less)."""
+    if gate_up.shape[0] * width >= PARALLEL_VALUES:
         _silu_parallel(gate_up, width, out)
     else:
         for m in range(gate_up.shape[0]):

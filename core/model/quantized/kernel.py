@@ -327,8 +327,8 @@ def _quantize_parallel(x, q8, dx, sx, xs):  # pragma: no cover - compiled
 def quantize_rows(x, q8, dx, sx, xs):  # pragma: no cover - compiled
     """Each row of x [M, K] to int8 per block of 32 (d = max|x| / 127, q = rint(x / d)), its
     scales, sums per 16 and scaled sums per 32: a row's figures depend on that row alone, so rows
-    go to the threads when there are several."""
-    if x.shape[0] >= 4:
+    go to the threads when there are many (a parallel region costs microseconds to start)."""
+    if x.shape[0] * x.shape[1] >= 1 << 15:
         _quantize_parallel(x, q8, dx, sx, xs)
     else:
         _quantize_serial(x, q8, dx, sx, xs)
