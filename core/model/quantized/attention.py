@@ -14,7 +14,8 @@ llama.cpp's default too) and widened to float32 as they are read.
 - softmax: the maximum (exact in any order), core.model.quantized.forward.exp_rows, and the sum in 16
   lanes by position, combined in order.
 - values: sum_j p_j v_j with the head dimension in vector registers, a multiply-add chain over
-  the visible keys in order (`_weighted`), the new entries' values after the cached ones.
+  the visible keys in order (`_weighted`), the new entries' values after the cached ones; a key
+  head's query heads side by side (one load of each value vector, more chains in flight).
 
 Masked keys are skipped, not added as zeros.
 """
@@ -44,7 +45,8 @@ _V16 = ir.VectorType(_F32, LANES)
 def _scores_kernel(group: int) -> Any:
     """scores(kt [Hkv, C / 16, D, 16] float16 bits, g, q [G, D], out [G, W], count): out[h, j] = q[h] . key j of
     head g (kt[g, j // 16, :, j % 16]) for j < count rounded up to 16 (C and W at least that),
-    h < G = `group`."""
+    h < G = `group`. Two tiles of 16 keys at a time (2 G multiply-add chains in flight, each key's
+    own chain over the head dimension in order), then the odd tile alone."""
 
     @intrinsic
     def scores(typingctx, kt, g, q, out, count):  # pragma: no cover - compiled
@@ -57,38 +59,52 @@ def _scores_kernel(group: int) -> Any:
             const = lambda v: ir.Constant(_I64, v)  # noqa: E731
             fma = fma16(builder)
             blocks = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
-            entry = builder.block
-            outer, inner, after, done = (builder.append_basic_block(n) for n in ("outer", "inner", "after", "done"))
-            builder.cbranch(builder.icmp_signed(">", blocks, const(0)), outer, done)
-            builder.position_at_end(outer)
-            jb = builder.phi(_I64)
-            jb.add_incoming(const(0), entry)
-            outer_block = builder.block
-            builder.branch(inner)
-            builder.position_at_end(inner)
-            d = builder.phi(_I64)
-            d.add_incoming(const(0), outer_block)
-            acc = [builder.phi(_V16) for _ in range(group)]
-            for a in acc:
-                a.add_incoming(ir.Constant(_V16, None), outer_block)
-            j = builder.mul(jb, const(LANES))
-            tile = builder.add(builder.mul(g_, tiles), jb)
-            keys = load_halves(builder, kt_a.data, builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
-            new = [builder.call(fma, [splat(builder, builder.load(builder.gep(
-                q_a.data, [builder.add(builder.mul(const(h), dim), d)])), _V16), keys, acc[h]]) for h in range(group)]
-            d_next = builder.add(d, const(1))
-            d.add_incoming(d_next, builder.block)
-            for a, v in zip(acc, new):
-                a.add_incoming(v, builder.block)
-            builder.cbranch(builder.icmp_signed("<", d_next, dim), inner, after)
-            builder.position_at_end(after)
-            for h in range(group):
-                at = builder.add(builder.mul(const(h), width), j)
-                builder.store(new[h], builder.bitcast(builder.gep(out_a.data, [at]), _V16.as_pointer()), align=4)
-            jb_next = builder.add(jb, const(1))
-            jb.add_incoming(jb_next, builder.block)
-            builder.cbranch(builder.icmp_signed("<", jb_next, blocks), outer, done)
-            builder.position_at_end(done)
+            pairs = builder.mul(builder.udiv(blocks, const(2)), const(2))
+
+            def tiles_loop(span: int, first: Any, limit: Any) -> None:
+                """Tiles first, first + span, ... while below `limit`, `span` tiles an iteration."""
+                entry = builder.block
+                outer, inner, after, done = (builder.append_basic_block(f"{n}{span}")
+                                             for n in ("outer", "inner", "after", "done"))
+                builder.cbranch(builder.icmp_signed("<", first, limit), outer, done)
+                builder.position_at_end(outer)
+                jb = builder.phi(_I64)
+                jb.add_incoming(first, entry)
+                outer_block = builder.block
+                builder.branch(inner)
+                builder.position_at_end(inner)
+                d = builder.phi(_I64)
+                d.add_incoming(const(0), outer_block)
+                acc = [builder.phi(_V16) for _ in range(span * group)]
+                for a in acc:
+                    a.add_incoming(ir.Constant(_V16, None), outer_block)
+                qs = [splat(builder, builder.load(builder.gep(q_a.data, [builder.add(builder.mul(const(h), dim), d)])),
+                            _V16) for h in range(group)]
+                new = []
+                for t in range(span):
+                    tile = builder.add(builder.mul(g_, tiles), builder.add(jb, const(t)))
+                    keys = load_halves(builder, kt_a.data,
+                                       builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
+                    new += [builder.call(fma, [qs[h], keys, acc[t * group + h]]) for h in range(group)]
+                d_next = builder.add(d, const(1))
+                d.add_incoming(d_next, builder.block)
+                for a, v in zip(acc, new):
+                    a.add_incoming(v, builder.block)
+                builder.cbranch(builder.icmp_signed("<", d_next, dim), inner, after)
+                builder.position_at_end(after)
+                for t in range(span):
+                    j = builder.mul(builder.add(jb, const(t)), const(LANES))
+                    for h in range(group):
+                        at = builder.add(builder.mul(const(h), width), j)
+                        builder.store(new[t * group + h], builder.bitcast(builder.gep(out_a.data, [at]),
+                                                                          _V16.as_pointer()), align=4)
+                jb_next = builder.add(jb, const(span))
+                jb.add_incoming(jb_next, builder.block)
+                builder.cbranch(builder.icmp_signed("<", jb_next, limit), outer, done)
+                builder.position_at_end(done)
+
+            tiles_loop(2, const(0), pairs)
+            tiles_loop(1, pairs, blocks)
             return context.get_dummy_value()
 
         return types.void(kt, g, q, out, count), codegen
@@ -96,9 +112,12 @@ def _scores_kernel(group: int) -> Any:
     return fixed(scores, f"qattention.scores.{group}")
 
 
-def _weighted_kernel(dim: int) -> Any:
-    """weighted(v [Hkv, C, D] float16 bits, g, p [W], start, count, acc [D]): acc += sum over j < count of
-    p[start + j] v[g, j] (acc read first, written after), D = `dim`, a multiple of 16."""
+def _weighted_kernel(dim: int, group: int) -> Any:
+    """weighted(v [Hkv, C, D] float16 bits, g, p [G, W], start, count, acc [G, D]): acc[h] += sum over
+    j < count of p[h, start + j] v[g, j] for h < G = `group` (acc read first, written after), D =
+    `dim`, a multiple of 16. Each head's sum runs over j in order (its own chains of D / 16
+    multiply-adds); the group's heads share each value vector's load and keep G x D / 16 chains
+    going at once."""
     vectors = dim // LANES
 
     @intrinsic
@@ -107,40 +126,46 @@ def _weighted_kernel(dim: int) -> Any:
             v_a, p_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5))
             g_, start_, count_ = args[1], args[3], args[4]
             cap = builder.extract_value(v_a.shape, 1)
+            width = builder.extract_value(p_a.shape, 1)
             const = lambda c: ir.Constant(_I64, c)  # noqa: E731
             fma = fma16(builder)
             ptr = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), _V16.as_pointer())  # noqa: E731
-            first = [builder.load(ptr(acc_a.data, const(LANES * i)), align=4) for i in range(vectors)]
+            at = lambda h, i: const(h * dim + LANES * i)  # noqa: E731 - acc[h, 16 i]
+            first = [builder.load(ptr(acc_a.data, at(h, i)), align=4) for h in range(group) for i in range(vectors)]
             entry = builder.block
             loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
             builder.cbranch(builder.icmp_signed(">", count_, const(0)), loop, done)
             builder.position_at_end(loop)
             j = builder.phi(_I64)
             j.add_incoming(const(0), entry)
-            acc = [builder.phi(_V16) for _ in range(vectors)]
+            acc = [builder.phi(_V16) for _ in range(group * vectors)]
             for a, f in zip(acc, first):
                 a.add_incoming(f, entry)
-            weight = splat(builder, builder.load(builder.gep(p_a.data, [builder.add(start_, j)])), _V16)
             row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
-            new = [builder.call(fma, [weight, load_halves(builder, v_a.data, builder.add(row, const(LANES * i))),
-                                      acc[i]]) for i in range(vectors)]
+            value = [load_halves(builder, v_a.data, builder.add(row, const(LANES * i))) for i in range(vectors)]
+            new = []
+            for h in range(group):
+                pj = builder.add(builder.mul(const(h), width), builder.add(start_, j))
+                weight = splat(builder, builder.load(builder.gep(p_a.data, [pj])), _V16)
+                new += [builder.call(fma, [weight, value[i], acc[h * vectors + i]]) for i in range(vectors)]
             j_next = builder.add(j, const(1))
             j.add_incoming(j_next, builder.block)
             for a, n in zip(acc, new):
                 a.add_incoming(n, builder.block)
             builder.cbranch(builder.icmp_signed("<", j_next, count_), loop, done)
             builder.position_at_end(done)
-            final = [builder.phi(_V16) for _ in range(vectors)]
+            final = [builder.phi(_V16) for _ in range(group * vectors)]
             for f, a, n in zip(final, first, new):
                 f.add_incoming(a, entry)
                 f.add_incoming(n, loop)
-            for i in range(vectors):
-                builder.store(final[i], ptr(acc_a.data, const(LANES * i)), align=4)
+            for h in range(group):
+                for i in range(vectors):
+                    builder.store(final[h * vectors + i], ptr(acc_a.data, at(h, i)), align=4)
             return context.get_dummy_value()
 
         return types.void(v, g, p, start, count, acc), codegen
 
-    return fixed(weighted, f"qattention.weighted.{dim}")
+    return fixed(weighted, f"qattention.weighted.{dim}.{group}")
 
 
 def _pad(n: int) -> int:  # pragma: no cover - compiled (inlined into the kernels)
@@ -162,7 +187,7 @@ def attention(group: int, dim: int) -> Any:
     key = (group, dim)
     if key in _ATTEND:
         return _ATTEND[key]
-    scores_fn, weighted_fn = _scores_kernel(group), _weighted_kernel(dim)
+    scores_fn, weighted_fn = _scores_kernel(group), _weighted_kernel(dim, group)
     pad = fixed(njit(inline="always")(_pad), f"qattention.pad.{group}.{dim}")
 
     @njit(nogil=True)
@@ -192,10 +217,11 @@ def attention(group: int, dim: int) -> Any:
         scores_fn(keys, np.int64(g), qg, cached, np.int64(n_cached))
         scores_fn(new_keys, np.int64(0), qg, new, np.int64(fresh))
         row = np.empty(visible, dtype=np.float32)
-        probs = np.empty(visible, dtype=np.float32)
+        probs = np.empty((group, visible), dtype=np.float32)
+        totals = np.empty(group, dtype=np.float32)
         ibuf = np.empty(visible, dtype=np.int32)
         lanes = np.empty(LANES, dtype=np.float32)
-        acc = np.empty(dim, dtype=np.float32)
+        acc = np.zeros((group, dim), dtype=np.float32)
         for h in range(group):
             for j in range(n_cached):
                 row[j] = cached[h, j] * scale
@@ -214,23 +240,23 @@ def attention(group: int, dim: int) -> Any:
                 top = max(top, lanes[j])
             for j in range(visible):
                 row[j] = row[j] - top
-            exp_rows(row, probs, ibuf)
+            exp_rows(row, probs[h], ibuf)
             for j in range(LANES):
                 lanes[j] = np.float32(0.0)
             for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
                 for j in range(LANES):
-                    lanes[j] += probs[jb + j]
+                    lanes[j] += probs[h, jb + j]
             for j in range(whole, visible):
-                lanes[j - whole] += probs[j]
+                lanes[j - whole] += probs[h, j]
             total = lanes[0]
             for j in range(1, LANES):
                 total += lanes[j]
+            totals[h] = total
+        weighted_fn(values, np.int64(g), probs, np.int64(0), np.int64(n_cached), acc)
+        weighted_fn(new_values, np.int64(0), probs, np.int64(n_cached), np.int64(fresh), acc)
+        for h in range(group):
             for d in range(dim):
-                acc[d] = np.float32(0.0)
-            weighted_fn(values, np.int64(g), probs, np.int64(0), np.int64(n_cached), acc)
-            weighted_fn(new_values, np.int64(0), probs, np.int64(n_cached), np.int64(fresh), acc)
-            for d in range(dim):
-                out[first + s, g * group + h, d] = acc[d] / total
+                out[first + s, g * group + h, d] = acc[h, d] / totals[h]
 
     @njit(parallel=True, nogil=True)
     def attend(q, keys, values, layer, starts, n0s, alloweds, scale, out):  # pragma: no cover - compiled
