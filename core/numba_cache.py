@@ -3,7 +3,8 @@
 numba checks a cached function against its own file's timestamp only, but several kernels inline
 functions from other files (``inline="always"``): after an edit or a ``git pull`` that touches only
 the callee, the caller's stale machine code would be loaded and return garbage. So the cache lives
-in a folder named for numba's version and a hash of every kernel source file: any change there
+in a folder named for numba's version and a hash of every kernel source file (each file that uses
+numba or llvmlite: the kernels and the IR they are built from, `sources()`): any change there
 compiles afresh, and two venvs with different numba versions on one checkout do not overwrite each
 other.
 
@@ -36,6 +37,12 @@ def _prefix() -> str:
     return f"specx-numba-{numba.__version__}-"
 
 
+def sources() -> list[pathlib.Path]:
+    """The files whose text keys the cache folder: every file of core/ that uses numba or llvmlite."""
+    return [path for path in sorted(_HERE.rglob("*.py")) if path.name != "numba_cache.py"
+            and any(word in path.read_bytes() for word in (b"numba", b"llvmlite"))]
+
+
 def configure() -> pathlib.Path:
     """Point numba's cache at this version's and these sources' folder (idempotent); returns it."""
     global _folder
@@ -43,10 +50,8 @@ def configure() -> pathlib.Path:
         from numba.core import config
 
         digest = hashlib.sha1()
-        for path in sorted(_HERE.rglob("*.py")):
-            source = path.read_bytes()
-            if b"numba" in source and path.name != "numba_cache.py":
-                digest.update(str(path.relative_to(_HERE)).encode() + b"\0" + source)
+        for path in sources():
+            digest.update(str(path.relative_to(_HERE)).encode() + b"\0" + path.read_bytes())
         _folder = _base() / (_prefix() + digest.hexdigest()[:16])
         config.CACHE_DIR = str(_folder)
         _pickle_llvm_types_without_caches()

@@ -370,3 +370,13 @@ print(len(layers.stats.cache_hits), len(layers.stats.cache_misses))
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-2000:]
     assert runs[0].stdout.split() == ["0", "1"]  # compiled, and kept
     assert runs[1].stdout.split() == ["1", "0"]  # found: nothing compiled
+
+
+def test_every_kernel_source_keys_numbas_cache_folder():
+    """An edit to any file the kernels are built from (the arch/ files build IR with llvmlite and
+    import no numba) compiles afresh: each is among the sources that name the cache folder."""
+    from specx.core import numba_cache
+
+    keyed = {p.relative_to(numba_cache._HERE).as_posix() for p in numba_cache.sources()}
+    room = Path(numba_cache.__file__).parent / "model" / "quantized"
+    assert {p.relative_to(numba_cache._HERE).as_posix() for p in room.rglob("*.py") if p.name != "__init__.py"} <= keyed
