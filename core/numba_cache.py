@@ -38,9 +38,11 @@ def _prefix() -> str:
 
 
 def sources() -> list[pathlib.Path]:
-    """The files whose text keys the cache folder: every file of core/ that uses numba or llvmlite."""
+    """The files whose text keys the cache folder: every file of core/ that uses numba or llvmlite,
+    and the quantized engine's room whole (its packed layouts are read by the kernels' IR)."""
     return [path for path in sorted(_HERE.rglob("*.py")) if path.name != "numba_cache.py"
-            and any(word in path.read_bytes() for word in (b"numba", b"llvmlite"))]
+            and ("quantized" in path.relative_to(_HERE).parts
+                 or any(word in path.read_bytes() for word in (b"numba", b"llvmlite")))]
 
 
 def configure() -> pathlib.Path:
