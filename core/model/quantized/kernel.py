@@ -17,8 +17,8 @@ its own under arch/, the same names in each):
 
     family       dot of four u8 x s8 inputs a lane              lanes  row tiles
     avx512vnni   vpdpbusd zmm                                    16     8 4 2 1
-    avxvnni      vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8     4 2 1
-    avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8     4 2 1
+    avxvnni      vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8     8 4 2 1
+    avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8     8 4 2 1
     generic      plain vector IR with vpdpbusd's arithmetic      16     8 4 2 1
 
 The integer sums are exact in every family (arch/avx2.py says why none overflows), and the float
