@@ -189,8 +189,9 @@ def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
                              "built-in model at 2.49x / 2.62x llama.cpp's plain decoding, text-to-SQL 3-/0-shot "
                              "(docs/quantized.md)")
     if quantized and qkernel.isa() in ("avxvnni", "avx2"):
-        return "quantized", ("prior: with its AVX2 / AVX-VNNI kernels the quantized engine's one-token pass took 0.64x "
-                             "llama.cpp's (AVX2 builds of both) and its prefill 0.46x, the built-in model (docs/quantized.md)")
+        return "quantized", ("prior: with its AVX2 / AVX-VNNI kernels the quantized engine's one-token pass took "
+                             "0.64x llama.cpp's (AVX2 builds of both) and its prefill 0.46x, the built-in model "
+                             "(docs/quantized.md)")
     if model in BUILTIN and "avx512f" in cpu.flags():
         return "transformers", "prior: the built-in model ran 1.53x faster there than on llama.cpp on an AVX-512 Xeon"
     return "llama.cpp", "prior: on AVX2 CPUs, and for GGUF files in general, llama.cpp is the faster engine"
