@@ -3,8 +3,8 @@
 numba checks a cached function against its own file's timestamp only, but several kernels inline
 functions from other files (``inline="always"``): after an edit or a ``git pull`` that touches only
 the callee, the caller's stale machine code would be loaded and return garbage. So the cache lives
-in a folder named for numba's version and a hash of every kernel source file (each file that uses
-numba or llvmlite: the kernels and the IR they are built from, `sources()`): any change there
+in a folder named for numba's version and a hash of every kernel source file (`sources()`: each
+file that uses numba or llvmlite, and the quantized engine's room whole): any change there
 compiles afresh, and two venvs with different numba versions on one checkout do not overwrite each
 other.
 
@@ -107,12 +107,13 @@ def fixed(obj, key: str):  # noqa: ANN001, ANN201 - a numba dispatcher or intrin
     return obj
 
 
-def fix_module(namespace: dict, module: str) -> None:
+def fix_module(namespace: dict) -> None:
     """`fixed` for every numba dispatcher and intrinsic defined at the top of a module (they are
     pickled by value with the functions that name them as globals)."""
     from numba.core.dispatcher import Dispatcher
     from numba.core.extending import _Intrinsic
 
+    module = namespace["__name__"]
     for name, obj in list(namespace.items()):
         if isinstance(obj, (Dispatcher, _Intrinsic)) and obj.__module__ == module:
             fixed(obj, f"{module}.{name}")

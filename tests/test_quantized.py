@@ -82,7 +82,7 @@ def test_the_kernel_matches_a_dequantized_reference_and_is_batch_invariant(qtype
     rng = np.random.default_rng(7)
     raw = random_blocks(rng, qtype, 40, 512)  # 40 outputs: a padded last panel
     packed = quant.pack_tensor(raw, int(qtype), 512)
-    x = rng.standard_normal((23, 512)).astype(np.float32)  # 23 rows: tiles of 8 (or 4), 4, 2 and 1
+    x = rng.standard_normal((23, 512)).astype(np.float32)  # 23 rows: tiles of 8, 4, 2 and 1
 
     def product(rows: np.ndarray, name: str = family) -> np.ndarray:
         inputs = qkernel.Inputs(rows)

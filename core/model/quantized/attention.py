@@ -32,14 +32,13 @@ from numba.extending import intrinsic
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fixed
 from .forward import exp_rows
+from .ir import F32, I64, load_halves, loop_back, splat
 from .ir import fma as fma16
-from .ir import load_halves, splat
 
 configure_numba_cache()
 
 LANES = 16  # keys per vector; the softmax's denominator is summed in this many lanes by position
-_I64, _F32 = ir.IntType(64), ir.FloatType()
-_V16 = ir.VectorType(_F32, LANES)
+_V16 = ir.VectorType(F32, LANES)
 
 
 def _scores_kernel(group: int) -> Any:
@@ -56,7 +55,7 @@ def _scores_kernel(group: int) -> Any:
             tiles = builder.extract_value(kt_a.shape, 1)
             dim = builder.extract_value(kt_a.shape, 2)
             width = builder.extract_value(out_a.shape, 1)
-            const = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            const = lambda v: ir.Constant(I64, v)  # noqa: E731
             fma = fma16(builder)
             blocks = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
             pairs = builder.mul(builder.udiv(blocks, const(2)), const(2))
@@ -68,12 +67,12 @@ def _scores_kernel(group: int) -> Any:
                                              for n in ("outer", "inner", "after", "done"))
                 builder.cbranch(builder.icmp_signed("<", first, limit), outer, done)
                 builder.position_at_end(outer)
-                jb = builder.phi(_I64)
+                jb = builder.phi(I64)
                 jb.add_incoming(first, entry)
                 outer_block = builder.block
                 builder.branch(inner)
                 builder.position_at_end(inner)
-                d = builder.phi(_I64)
+                d = builder.phi(I64)
                 d.add_incoming(const(0), outer_block)
                 acc = [builder.phi(_V16) for _ in range(span * group)]
                 for a in acc:
@@ -86,22 +85,14 @@ def _scores_kernel(group: int) -> Any:
                     keys = load_halves(builder, kt_a.data,
                                        builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
                     new += [builder.call(fma, [qs[h], keys, acc[t * group + h]]) for h in range(group)]
-                d_next = builder.add(d, const(1))
-                d.add_incoming(d_next, builder.block)
-                for a, v in zip(acc, new):
-                    a.add_incoming(v, builder.block)
-                builder.cbranch(builder.icmp_signed("<", d_next, dim), inner, after)
-                builder.position_at_end(after)
+                loop_back(builder, d, const(1), dim, inner, after, zip(acc, new))
                 for t in range(span):
                     j = builder.mul(builder.add(jb, const(t)), const(LANES))
                     for h in range(group):
                         at = builder.add(builder.mul(const(h), width), j)
                         builder.store(new[t * group + h], builder.bitcast(builder.gep(out_a.data, [at]),
                                                                           _V16.as_pointer()), align=4)
-                jb_next = builder.add(jb, const(span))
-                jb.add_incoming(jb_next, builder.block)
-                builder.cbranch(builder.icmp_signed("<", jb_next, limit), outer, done)
-                builder.position_at_end(done)
+                loop_back(builder, jb, const(span), limit, outer, done)
 
             tiles_loop(2, const(0), pairs)
             tiles_loop(1, pairs, blocks)
@@ -127,7 +118,7 @@ def _weighted_kernel(dim: int, group: int) -> Any:
             g_, start_, count_ = args[1], args[3], args[4]
             cap = builder.extract_value(v_a.shape, 1)
             width = builder.extract_value(p_a.shape, 1)
-            const = lambda c: ir.Constant(_I64, c)  # noqa: E731
+            const = lambda c: ir.Constant(I64, c)  # noqa: E731
             fma = fma16(builder)
             ptr = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), _V16.as_pointer())  # noqa: E731
             at = lambda h, i: const(h * dim + LANES * i)  # noqa: E731 - acc[h, 16 i]
@@ -136,7 +127,7 @@ def _weighted_kernel(dim: int, group: int) -> Any:
             loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
             builder.cbranch(builder.icmp_signed(">", count_, const(0)), loop, done)
             builder.position_at_end(loop)
-            j = builder.phi(_I64)
+            j = builder.phi(I64)
             j.add_incoming(const(0), entry)
             acc = [builder.phi(_V16) for _ in range(group * vectors)]
             for a, f in zip(acc, first):
@@ -148,12 +139,7 @@ def _weighted_kernel(dim: int, group: int) -> Any:
                 pj = builder.add(builder.mul(const(h), width), builder.add(start_, j))
                 weight = splat(builder, builder.load(builder.gep(p_a.data, [pj])), _V16)
                 new += [builder.call(fma, [weight, value[i], acc[h * vectors + i]]) for i in range(vectors)]
-            j_next = builder.add(j, const(1))
-            j.add_incoming(j_next, builder.block)
-            for a, n in zip(acc, new):
-                a.add_incoming(n, builder.block)
-            builder.cbranch(builder.icmp_signed("<", j_next, count_), loop, done)
-            builder.position_at_end(done)
+            loop_back(builder, j, const(1), count_, loop, done, zip(acc, new))
             final = [builder.phi(_V16) for _ in range(group * vectors)]
             for f, a, n in zip(final, first, new):
                 f.add_incoming(a, entry)

@@ -15,6 +15,8 @@ from numba import njit, prange
 
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fix_module, fixed
+from .ir import to_half
+from .kernel import PARALLEL_VALUES, ROUND, ROW_CHUNK, quantize_rows
 
 configure_numba_cache()
 
@@ -24,8 +26,6 @@ _LN2_LO = np.float32(1.428606765330187e-06)
 # Taylor terms of exp(r) for |r| <= ln(2) / 2 (relative error ~2e-7: float32's own)
 _C2, _C3, _C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
 _C5, _C6, _C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
-_ROUND = np.float32(1.5 * 2**23)
-PARALLEL_VALUES = 1 << 15  # row-wise work goes to the threads from this many values (~30 us of it)
 
 
 @njit(nogil=True, cache=True)
@@ -37,7 +37,7 @@ def exp_rows(x, out, ibuf):  # pragma: no cover - compiled
         v = x[j]
         v = v if v > np.float32(-87.0) else np.float32(-87.0)  # selects (min/max branch on NaN: no vectors)
         v = v if v < np.float32(88.0) else np.float32(88.0)
-        k = (v * _LOG2E + _ROUND) - _ROUND  # rint (ties to even) for |v| < 2^22: np.rint is a call
+        k = (v * _LOG2E + ROUND) - ROUND  # rint: np.rint is a call numba does not inline
         r = (v - k * _LN2_HI) - k * _LN2_LO
         p = _C6 + r * _C7
         p = _C5 + r * p
@@ -130,7 +130,6 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
     key = (id(run_any), id(attend))  # both are kept for the process (qkernel._ANY, qattention._ATTEND)
     if key in _LAYERS:
         return _LAYERS[key]
-    from .kernel import ROW_CHUNK, quantize_rows, to_half
 
     @njit(nogil=True, cache=True)
     def project(h, mats, start, end, dest):  # pragma: no cover - compiled
@@ -210,4 +209,4 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
     return layers
 
 
-fix_module(globals(), __name__)
+fix_module(globals())

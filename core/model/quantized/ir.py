@@ -16,10 +16,6 @@ configure_numba_cache()
 I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 
-def vector(element: ir.Type, lanes: int) -> ir.VectorType:
-    return ir.VectorType(element, lanes)
-
-
 def fma(builder: ir.IRBuilder, lanes: int = 16) -> Any:
     """llvm.fma on `lanes` float32 lanes, declared in the builder's module."""
     vec = ir.VectorType(F32, lanes)
@@ -32,6 +28,19 @@ def load_halves(builder: ir.IRBuilder, base: Any, index: Any) -> Any:
     v16i16, v16f16 = ir.VectorType(I16, 16), ir.VectorType(ir.HalfType(), 16)
     bits = builder.load(builder.bitcast(builder.gep(base, [index]), v16i16.as_pointer()), align=2)
     return builder.fpext(builder.bitcast(bits, v16f16), ir.VectorType(F32, 16))
+
+
+def loop_back(builder: ir.IRBuilder, counter: Any, step: Any, limit: Any, body: Any, exit_block: Any,
+              carried: Any = ()) -> None:
+    """Close a counted loop at the end of its body: counter + step and each (phi, value) of
+    `carried` fed back, on to `body` while the counter is below `limit`, else to `exit_block`,
+    where the builder is left."""
+    after = builder.add(counter, step)
+    counter.add_incoming(after, builder.block)
+    for phi, value in carried:
+        phi.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", after, limit), body, exit_block)
+    builder.position_at_end(exit_block)
 
 
 def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
@@ -51,4 +60,4 @@ def to_half(typingctx, x):  # pragma: no cover - compiled
     return types.uint16(types.float32), codegen
 
 
-fix_module(globals(), __name__)
+fix_module(globals())

@@ -15,11 +15,13 @@ the rows; extra rows cost only their arithmetic. One kernel per instruction-set 
 the CPU numba compiles for, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES can name; each in a file of
 its own under arch/, the same names in each):
 
-    family       dot of four u8 x s8 inputs a lane              lanes  row tiles
-    avx512vnni   vpdpbusd zmm                                    16     8 4 2 1
-    avxvnni      vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8     8 4 2 1
-    avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8     8 4 2 1
-    generic      plain vector IR with vpdpbusd's arithmetic      16     8 4 2 1
+    family       dot of four u8 x s8 inputs a lane              lanes
+    avx512vnni   vpdpbusd zmm                                    16
+    avxvnni      vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8
+    avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8
+    generic      plain vector IR with vpdpbusd's arithmetic      16
+
+Rows go in tiles of 8, 4, 2 and 1 in every family.
 
 The integer sums are exact in every family (arch/avx2.py says why none overflows), and the float
 steps the same, so every family gives the same bits (tested). An Arm port would add arch/neon.py
@@ -43,22 +45,22 @@ from numba.extending import intrinsic
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fix_module, fixed
 from .arch import FAMILIES
-from .ir import F32 as _F32
-from .ir import I8 as _I8
-from .ir import I16 as _I16
-from .ir import I32 as _I32
-from .ir import I64 as _I64
+from .ir import F32, I8, I16, I32, I64
 from .ir import fma as ir_fma
-from .ir import splat, to_half  # noqa: F401 - to_half: forward.py takes it from here
+from .ir import loop_back, splat
 from .quant import BLOCK, PANEL, Format, Packed
 
 configure_numba_cache()  # before any kernel here is decorated
 
 ROW_CHUNK = 64  # rows per kernel call: a chunk's quantized inputs stay in L2 while the panels stream
+# rows a tile holds, every family alike: on 16 ymm registers 8 rows spill a few to L1 and still beat
+# 4 rows by 6-20% (re-reading and unpacking a panel's weights per 4 rows costs more); docs/quantized.md
+BIG_TILE = 8
+ROUND = np.float32(1.5 * 2**23)  # (v + ROUND) - ROUND is rint(v), ties to even, for |v| < 2^22
+PARALLEL_VALUES = 1 << 15  # row-wise work goes to the threads from this many values (~30 us of it)
 
 ISAS = tuple(FAMILIES)
 LANES = {name: module.LANES for name, module in FAMILIES.items()}
-ROW_TILES = {name: module.ROW_TILES for name, module in FAMILIES.items()}
 ISA_NAMES = {name: module.NAME for name, module in FAMILIES.items()}
 # LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) -> their family
 _NAMED_CPUS = {
@@ -109,7 +111,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
     groups_per_sub = fmt.sub // 4  # groups of four inputs per scale
     subs = BLOCK // fmt.sub  # scales per block of 32
     lanes = LANES[isa_name]
-    vi32, vf32 = ir.VectorType(_I32, lanes), ir.VectorType(_F32, lanes)
+    vi32, vf32 = ir.VectorType(I32, lanes), ir.VectorType(F32, lanes)
 
     @intrinsic
     def tile(typingctx, values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, p, r0, lane0):  # pragma: no cover
@@ -120,12 +122,12 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
             nb = builder.extract_value(arrs[0].shape, 1)  # blocks of 32 along K
             m_dim = builder.extract_value(arrs[5].shape, 1)  # rows of the quantized inputs
             n_out = builder.extract_value(arrs[9].shape, 1)
-            const = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            const = lambda v: ir.Constant(I64, v)  # noqa: E731
             fma = ir_fma(builder, lanes)
             dots = FAMILIES[isa_name].Dots(builder, fmt)
             vec_at = lambda ptr, idx, vec: builder.load(  # noqa: E731
                 builder.bitcast(builder.gep(ptr, [idx]), vec.as_pointer()), align=1)
-            vi8, vi16 = ir.VectorType(_I8, lanes), ir.VectorType(_I16, lanes)
+            vi8, vi16 = ir.VectorType(I8, lanes), ir.VectorType(I16, lanes)
             vhalf = ir.VectorType(ir.HalfType(), lanes)
             lane_bytes = builder.mul(lane0_, const(4))  # this tile's lanes within a 64-byte group
 
@@ -142,7 +144,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
             entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
             builder.branch(loop)
             builder.position_at_end(loop)
-            b = builder.phi(_I64)
+            b = builder.phi(I64)
             b.add_incoming(const(0), entry)
             acc = [builder.phi(vf32) for _ in range(rows)]
             for a in acc:
@@ -191,7 +193,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
                             idx = builder.add(builder.mul(builder.add(builder.mul(b, const(2)), const(h)), m_dim), row[m])
                             v = builder.load(builder.gep(sxd, [idx]))
                             total = v if total is None else builder.add(total, v)
-                        dot = builder.sub(dot, splat(builder, builder.mul(total, ir.Constant(_I32, fmt.offset)), vi32))
+                        dot = builder.sub(dot, splat(builder, builder.mul(total, ir.Constant(I32, fmt.offset)), vi32))
                     d_row = builder.load(builder.gep(dxd, [builder.add(builder.mul(b, m_dim), row[m])]))
                     scaled = builder.fmul(scale, splat(builder, d_row, vf32))
                     new[m] = builder.call(fma, [builder.sitofp(dot, vf32), scaled, new[m]])
@@ -201,12 +203,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
                 for m in range(rows):
                     xs_row = builder.load(builder.gep(xsd, [builder.add(builder.mul(b, m_dim), row[m])]))
                     new[m] = builder.call(fma, [mins_v, splat(builder, xs_row, vf32), new[m]])
-            b_next = builder.add(b, const(1))
-            b.add_incoming(b_next, builder.block)
-            for a, v in zip(acc, new):
-                a.add_incoming(v, builder.block)
-            builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
-            builder.position_at_end(done)
+            loop_back(builder, b, const(1), nb, loop, done, zip(acc, new))
             for m in range(rows):
                 at = builder.add(builder.add(builder.mul(row[m], n_out), builder.mul(p_, const(PANEL))), lane0_)
                 builder.store(new[m], builder.bitcast(builder.gep(od, [at]), vf32.as_pointer()), align=4)
@@ -218,9 +215,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
 
 
 def _driver(fmt: Format, isa_name: str) -> Any:
-    sizes = ROW_TILES[isa_name] + (1,) * (4 - len(ROW_TILES[isa_name]))  # (big, mid, small, 1)
-    big, mid, small = sizes[0], sizes[1], sizes[2]
-    tb, tm, ts, t1 = (_tile(r, fmt, isa_name) for r in sizes)
+    t8, t4, t2, t1 = (_tile(r, fmt, isa_name) for r in (BIG_TILE, 4, 2, 1))
     lanes = LANES[isa_name]
     halves = PANEL // lanes
 
@@ -231,18 +226,17 @@ def _driver(fmt: Format, isa_name: str) -> Any:
             pp = np.int64(job // halves)
             l0 = np.int64(job % halves * lanes)
             r = 0
-            while r + big <= rows:
-                tb(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
-                r += big
-            if mid < big and r + mid <= rows:
-                tm(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
-                r += mid
-            if small < mid and r + small <= rows:
-                ts(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
-                r += small
-            while r < rows:
+            while r + BIG_TILE <= rows:
+                t8(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += BIG_TILE
+            if r + 4 <= rows:
+                t4(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += 4
+            if r + 2 <= rows:
+                t2(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
+                r += 2
+            if r < rows:
                 t1(values, scales, mins, kd, kdmin, xw, dx, sx, xs, out, pp, np.int64(r), l0)
-                r += 1
 
     return fixed(run, f"qkernel.driver.{fmt}.{isa_name}")
 
@@ -276,9 +270,6 @@ def any_driver(formats: tuple[Format, ...], isa_name: str | None = None) -> Any:
 _ANY: dict[tuple[tuple[Format, ...], str], Any] = {}
 
 
-_ROUND = np.float32(1.5 * 2**23)  # (v + _ROUND) - _ROUND is rint(v), ties to even, for |v| < 2^22
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _quantize_row(x, m, q8, dx, sx, xs, block, part):  # pragma: no cover - compiled
     """Row m of x into q8 / dx / sx / xs (Inputs' layout); `block` int32 [32] and `part` float32 [8]
@@ -296,7 +287,7 @@ def _quantize_row(x, m, q8, dx, sx, xs, block, part):  # pragma: no cover - comp
         d = amax / np.float32(127.0)
         inv = np.float32(1.0) / d if amax > 0 else np.float32(0.0)
         for j in range(32):
-            block[j] = min(127, max(-127, np.int32((x[m, 32 * b + j] * inv + _ROUND) - _ROUND)))
+            block[j] = min(127, max(-127, np.int32((x[m, 32 * b + j] * inv + ROUND) - ROUND)))
         s0, s1 = 0, 0
         for j in range(16):
             s0 += block[j]
@@ -328,7 +319,7 @@ def quantize_rows(x, q8, dx, sx, xs):  # pragma: no cover - compiled
     """Each row of x [M, K] to int8 per block of 32 (d = max|x| / 127, q = rint(x / d)), its
     scales, sums per 16 and scaled sums per 32: a row's figures depend on that row alone, so rows
     go to the threads when there are many (a parallel region costs microseconds to start)."""
-    if x.shape[0] * x.shape[1] >= 1 << 15:
+    if x.shape[0] * x.shape[1] >= PARALLEL_VALUES:
         _quantize_parallel(x, q8, dx, sx, xs)
     else:
         _quantize_serial(x, q8, dx, sx, xs)
@@ -376,4 +367,4 @@ def linear(x: np.ndarray, weight: Packed) -> np.ndarray:
     return qmatmul(Inputs(x), weight)[:, : weight.n]
 
 
-fix_module(globals(), __name__)
+fix_module(globals())

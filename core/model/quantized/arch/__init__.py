@@ -3,8 +3,6 @@ every module holds the same names, which core/model/quantized/kernel.py builds i
 
     NAME         how a report names it
     LANES        outputs a vector register holds (16 in 512 bits, 8 in 256)
-    ROW_TILES    rows a tile holds at once, largest first (8 in every family: on 16 ymm registers a
-                 few spill to L1, and 8 rows still beat 4 by 6-20%)
     Dots(builder, fmt)
         .offset_done   True where `dot` already gives sum (q - offset) x (no correction after)
         .prepare(w)    per-block work on a block's weight vectors, shared by every row

@@ -19,7 +19,6 @@ from ..quant import Format
 
 NAME = "AVX2"
 LANES = 8
-ROW_TILES = (8, 4, 2, 1)  # 8 rows spill a few registers to L1 and still run faster than 4 (docs/quantized.md)
 
 
 class Dots:

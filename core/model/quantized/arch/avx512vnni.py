@@ -12,7 +12,6 @@ from ..quant import Format
 
 NAME = "AVX-512 VNNI"
 LANES = 16
-ROW_TILES = (8, 4, 2, 1)
 
 
 class Dots:

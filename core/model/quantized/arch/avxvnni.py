@@ -10,7 +10,6 @@ from .avx512vnni import Dots as Dots512
 
 NAME = "AVX-VNNI"
 LANES = 8
-ROW_TILES = (8, 4, 2, 1)  # 8 rows spill a few registers to L1 and still run faster than 4 (docs/quantized.md)
 
 
 class Dots(Dots512):
