@@ -10,7 +10,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -19,8 +19,8 @@ from .check import check_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, default_drafter, existing_store,
-                      keep_cost, specx_home, store_path)
+from .options import DbOpt, JsonOpt, existing_store, specx_home, store_path, tenant_option
+from .replay import replay_cmd
 from .serve import serve_cmd
 from .trial import engines_cmd
 
@@ -53,6 +53,9 @@ def ingest(
                                                                   "detecting it from content.")] = None,
     model: Annotated[str, typer.Option("--model", "--tokenizer", help="Whose tokenizer to tokenize outputs with: "
                                        "built-in name, HF folder or .gguf file.", envvar="SPECX_MODEL")] = "smollm2-135m",
+    tenant: Annotated[str, tenant_option("Whose history the logs are: a tenant name (1-64 letters, digits, '_', "
+                                         "'.', '-'; 'public': shared, every tenant drafts from it). Default: the "
+                                         "default tenant. The same file for two tenants is two histories.")] = "",
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -80,7 +83,7 @@ def ingest(
     else:
         with Store(path) as store, output.progress() as bar:
             task = bar.add_task("ingest", total=len(inputs.logs))
-            report = run_ingest(store, inputs, tokenizer,
+            report = run_ingest(store, inputs, tokenizer, tenant=tenant,
                                 on_file=lambda p: bar.update(task, advance=1, description=f"ingest {p.name}"))
     if json_out:
         output.print_json(report.to_json())
@@ -107,16 +110,24 @@ def ingest(
 def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """What the store holds: sources by format, sessions, calls, tokens per tokenizer, bytes on disk vs raw logs.
 
+    A store with tenants besides the default one also lists each tenant's calls.
+
     Example: [bold]specx ls --json[/]
     """
     from specx.store.db import Store
+    from specx.store.tenants import tenants_in
 
     path = existing_store(db)
     with Store(path, readonly="auto") as store:
         stats = store.stats()
+        columns = {row[1] for row in store.db.execute("PRAGMA table_info(sources)")}
+        stats["tenants"] = tenants_in(store) if "tenant" in columns else {}  # read-only and older: none
     if json_out:
         output.print_json(stats)
         return
+    if set(stats["tenants"]) - {""}:
+        output.print_table("tenants", ["tenant", "calls"],
+                           [[name or "(default)", n] for name, n in stats["tenants"].items()])
     output.print_table(f"{stats['path']}", ["format", "sources", "calls", "raw bytes"],
                        [[r["format"], r["sources"], r["calls"], r["raw_bytes"]] for r in stats["by_format"]])
     output.print_table("tokens", ["tokenizer", "fingerprint", "calls", "tokens", "indexed tokens"],
@@ -129,229 +140,7 @@ def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
                          stats["messages"], stats["disk_bytes"], stats["raw_log_bytes"], ratio]])
 
 
-@app.command("replay")
-def replay_cmd(
-    db: DbOpt = None,
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer whose stored tokens to replay (as given to ingest).",
-                                           envvar="SPECX_MODEL")] = "smollm2-135m",
-    model: Annotated[Optional[str], typer.Option(help="Re-run the stored prompts through this model (built-in name, "
-                                                     "HF folder, .gguf file or hub id): plain decoding, transformers' "
-                                                     "prompt lookup and specx, measured.")] = None,
-    max_tokens: Annotated[int, typer.Option(min=1, help="With --model: most tokens generated per call.")] = 64,
-    dtype: Annotated[str, typer.Option(help="With --model: weights dtype (auto, float32, bfloat16, float16).")] = "auto",
-    backend: BackendOpt = "auto",
-    drafters: Annotated[Optional[str], typer.Option("--drafter", show_default=False, help="specx's drafter(s), comma-"
-                        "separated: suffix (specx), table, hybrid (default with --model: serve's; else suffix).")] = None,
-    prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="With --model: KV entries of past prompts each "
-                                                                 "method may reuse for prompts that start the same "
-                                                                 "way (0: prefill every prompt whole).")] = 8192,
-    fmt: Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")] = None,
-    source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
-    llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
-    agent: Annotated[ListOpt, typer.Option(help="Only calls of this agent role (repeatable).")] = None,
-    session: Annotated[ListOpt, typer.Option(help="Only sessions whose id contains this (repeatable).")] = None,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="Replay at most this many calls.")] = None,
-    by: Annotated[str, typer.Option(help="Group results by: format, source, model, agent or session.")] = "format",
-    warm: Annotated[bool, typer.Option(help="Pre-load the outputs of sessions outside the selection into the "
-                                            "global index (default: it starts empty and learns online).")] = False,
-    prompt_window: Annotated[Optional[int], typer.Option(min=0, help="Prompt tokens in the request index (the last "
-                                                       "N; default 4096, or 1024 with --model).")] = None,
-    max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,
-    max_spec_factor: Annotated[Optional[float], typer.Option(min=0, help="Draft at most factor x match length tokens "
-                                                           "(default 1, or 4 with --model, where cost-aware "
-                                                           "sizing cuts what does not pay).")] = None,
-    min_token_prob: Annotated[float, typer.Option(min=0, max=1, help="Drop draft nodes less likely than this.")] = 0.1,
-    max_depth: Annotated[int, typer.Option(min=1, max=512, help="Longest context suffix matched.")] = 64,
-    tree: Annotated[bool, typer.Option("--tree/--path", help="Draft trees (verified as trees) or single paths.")] = True,
-    merge: Annotated[bool, typer.Option(help="Verify the union of the request and global indexes' best trees "
-                                             "(--no-merge: only the better one).")] = True,
-    baselines: Annotated[bool, typer.Option(help="Also replay prompt lookup, each index alone and the reference "
-                                                 "implementation (when installed), on the same calls.")] = True,
-    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG or SVG: tokens per step against "
-                                                                     "calls replayed, and accepted lengths.")] = None,
-    project: Annotated[bool, typer.Option(help="Project the speedup over plain decoding and over prompt lookup "
-                                               "on each cost curve (replays again with drafts cut to what pays, "
-                                               "on curves that are not flat).")] = True,
-    cost_curve: Annotated[Optional[list[Path]], typer.Option(help="A cost curve file for the projection, JSON "
-                                                                  "{\"1\": 1.0, \"8\": 1.3, ...} (repeatable; "
-                                                                  "flat and cpu are built in).")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Replay stored calls without a model: how many tokens per verification step would speculation give?
-
-    Each recorded output is replayed as if the model wrote it (a simulated verifier): draft, accept
-    the longest draft path equal to the recording, add one bonus token, repeat. The request index
-    holds the call's prompt and output so far; the global index holds the outputs of the calls
-    already replayed. Every output must be rebuilt exactly. The projected speedup turns that into
-    time on a cost curve (the relative cost of verifying k tokens at once): flat (a large model on
-    a GPU at small batch), cpu (the built-in model on a 2-core CPU), or --cost-curve files; `specx
-    entropy` predicts the same figures from a sample of the calls.
-
-    With --model, the stored prompts go through the model instead: plain greedy decoding,
-    transformers' prompt lookup and specx take turns call by call, each output of specx entering
-    the global index at once, as when serving (--drafter: each drafter a method of its own; the
-    table and the hybrid learn the model's successor table from their passes, warm from the store's). Reported: tokens/s, speedups, and the calls whose
-    output is identical to plain decoding's.
-
-    Example: [bold]specx replay --format swe-agent --plot swe.png[/]
-    Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
-    Example: [bold]specx replay --model smollm2-135m --source multi-agent --limit 24 --drafter suffix,hybrid[/]
-    """
-    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
-    from specx.core.predict import methods as replay_lib
-    from specx.store.db import Store
-    from specx.store.prompts import prompt_tokens
-    from specx.store.selection import GROUPS, outside_sessions, select_calls
-    from . import predict as predict_lib
-
-    if by not in GROUPS:
-        raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
-    if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg"):
-        raise typer.BadParameter("must end in .png or .svg", param_hint="--plot")
-    path = existing_store(db)
-    if prompt_window is None:
-        prompt_window = 4096 if model is None else 1024
-    if max_spec_factor is None:
-        max_spec_factor = 1.0 if model is None else 4.0
-    if model is None and drafters not in (None, "suffix"):
-        raise typer.BadParameter("the model-free replay drafts from the suffix index only: the successor table "
-                                 "holds the model's own predictions, which only a replay with --model has",
-                                 param_hint="--drafter")
-    if model is not None:
-        if plot_file is not None:
-            raise typer.BadParameter("--plot is for the model-free replay", param_hint="--plot")
-        return _replay_with_model(path, model, dtype=dtype, backend=backend, window=prompt_window,
-                                  drafters=check_drafters(drafters, many=True),
-                                  max_tokens=max_tokens, warm=warm, baselines=baselines, json_out=json_out,
-                                  selection=dict(formats=fmt, sources=source, models=llm, agents=agent,
-                                                 sessions=session, limit=limit),
-                                  params={"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
-                                          "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree,
-                                          "merge": merge, "prompt_window": prompt_window},
-                                  prefix_cache_tokens=prefix_cache_tokens)
-    curves = predict_lib.cost_curves(cost_curve) if project else []
-    tok = load_tokenizer(tokenizer, specx_home() / "models")
-    with Store(path, readonly="auto") as store:
-        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
-        if tokenizer_id is None:
-            raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
-                                     param_hint="--tokenizer")
-        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent,
-                             sessions=session, limit=limit)
-        if not calls:
-            raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
-        output.note(f"replaying {len(calls):,} calls; rendering prompts (last {prompt_window} tokens)")
-        prompts = prompt_tokens(store, tok, calls, prompt_window)
-        outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
-        warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
-            if warm else []
-    params = {"max_spec_tokens": max_spec_tokens, "max_spec_factor": max_spec_factor,
-              "min_token_prob": min_token_prob, "max_depth": max_depth, "tree": tree, "merge": merge,
-              "prompt_window": prompt_window, "warm_outputs": len(warm_tokens)}
-    methods = ["specx"]
-    if baselines:
-        methods += (["specx_unmerged"] if merge else []) + ["global_only", "request_only", "prompt_lookup"]
-        if replay_lib.reference_available():
-            methods.append("reference")
-    with output.progress() as bar:
-        task = bar.add_task("replay", total=len(calls) * len(methods))
-        result = replay_lib.run_replay(calls, prompts, outputs, warm_tokens, params, by, methods,
-                                       on_call=lambda: bar.advance(task))
-    if curves:
-        with output.progress() as bar:
-            task = bar.add_task("projection", total=len(calls))
-            result.projection = predict_lib.project_replay(calls, prompts, outputs, warm=warm_tokens, params=params,
-                                                           by=by, curves=curves, result=result,
-                                                           on_call=lambda: bar.advance(task))
-        result.cost_curves = predict_lib.curves_json(curves)
-    if plot_file is not None:
-        replay_lib.plot(result, plot_file)
-        output.note(f"plot: {plot_file}")
-    data = result.to_json()
-    if json_out:
-        output.print_json(data)
-        return
-    keys = ["calls", "output_tokens", "steps", "tokens_per_step", "accepted_per_step", "acceptance_rate",
-            "mean_draft_size", "draft_us_per_token", "update_us_per_token"]
-    output.print_table(f"replay by {by} (specx, {'tree' if tree else 'path'} drafts)", [by] + keys,
-                       [[g["key"]] + [g[k] for k in keys] for g in data["groups"]]
-                       + [["overall"] + [data["overall"][k] for k in keys]], caption=_REPLAY_CAPTION)
-    if data["baselines"]:
-        rows = [["specx"] + [data["overall"][k] for k in keys]]
-        rows += [[name] + [stats[k] for k in keys] for name, stats in data["baselines"].items()]
-        output.print_table("methods on the same calls", ["method"] + keys, rows, caption=_REPLAY_CAPTION)
-    if curves:
-        output.print_table(f"projected speedup of specx by {by} (cost curve: x plain decoding / x prompt lookup)",
-                           [by] + [c.name for c in curves],
-                           [[row["key"]] + [predict_lib.speedups_cell(row["projected_speedup"][c.name]) for c in curves]
-                            for row in data["groups"] + [{"key": "overall"} | data]],
-                           caption="higher is better; drafts cut to what pays on curves that are not flat "
-                                   "(docs/predict.md)")
-
-
-_REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us columns: lower is better"
-
-
-def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, window: int, max_tokens: int, warm: bool,
-                       baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
-                       prefix_cache_tokens: int = 0, drafters: list[str]) -> None:
-    from specx.core.predict import methods as replay_lib
-    from specx.core.predict.compare import DRAFTER_METHODS
-    from specx.store.db import Store
-    from specx.core.index.successors import SuccessorTable
-    from specx.store.prompts import model_prompts
-    from specx.store.selection import outside_sessions, select_calls
-    from specx.store.successors import table_key
-
-    from .assemble import assemble, kept_table
-
-    stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
-    engine, tok, cost = stack.engine, stack.tokenizer, stack.cost
-    drafters = drafters or [default_drafter(engine)]  # none given: the engine's
-    with Store(path, readonly="auto") as store:
-        tokenizer_id = store.tokenizer_id(stack.fingerprint)
-        if tokenizer_id is None:
-            raise typer.BadParameter(f"the store has no tokens for {model!r}'s tokenizer: ingest with --model {model}",
-                                     param_hint="--model")
-        calls = select_calls(store, tokenizer_id, **selection)
-        calls, prompts = model_prompts(store, tok, calls, window)
-        if not calls:
-            raise typer.BadParameter("no stored call with a prompt matches the selection",
-                                     param_hint="--format/--source/...")
-        warm_tokens = [store.call_tokens(c.id, tokenizer_id) for c in outside_sessions(store, tokenizer_id, calls)] \
-            if warm else []
-        kept = kept_table(store, table_key(Path(model).name, stack.fingerprint), engine.vocab_size, output.note) \
-            if warm and drafters != ["suffix"] else None
-    tables = (lambda: SuccessorTable.from_bytes(kept.to_bytes())) if kept is not None else None  # a warm copy each
-    methods = ["plain", "prompt_lookup", "specx"] if baselines and engine.prompt_lookup else ["plain", "specx"]
-    if baselines and not engine.prompt_lookup:
-        output.note("on llama.cpp the replay compares plain decoding and specx (llama.cpp's own prompt lookup: "
-                    "examples/llamacpp_bench.py)")
-    shown = [m for m in methods if m != "specx"] + [DRAFTER_METHODS[d] for d in drafters]
-    output.note(f"replaying {len(calls):,} calls through {model} ({', '.join(shown)}; {sum(map(len, prompts)):,} "
-                f"prompt tokens, at most {max_tokens} new tokens each)")
-    with output.progress() as bar:
-        task = bar.add_task("replay", total=len(calls) * len(shown))
-        result = replay_lib.run_model_replay(engine, tok, prompts, warm_tokens,
-                                             params=params | {"warm_outputs": len(warm_tokens)}, methods=methods,
-                                             max_tokens=max_tokens, cost=cost, on_call=lambda: bar.advance(task),
-                                             prefix_cache_tokens=prefix_cache_tokens, drafters=drafters,
-                                             table=tables)
-    keep_cost(cost, output.note)
-    result.model, result.backend, result.dtype = model, engine.name, engine.precision
-    if result.comparison.busy:
-        output.note(result.comparison.busy)
-    data = result.to_json()
-    if json_out:
-        output.print_json(data)
-        return
-    keys = ["tokens_per_s", "speedup_vs_plain", "speedup_vs_prompt_lookup", "tokens", "seconds", "identical_calls",
-            "tokens_per_step", "accepted_per_step"]
-    output.print_table(f"replay through {model}: {len(calls)} calls, greedy", ["method"] + keys,
-                       [[name] + [row.get(k) for k in keys] for name, row in data["methods"].items()],
-                       caption="higher tokens_per_s and speedup are better; identical_calls should equal calls")
-
-
+app.command("replay")(replay_cmd)
 app.command("entropy")(entropy_cmd)
 app.command("check")(check_cmd)
 app.command("merge")(merge_cmd)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home
+from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, tenant_option
 from .predict import DEFAULT_SAMPLE_CALLS, SAMPLINGS
 
 
@@ -26,6 +26,8 @@ def entropy_cmd(
     source: Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")] = None,
     llm: Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")] = None,
     agent: Annotated[ListOpt, typer.Option(help="Only calls of this agent role (repeatable).")] = None,
+    tenant: Annotated[Optional[str], tenant_option("Only this tenant's calls (its history is all the prediction "
+                                                   "replays them with). Default: every tenant's.")] = None,
     predict: Annotated[bool, typer.Option(help="Also predict the tokens per step `specx replay` would measure "
                                                "(with its defaults) and the speedup, by replaying a sample of "
                                                "the calls.")] = True,
@@ -85,7 +87,8 @@ def entropy_cmd(
         if tokenizer_id is None:
             raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
                                      param_hint="--tokenizer")
-        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent)
+        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent,
+                             tenants=None if tenant is None else [tenant])
         if not calls:
             raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
         groups: dict[str, list] = {}

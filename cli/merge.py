@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, store_path
+from .options import DbOpt, JsonOpt, store_path, tenant_option
 
 
 def merge_cmd(
     stores: Annotated[list[Path], typer.Argument(help="The stores to merge in (read only).")],
+    tenant: Annotated[Optional[str], tenant_option("Merge every source into this tenant's history (the same "
+                                                   "store merged for two tenants is two histories). Default: each "
+                                                   "source keeps its own tenant.")] = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -22,7 +25,8 @@ def merge_cmd(
     copied again, and merging twice adds nothing. A store that cannot be read is reported and the
     others are merged (exit status 1); so is a successor table that is damaged or for another
     vocabulary (named with its store). `--json` gives each store's outcome under "stores". The way to scale past one machine: each replica serves and
-    records into its own store (SPECX_RECORD=1), and the central store merges them.
+    records into its own store (SPECX_RECORD=1), and the central store merges them. With --tenant,
+    a source of another tenant gets the keys it has in that tenant's history.
 
     Example: [bold]specx merge replica-a.db replica-b.db --db central.db --json[/]
     """
@@ -38,7 +42,7 @@ def merge_cmd(
                     raise StoreError(f"{other}: no such store")
                 with Store(other, readonly=True) as src, output.progress() as bar:
                     task = bar.add_task(f"merge {other.name}: sources", total=None)
-                    report = merge(dest, src, on_source=lambda p: bar.advance(task))
+                    report = merge(dest, src, on_source=lambda p: bar.advance(task), tenant=tenant)
             except (StoreError, ValueError) as exc:
                 errors.append(str(exc))
                 outcomes.append({"store": str(other), "outcome": "not merged", "errors": [str(exc)]})

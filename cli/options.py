@@ -147,3 +147,21 @@ def keep_cost(cost: Any, say: Callable[[str], None] = lambda message: None) -> N
         cost.keep()
     except (OSError, ValueError) as exc:
         say(f"forward-pass cost: cannot keep it in {cost.kept_at} ({exc})")
+
+
+def _checked_tenant(value: str | None) -> str | None:
+    """--tenant's value: a tenant name (store/tenants.check_tenant), '' (the default tenant), or
+    None (not given); typer.BadParameter (exit status 2, before anything is read) otherwise."""
+    if not value:
+        return value
+    from specx.store.tenants import check_tenant
+
+    try:
+        return check_tenant(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def tenant_option(help: str) -> Any:
+    """The --tenant option of ingest, merge, entropy and replay, checked as it is parsed."""
+    return typer.Option("--tenant", help=help, callback=_checked_tenant, show_default=False)

@@ -30,8 +30,24 @@ def serve_cmd(
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.",
+    api_key: Annotated[Optional[str], typer.Option(help="Require `Authorization: Bearer KEY` on /v1/* (with "
+                                                        "--tenant: the operator's key, for /metrics).",
                                                    envvar="SPECX_API_KEY", show_default=False)] = None,
+    tenant: Annotated[Optional[list[str]], typer.Option(help="NAME:KEY (repeatable): a request sent with `Bearer "
+                                                        "KEY` drafts from tenant NAME's history and the public "
+                                                        "corpora only, and teaches NAME's alone (docs/security.md).",
+                                                        show_default=False)] = None,
+    shape_stream: Annotated[Optional[bool], typer.Option("--shape-stream/--no-shape-stream", help="One token per "
+                                                         "streamed event on a steady clock, so the wire does not show "
+                                                         "which drafts were accepted (default: on with --tenant).",
+                                                         show_default=False)] = None,
+    stream_interval: Annotated[Optional[float], typer.Option(min=0, help="With shaping: milliseconds between "
+                                                             "tokens (default: the learned cost of a one-token pass, "
+                                                             "plain decoding's pace).", show_default=False)] = None,
+    show_speculation: Annotated[Optional[bool], typer.Option("--show-speculation/--hide-speculation", help="Tell "
+                                                             "clients their speculation figures (the body's `specx` "
+                                                             "and accepted prediction tokens; default: shown "
+                                                             "without --tenant).", show_default=False)] = None,
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         help="Name(s) clients use for the model (repeatable; default: the --model value).")] = None,
     speculation: Annotated[bool, typer.Option("--speculation/--no-speculation", help="Draft from the suffix index "
@@ -87,7 +103,13 @@ def serve_cmd(
     With --engine vllm, specx hands over to `vllm serve` (SPECX_DB set, method "suffix"): vLLM
     batches and verifies, specx drafts from and records into the same store (see the README).
 
+    With --tenant, each key is a tenant: its requests draft from its own history (its logs,
+    `specx ingest --tenant NAME`, its corpora, POST /v1/corpus, what its requests taught) and the
+    public corpora, and the stream is shaped. The store is followed live: what is ingested or
+    merged into it while the server runs drafts within a second or two.
+
     Example: [bold]specx serve --port 8000 --api-key secret[/]  then  OPENAI_BASE_URL=http://127.0.0.1:8000/v1
+    Example: [bold]specx serve --tenant team-a:KEY_A --tenant team-b:KEY_B --api-key OPERATOR_KEY[/]
     Example: [bold]specx serve --engine vllm --vllm .venv-vllm/bin/python --db agents.db --vllm-arg=--gpu-memory-utilization=0.3[/]
     """
     api_key = check_api_key(api_key)  # one line at start for a key no client could send
@@ -96,6 +118,18 @@ def serve_cmd(
     if check_drafters(drafter_name) not in ([], ["suffix"]) and engine == "vllm":
         raise typer.BadParameter("inside vLLM specx drafts from its suffix index only (the successor table learns "
                                  "from the logits, which vLLM keeps to itself)", param_hint="--drafter")
+    try:
+        from .http.auth import parse_tenants
+        tenants = parse_tenants(tenant, api_key)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tenant") from None
+    if tenants and engine == "vllm":
+        raise typer.BadParameter("tenants are specx's own server's (vLLM's drafter reads one store)",
+                                 param_hint="--tenant")
+    if tenants and check_drafters(drafter_name) not in ([], ["suffix"]):
+        raise typer.BadParameter("with tenants specx drafts from the suffix index only: the successor table learns "
+                                 "from every request's logits and would carry one tenant's text into another's drafts",
+                                 param_hint="--drafter")
     if tool_call_parser is not None and tool_call_parser not in PARSERS:
         raise typer.BadParameter(f"must be one of {', '.join(PARSERS)}", param_hint="--tool-call-parser")
     if engine == "vllm":
@@ -113,6 +147,8 @@ def serve_cmd(
     from .assemble import assemble
     from .engines import trial_possible
     from .http.app import Api
+    from .http.corpus import Corpora
+    from .live import DEFAULT_PACE_S, live_store, stream_pace
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))
@@ -124,7 +160,13 @@ def serve_cmd(
     _check_address(host, port)  # before anything loads: a taken port is a quick, clear error
     names = served_model_name or [model]
     metrics = Metrics()
-    api = Api(metrics, names, api_key, allowed_origins, tool_call_parser)
+    shaped = shape_stream if shape_stream is not None else bool(tenants)
+    pace: list[Any] = [lambda req: DEFAULT_PACE_S]  # the stack's learned cost, once loaded
+
+    api = Api(metrics, names, api_key, allowed_origins, tool_call_parser, tenants=tenants,
+              pace=(lambda req: pace[0](req)) if shaped else None,
+              show_speculation=show_speculation if show_speculation is not None else not tenants)
+    api.corpora = Corpora(api, store_path(db))
     failed: list[BaseException] = []
 
     def load() -> None:
@@ -133,11 +175,20 @@ def serve_cmd(
             api.stage = f"loading {model}"
             log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
             path = store_path(db)
-            stack = assemble(model, backend=backend, dtype=dtype, say=log.info, chat_template=chat_template, db=path,
-                             create_store=True, speculation=speculation, cost_aware=speculation and cost_aware,
-                             max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor,
-                             prefix_cache_tokens=prefix_cache_tokens, drafter=drafter_name,
+            stack = assemble(model, backend=backend, dtype=dtype, say=log.info, chat_template=chat_template,
+                             db=None if tenants else path, create_store=True, speculation=speculation,
+                             cost_aware=speculation and cost_aware, max_spec_tokens=max_spec_tokens,
+                             max_spec_factor=max_spec_factor, prefix_cache_tokens=prefix_cache_tokens,
+                             drafter=drafter_name or ("suffix" if tenants else None),
                              stage=lambda what: setattr(api, "stage", what))
+            api.stage = "the tenants' indexes" if tenants else "following the store"
+            scopes, watcher = live_store(stack, path, list(tenants), log.info)
+            api.corpora.start(stack.fingerprint, watcher)
+            pace[0] = stream_pace(stack, stream_interval)
+            log.info("stream: %s; speculation figures %s to clients", "shaped (one token per event, %s)" % (
+                f"{stream_interval:g} ms apart" if stream_interval is not None else "at the pace of a one-token pass")
+                if shaped else "one event per verification step (not shaped)",
+                "shown" if api.show_speculation else "hidden")
             context_length = stack.engine.context_length
             if max_model_len is not None and max_model_len > context_length:
                 raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
@@ -151,7 +202,7 @@ def serve_cmd(
             worker = Worker(stack, max_queue=max_queue, max_batch=batch, metrics=metrics, recorder=recorder,
                             vocabulary=vocabulary,
                             save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
-                            debug=bool(os.environ.get("SPECX_DEBUG")))
+                            scopes=scopes, debug=bool(os.environ.get("SPECX_DEBUG")))
             log.info("batching: %s", f"up to {worker.max_batch} requests share each forward pass" if worker.batched
                      else f"off (one request at a time: {stack.engine.name} passes are not batched)"
                      if batch > 1 else "off (--max-batch 1)")
@@ -162,7 +213,7 @@ def serve_cmd(
                          " (the chat template ignores tools: their schemas go into the system prompt)")
                 log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
                          ", ".join(names), host, port, "on" if speculation else "off",
-                         f"{stack.global_index.num_tokens:,}", path)
+                         f"{worker.index_tokens:,}", path)
 
             api.ready(worker, min(max_model_len or context_length, context_length), announce)
             if speculation and backend == "auto" and trial_possible(model):

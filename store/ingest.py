@@ -18,9 +18,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .calls import calls_missing_tokens, ids_without_tokens, insert_calls, insert_tokens
-from .db import Store, content_key
+from .db import Store
 from .formats import Call, ParseError, find_logs, read_calls
 from .index import MAX_DEPTH, update_index
+from .tenants import DEFAULT, check_tenant, session_scope, source_key
 
 MAX_OUTPUT_CHARS = 1 << 20  # a call's output longer than this is refused (named), not tokenized: ~150 bytes a
                             # character in the tokenizer would take gigabytes (seen: 6.4 GB for 43 MB)
@@ -139,9 +140,13 @@ def find_inputs(paths: list[Path], fmt: str | None = None) -> Inputs:
 
 
 def ingest(store: Store, paths: list[Path] | Inputs, tokenizer: Tokenizer, fmt: str | None = None,
-           on_file: Callable[[Path], None] = lambda p: None, max_depth: int = MAX_DEPTH) -> IngestReport:
-    """Store every call of the logs under `paths` (or of inputs found by `find_inputs`), tokenize
+           on_file: Callable[[Path], None] = lambda p: None, max_depth: int = MAX_DEPTH,
+           tenant: str = DEFAULT) -> IngestReport:
+    """Store every call of the logs under `paths` (or of inputs found by `find_inputs`) in
+    `tenant`'s history (store/tenants.py: the same file for two tenants is two histories), tokenize
     new outputs, bring the index up to date."""
+    if tenant != DEFAULT:
+        check_tenant(tenant)
     inputs = paths if isinstance(paths, Inputs) else find_inputs(paths, fmt)
     report = inputs.report
     known_tokenizer = store.tokenizer_id(name=tokenizer.name)
@@ -150,7 +155,7 @@ def ingest(store: Store, paths: list[Path] | Inputs, tokenizer: Tokenizer, fmt: 
         report.files += 1
         counts = (report.calls, report.new_calls, report.duplicate_calls, report.new_tokens, dict(report.by_format))
         try:
-            _ingest_file(store, path, detected, root, tokenizer, known_tokenizer, report)
+            _ingest_file(store, path, detected, root, tokenizer, known_tokenizer, report, tenant)
         except ParseError as exc:
             report.error(exc.path, exc.message, exc.line)
         except (OSError, UnicodeError, sqlite3.OperationalError) as exc:
@@ -187,10 +192,10 @@ def disk_full(exc: BaseException) -> bool:
 
 
 def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Tokenizer,
-                 known_tokenizer: int | None, report: IngestReport) -> None:
+                 known_tokenizer: int | None, report: IngestReport, tenant: str = DEFAULT) -> None:
     sha, size = file_sha256(path)
-    source_key = content_key(fmt, sha)
-    previous = store.source(source_key)
+    key = source_key(fmt, sha, tenant)
+    previous = store.source(key)
     if previous is not None and previous["error"] is None and known_tokenizer is not None \
             and not calls_missing_tokens(store, previous["id"], known_tokenizer):
         report.skipped_files += 1
@@ -208,7 +213,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
                 calls.append(item)
     except ParseError as exc:
         with store.db.atomic():
-            _upsert_source(store, source_key, path, fmt, sha, size, 0, 1, exc.message)
+            _upsert_source(store, key, path, fmt, sha, size, 0, 1, exc.message, tenant)
         raise
     kept = []
     for call in calls:  # a record past the bound would take gigabytes in the tokenizer: refused, named
@@ -224,12 +229,13 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
     tok = tokenizer.get()  # outputs may need tokens: load it now (fast once cached)
     with store.db.atomic():  # one transaction per file: a killed ingest leaves the file all in or all out
         tokenizer_id = store.add_tokenizer(tokenizer.fingerprint, tokenizer.name, len(tok))
-        source_id = _upsert_source(store, source_key, path, fmt, sha, size, len(calls), num_errors, None)
+        source_id = _upsert_source(store, key, path, fmt, sha, size, len(calls), num_errors, None, tenant)
         # Sessions are told apart by the file they come from (by its real path: the same file
         # named another way is the same session), so the same instance id in two submissions'
-        # folders stays two sessions.
-        call_ids, num_new = insert_calls(store, source_id, path, fmt, calls, scope=str(path.resolve()),
-                                          legacy_scope=path.name)
+        # folders stays two sessions; and by the tenant, so two tenants' sessions stay apart.
+        call_ids, num_new = insert_calls(store, source_id, path, fmt, calls,
+                                          scope=session_scope(str(path.resolve()), tenant),
+                                          legacy_scope=path.name if tenant == DEFAULT else None)
         missing = set(ids_without_tokens(store, call_ids, tokenizer_id))
         todo = [(cid, call.output_text) for cid, call in zip(call_ids, calls) if cid in missing]
         todo = list(dict(todo).items())  # a call repeated within the file is tokenized once
@@ -242,12 +248,12 @@ def _ingest_file(store: Store, path: Path, fmt: str, root: Path, tokenizer: Toke
 
 
 def _upsert_source(store: Store, key: bytes, path: Path, fmt: str, sha: str, size: int, num_calls: int,
-                   num_errors: int, error: str | None) -> int:
-    store.db.execute(
-        "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error)"
-        " VALUES (?, ?, ?, ?, ?, datetime('now'), ?, ?, ?) ON CONFLICT(key) DO UPDATE SET path = excluded.path,"
+                   num_errors: int, error: str | None, tenant: str = DEFAULT) -> int:
+    store.db.execute(  # the key carries the tenant: a conflict is the same tenant's source
+        "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error, tenant)"
+        " VALUES (?, ?, ?, ?, ?, datetime('now'), ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET path = excluded.path,"
         " ingested_at = excluded.ingested_at, num_calls = excluded.num_calls, num_errors = excluded.num_errors,"
-        " error = excluded.error", [key, str(path), fmt, sha, size, num_calls, num_errors, error])
+        " error = excluded.error", [key, str(path), fmt, sha, size, num_calls, num_errors, error, tenant])
     return store.db.execute("SELECT id FROM sources WHERE key = ?", [key]).fetchone()[0]
 
 

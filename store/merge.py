@@ -8,6 +8,13 @@ tokenizer the other store has; a call both hold gains the token rows it lacks. E
 other store is copied in one transaction, so an interrupted merge leaves whole sources. The
 persisted index of each tokenizer that gained token rows is brought up to date at the end, and each
 model's successor table is copied, or merged with this store's (store/successors.py).
+
+Each source keeps its tenant (store/tenants.py), or with `tenant` every source goes into that
+tenant's history: a source of another tenant then gets the key it would have there (a log's: what
+`specx ingest --tenant` gives it; a corpus's: its name in the tenant), and its sessions and calls
+keys derived from theirs and the tenant, so two tenants merging one store hold separate rows, and
+merging it again adds nothing. A source whose key another tenant holds in `dest` gets derived keys
+too: no row is shared between tenants.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from .calls import existing_id, insert_tokens
-from .db import PackWriter, Store, StoreError
+from .db import PackWriter, Store, StoreError, content_key
 from .index import update_index
 from .successors import merge_tables
+from .tenants import CORPUS_FORMAT, DEFAULT, check_tenant, source_key
 
 
 @dataclass
@@ -42,10 +50,14 @@ class MergeReport:
             "tokenizers": sorted(self.tokenizers.values())}
 
 
-def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda path: None) -> MergeReport:
-    """Copy into `dest` what `src` holds and `dest` lacks; update `dest`'s indexes."""
+def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda path: None,
+          tenant: str | None = None) -> MergeReport:
+    """Copy into `dest` what `src` holds and `dest` lacks; update `dest`'s indexes. `tenant`: into
+    that tenant's history (None: each source into its own tenant's)."""
     if dest.path.resolve() == src.path.resolve():
         raise ValueError(f"{src.path}: a store cannot be merged into itself")
+    if tenant not in (None, DEFAULT):
+        check_tenant(tenant)
     report = MergeReport()
     tokenizers = [(tid, fp, name, vocab) for tid, fp, name, vocab in
                   src.db.execute("SELECT id, fingerprint, name, vocab_size FROM tokenizers ORDER BY id")]
@@ -56,7 +68,7 @@ def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda pat
         try:
             with dest.db.atomic():  # a damaged block leaves this source out whole, and the others go on
                 tokenizer_ids = {tid: dest.add_tokenizer(fp, name, vocab) for tid, fp, name, vocab in tokenizers}
-                _merge_source(dest, src, source, tokenizer_ids, done)
+                _merge_source(dest, src, source, tokenizer_ids, done, tenant)
         except StoreError as exc:
             report.damaged.append(f"{source['path']}: not merged: {exc}")
             continue
@@ -69,28 +81,57 @@ def merge(dest: Store, src: Store, on_source: Callable[[str], None] = lambda pat
     return report
 
 
+class _Keys:
+    """The keys a source's rows get in `dest`: their own (the source stays in its tenant), or,
+    moved into another tenant, the source's key there and its sessions' and calls' derived from
+    theirs and the tenant (a session's key hashes a scope that the store does not keep)."""
+
+    def __init__(self, source: dict[str, Any], tenant: str | None) -> None:
+        own = source.get("tenant", DEFAULT)  # a store from before tenants has no column: the default's
+        self.tenant = own if tenant is None else tenant
+        self.moved = self.tenant != own
+        key, fmt, sha = source["key"], source["format"], source["sha256"]
+        self.source = key
+        if self.moved:
+            corpus = source["path"].removeprefix("corpus/")
+            if sha and key == source_key(fmt, sha, own):
+                self.source = source_key(fmt, sha, self.tenant)
+            elif fmt == CORPUS_FORMAT and key == content_key(CORPUS_FORMAT, own, corpus):
+                self.source = content_key(CORPUS_FORMAT, self.tenant, corpus)
+            else:
+                self.source = self(key)
+
+    def __call__(self, key: bytes) -> bytes:
+        return content_key("tenant", self.tenant, key.hex()) if self.moved else key
+
+
 def _merge_source(dest: Store, src: Store, source: dict[str, Any], tokenizer_ids: dict[int, int],
-                  report: MergeReport) -> None:
-    source_id = existing_id(dest, "sources", source["key"])
+                  report: MergeReport, tenant: str | None = None) -> None:
+    keys = _Keys(source, tenant)
+    held = dest.db.execute("SELECT tenant FROM sources WHERE key = ?", [keys.source]).fetchone()
+    if held is not None and held[0] != keys.tenant:  # a key without the tenant in it, held by another: kept apart
+        keys.moved, keys.source = True, content_key("tenant", keys.tenant, keys.source.hex())
+    source_id = existing_id(dest, "sources", keys.source)
     if source_id is None:
         source_id = dest.db.execute(
-            "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error)"
-            " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-            [source["key"], source["path"], source["format"], source["sha256"], source["size_bytes"],
-             source["ingested_at"], source["num_errors"], source["error"]]).lastrowid
+            "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error,"
+            " tenant) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+            [keys.source, source["path"], source["format"], source["sha256"], source["size_bytes"],
+             source["ingested_at"], source["num_errors"], source["error"], keys.tenant]).lastrowid
         report.new_sources += 1
     messages = {}  # src message id -> dest message id
     packs = {kind: PackWriter(dest, kind) for kind in ("message", "prompt", "output")}
     copied = 0
     token_rows: dict[int, list[tuple[int, np.ndarray]]] = {}
     for session in list(src.db.query("SELECT * FROM sessions WHERE source_id = ? ORDER BY id", [source["id"]])):
-        session_id = existing_id(dest, "sessions", session["key"])
+        session_id = existing_id(dest, "sessions", keys(session["key"]))
         if session_id is None:
             session_id = dest.db.execute(
                 "INSERT INTO sessions (key, source_id, session_key, format, model) VALUES (?, ?, ?, ?, ?)",
-                [session["key"], source_id, session["session_key"], session["format"], session["model"]]).lastrowid
+                [keys(session["key"]), source_id, session["session_key"], session["format"], session["model"]]).lastrowid
             report.new_sessions += 1
         for call in list(src.db.query("SELECT * FROM calls WHERE session_id = ? ORDER BY id", [session["id"]])):
+            call["key"] = keys(call["key"])
             call_id = existing_id(dest, "calls", call["key"])
             if call_id is None:
                 call_id = _copy_call(dest, src, call, session_id, messages, packs, report)

@@ -126,6 +126,16 @@ def m002_successors(db: Database) -> None:
     """)
 
 
+@migration
+def m003_tenants(db: Database) -> None:
+    # The tenant whose history a source is ('' : the default, the one tenant of a server without
+    # tenants; "public": shared corpora every tenant drafts from). store/tenants.py.
+    db.executescript("""
+    ALTER TABLE sources ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    CREATE INDEX sources_tenant ON sources(tenant);
+    """)
+
+
 def schema_problem(conn: sqlite3.Connection) -> str | None:
     """Why this code must not use a store's schema (it is newer), or None. Reads only."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]

@@ -32,13 +32,17 @@ GROUPS = ("format", "source", "model", "agent", "session")
 def select_calls(store: Store, tokenizer_id: int, *, formats: list[str] | None = None,
                  sources: list[str] | None = None, models: list[str] | None = None,
                  agents: list[str] | None = None, sessions: list[str] | None = None,
-                 limit: int | None = None) -> list[CallRef]:
+                 limit: int | None = None, tenants: list[str] | None = None) -> list[CallRef]:
     """Calls with output tokens for the tokenizer, in recorded order (session, then position).
 
-    Filters combine with AND; within one, any value may match (formats exactly, the others as
-    substrings of the source path, model, agent or session key).
+    Filters combine with AND; within one, any value may match (formats and tenants exactly, the
+    others as substrings of the source path, model, agent or session key). `tenants` None: every
+    tenant's calls; a list (even empty) keeps only the calls of sources in those tenants.
     """
     where, args = ["t.tokenizer_id = ?"], [tokenizer_id]
+    if tenants is not None:
+        where.append(f"src.tenant IN ({','.join('?' * len(tenants))})")
+        args += list(tenants)
     for column, values, exact in (("s.format", formats, True), ("src.path", sources, False),
                                   ("c.model", models, False), ("c.agent", agents, False),
                                   ("s.session_key", sessions, False)):
@@ -59,10 +63,12 @@ def select_calls(store: Store, tokenizer_id: int, *, formats: list[str] | None =
     return [CallRef(*row) for row in rows]
 
 
-def outside_sessions(store: Store, tokenizer_id: int, selected: list[CallRef]) -> list[CallRef]:
-    """Calls of every session none of whose calls is in `selected` (what `replay --warm` preloads)."""
+def outside_sessions(store: Store, tokenizer_id: int, selected: list[CallRef],
+                     tenants: list[str] | None = None) -> list[CallRef]:
+    """Calls of every session none of whose calls is in `selected` (what `replay --warm` preloads),
+    of `tenants` only (None: all)."""
     chosen = {c.session_id for c in selected}
-    return [c for c in select_calls(store, tokenizer_id) if c.session_id not in chosen]
+    return [c for c in select_calls(store, tokenizer_id, tenants=tenants) if c.session_id not in chosen]
 
 
 class PromptMessages:

@@ -29,6 +29,7 @@ from .db import Store, StoreError, content_key
 from .formats import Call
 from .index import update_index
 from .successors import save_table
+from .tenants import session_scope, source_key
 
 log = logging.getLogger("specx.served")
 serve_log = logging.getLogger("specx.serve")  # `specx serve`'s log: ServedRecorder writes there
@@ -50,6 +51,7 @@ class ServedRecorder:
         self.store: Store | None = None
         self.successors, self.successors_key = successors, successors_key  # kept with the index (store/successors.py)
         self._rows_kept = successors.rows_learned if successors is not None else 0
+        self.last_rowids: list[int] = []  # the token rows the last recorded request wrote (core/serve/scopes.py)
 
     def open(self) -> None:
         self.store = Store(self.path)
@@ -64,9 +66,11 @@ class ServedRecorder:
                       meta={**settings, "finish_reason": c.finish_reason, "completion_tokens": len(c.token_ids),
                             "steps": c.stats.steps, "accepted": c.stats.accepted, "drafted": c.stats.drafted})
                  for c in choices]
+        self.last_rowids = []
         try:
-            record_served(self.store, self.model_name, calls, [c.token_ids for c in choices], self.fingerprint,
-                          self.model_name, self.vocab_size)
+            self.last_rowids = record_served(self.store, self.model_name, calls, [c.token_ids for c in choices],
+                                             self.fingerprint, self.model_name, self.vocab_size,
+                                             tenant=getattr(req, "tenant", ""))
         except (sqlite3.Error, StoreError, OSError, ValueError) as exc:  # ValueError: UnicodeError (a lone surrogate)
             serve_log.error("%s: could not store the request: %s: %s", req.id, type(exc).__name__, exc)
             return False
@@ -96,8 +100,9 @@ class ServedRecorder:
 
 
 def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequence[Sequence[int]],
-                  tokenizer_fingerprint: str, tokenizer_name: str, vocab_size: int) -> int:
-    """Store one served request's calls (one per choice) and their output tokens; returns the tokenizer id.
+                  tokenizer_fingerprint: str, tokenizer_name: str, vocab_size: int, tenant: str = "") -> list[int]:
+    """Store one served request's calls (one per choice) and their output tokens in `tenant`'s
+    history; returns the rowids of the token rows written.
 
     `token_ids[i]` are the tokens generated for `calls[i]`.
     """
@@ -106,14 +111,15 @@ def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequen
     path = Path("served") / model
     with store.db.atomic():
         tokenizer_id = store.add_tokenizer(tokenizer_fingerprint, tokenizer_name, vocab_size)
-        key = content_key(SERVED_FORMAT, model)
+        key = source_key(SERVED_FORMAT, model, tenant)
         store.db.execute(
-            "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error)"
-            " VALUES (?, ?, ?, '', 0, datetime('now'), ?, 0, NULL) ON CONFLICT(key) DO UPDATE SET"
+            "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error,"
+            " tenant) VALUES (?, ?, ?, '', 0, datetime('now'), ?, 0, NULL, ?) ON CONFLICT(key) DO UPDATE SET"
             " num_calls = sources.num_calls + excluded.num_calls, ingested_at = excluded.ingested_at",
-            [key, path.as_posix(), SERVED_FORMAT, len(calls)])
+            [key, path.as_posix(), SERVED_FORMAT, len(calls), tenant])
         source_id = store.db.execute("SELECT id FROM sources WHERE key = ?", [key]).fetchone()[0]
-        call_ids, _ = insert_calls(store, source_id, path, SERVED_FORMAT, calls)
+        call_ids, _ = insert_calls(store, source_id, path, SERVED_FORMAT, calls,
+                                   scope=session_scope(path.name, tenant))
         missing = set(ids_without_tokens(store, call_ids, tokenizer_id))
         rows = []
         for cid, tokens in zip(call_ids, token_ids):
@@ -121,7 +127,10 @@ def record_served(store: Store, model: str, calls: list[Call], token_ids: Sequen
                 missing.discard(cid)  # the same call twice in one request: one token row
                 rows.append((cid, tokens))
         insert_tokens(store, tokenizer_id, rows)
-    return tokenizer_id
+        rowids = [r[0] for r in store.db.execute(
+            f"SELECT rowid FROM tokens WHERE tokenizer_id = ? AND call_id IN ({','.join('?' * len(rows))})",
+            [tokenizer_id, *(cid for cid, _ in rows)])] if rows else []
+    return rowids
 
 
 def token_rows_since(store: Store, tokenizer_id: int, after_rowid: int, upto_rowid: int,

@@ -284,10 +284,11 @@ def test_models_health_metrics(server):
     assert err.value.code == 401
     m = server.metrics()
     assert m['specx_requests_total{endpoint="chat.completions",status="200"}'] >= 1
-    assert m["specx_completion_tokens_total"] > 0 and m["specx_prompt_tokens_total"] > 0
+    tokens = m['specx_completion_tokens_total{tenant="default"}']
+    assert tokens > 0 and m["specx_prompt_tokens_total"] > 0
     assert 0 <= m["specx_cached_prompt_tokens_total"] < m["specx_prompt_tokens_total"]
-    assert m["specx_verification_steps_total"] >= 1 and "specx_accepted_draft_tokens_total" in m
-    assert m["specx_global_index_tokens"] == m["specx_completion_tokens_total"]  # every answer is learned
+    assert m['specx_verification_steps_total{tenant="default"}'] >= 1 and "specx_accepted_draft_tokens_total" in m
+    assert m["specx_global_index_tokens"] == tokens  # every answer is learned
     assert m["specx_stored_requests_total"] >= 1 and m["specx_queue_depth"] == 0
     assert "specx_tokens_per_second" in m and "specx_accepted_per_step" in m
     lines = re.findall(r"prompt=\d+ \(cached \d+\) tokens=\d+ steps=\d+ accepted=\d+ .* tokens/s=[\d.]+ seconds=",

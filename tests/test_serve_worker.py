@@ -19,7 +19,9 @@ def test_record_served_stores_a_session_and_its_tokens(tmp_path):
                   prompt_messages=[{"role": "user", "content": "q"}], model=MODEL, started_at="2025-01-01T00:00:00",
                   ended_at="2025-01-01T00:00:01", meta={"steps": 3}) for i in range(2)]
     with Store(path) as store:
-        tokenizer_id = record_served(store, MODEL, calls, [[1, 2, 3], [1, 2, 4, 2]], "fp", MODEL, 1000)
+        rowids = record_served(store, MODEL, calls, [[1, 2, 3], [1, 2, 4, 2]], "fp", MODEL, 1000)
+        tokenizer_id = store.tokenizer_id("fp")
+        assert rowids == [r for r, _ in store.iter_tokens(tokenizer_id)]  # the rows it wrote
         record_served(store, MODEL, [Call(session_id="cmpl-2", position=0, output_text="x", prompt_text="p",
                                           model=MODEL)], [[7]], "fp", MODEL, 1000)
         stats = store.stats()
@@ -131,11 +133,11 @@ def test_whatever_a_request_raises_the_worker_answers_the_next(monkeypatch, capl
     observe = worker.metrics.observe
     calls = []
 
-    def observe_once_broken(stats):
+    def observe_once_broken(stats, tenant=""):
         calls.append(stats)
         if len(calls) == 1:
             raise ZeroDivisionError("a bug after decoding")
-        observe(stats)
+        observe(stats, tenant)
 
     monkeypatch.setattr(worker.metrics, "observe", observe_once_broken)
     worker.start()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import queue
@@ -33,9 +32,11 @@ from starlette.routing import Route
 from specx.core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
 from specx.core.serve.job import Job
 from specx.core.serve.worker import Worker
+from .auth import Keys, api_key_problem  # noqa: F401 - api_key_problem: cli/options.py's
 from .errors import ApiError
 from .requests import parse_detokenize, parse_request, parse_tokenize
 from .responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
+from .shaping import Pacer, pad, split_tokens
 from .tokens import Tokenizers
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -45,40 +46,30 @@ log = logging.getLogger("specx.serve")
 
 # --------------------------------------------------------------------------- the app
 
-def api_key_problem(api_key: str | None) -> str | None:
-    """Why no client could ever send `api_key` (None: it can be sent, or there is none). Clients
-    send it in an HTTP header, `Authorization: Bearer KEY`: visible ASCII characters only.
-
-    >>> api_key_problem("s3cret"), api_key_problem(None)
-    (None, None)
-    >>> api_key_problem("clé")
-    "the API key holds 'é' (U+00E9): clients send the key in an HTTP header, which takes visible ASCII characters only"
-    """
-    bad = next((c for c in api_key or "" if not "!" <= c <= "~"), None)
-    if bad is None:
-        return None
-    return (f"the API key holds {bad!r} (U+{ord(bad):04X}): clients send the key in an HTTP header, which takes "
-            "visible ASCII characters only")
-
-
 class Api:
     """The routes of one server: a worker, the names it answers to, an optional API key."""
 
     def __init__(self, metrics: Any, model_names: list[str], api_key: str | None = None,
-                 allowed_origins: list[str] | None = None, tool_parser: str | None = None) -> None:
-        problem = api_key_problem(api_key)
-        if problem:
-            raise ValueError(problem)
+                 allowed_origins: list[str] | None = None, tool_parser: str | None = None, *,
+                 tenants: dict[str, str] | None = None, pace: Callable[[Any], float] | None = None,
+                 show_speculation: bool = True) -> None:
+        self.keys = Keys(api_key, tenants)  # who may call (and as which tenant): auth.py
         self.metrics = metrics
         self.model_names = model_names
-        self.api_key = api_key or None
         self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
         self.tool_parser = tool_parser  # core.serve.tools' format of tool calls (None: from the chat template)
+        self.pace = pace  # shaping.py: a request's seconds per streamed token (None: the stream is not shaped)
+        self.show_speculation = show_speculation  # the body's `specx` figures and accepted prediction tokens
+        self.corpora: Any = None  # corpus.py's routes, when the server has a store
         self.created = int(time.time())
         self.stage = "starting"  # what loading is doing (GET /health says it until ready)
         self.worker: Worker | None = None  # set by ready(): until then every API call gets 503
         self.context_length = 0
         self.tokenizers: Tokenizers | None = None
+
+    @property
+    def tenants(self) -> list[str]:
+        return self.keys.tenants
 
     def ready(self, worker: Worker, context_length: int, announce: Callable[[], None] = lambda: None) -> None:
         """The model is loaded: start answering (the port was open, saying 503 loading, until now).
@@ -99,6 +90,10 @@ class Api:
                   Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.prometheus, methods=["GET"])]
+        if self.corpora is not None:
+            routes += [Route("/v1/corpus", self.corpora.add, methods=["POST"]),
+                       Route("/v1/corpus", self.corpora.list, methods=["GET"]),
+                       Route("/v1/corpus/{name}", self.corpora.remove, methods=["DELETE"])]
         middleware = [Middleware(CORSMiddleware, allow_origins=self.allowed_origins, allow_methods=["*"],
                                  allow_headers=["*"])] if self.allowed_origins else []
         return Starlette(routes=routes, middleware=middleware, lifespan=self.lifespan,
@@ -124,13 +119,15 @@ class Api:
             return JSONResponse({"status": "unhealthy", "reason": "the model worker has stopped: "
                                  f"{self.worker.died or 'unknown cause'}", "models": self.model_names},
                                 status_code=503)
-        return JSONResponse({"status": "ok", "models": self.model_names, "queue_depth": self.worker.jobs.qsize(),
-                             "global_index_tokens": int(self.worker.stack.global_index.num_tokens),
-                             "speculation": self.worker.stack.drafter is not None})
+        body = {"status": "ok", "models": self.model_names, "queue_depth": self.worker.jobs.qsize(),
+                "global_index_tokens": self.worker.index_tokens, "speculation": self.worker.stack.drafter is not None}
+        if self.tenants:  # open to all: the size of the tenants' histories is theirs
+            del body["global_index_tokens"]
+        return JSONResponse(body)
 
     async def prometheus(self, request: Request) -> Response:
-        try:
-            self._authorize(request)  # with --api-key, the metrics (request counts, timings) are the API's too
+        try:  # with --api-key, the metrics (request counts, timings) are the API's too; with tenants the operator's
+            self.keys.operator(request.headers.get("authorization", ""))
         except ApiError as exc:
             return exc.response()
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -154,7 +151,7 @@ class Api:
             ids = await asyncio.to_thread(parse_tokenize, await _json_body(request), self.model_names, self.tokenizers,
                                           self.context_length)
             return JSONResponse({"count": len(ids), "tokens": ids, "max_model_len": self.context_length})
-        return await self._answer_async("tokenize", request, make)
+        return await self.answer_async("tokenize", request, make)
 
     async def detokenize(self, request: Request) -> Response:
         """{"prompt": text} of the token ids."""
@@ -162,7 +159,7 @@ class Api:
             ids = parse_detokenize(await _json_body(request), self.model_names, self.tokenizers.vocab_size,
                                    self.context_length)
             return JSONResponse({"prompt": await asyncio.to_thread(self.worker.tokenizer.decode, ids)})
-        return await self._answer_async("detokenize", request, make)
+        return await self.answer_async("detokenize", request, make)
 
     def _model_json(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "specx",
@@ -171,11 +168,12 @@ class Api:
     async def _answer(self, endpoint: str, request: Request, make: Callable[[], Response]) -> Response:
         async def run() -> Response:
             return make()
-        return await self._answer_async(endpoint, request, run)
+        return await self.answer_async(endpoint, request, run)
 
-    async def _answer_async(self, endpoint: str, request: Request, make: Callable[[], Any]) -> Response:
+    async def answer_async(self, endpoint: str, request: Request, make: Callable[[], Any]) -> Response:
+        """`make()`'s response, or the ApiError it (or authorizing, or loading) raised, counted."""
         try:
-            self._authorize(request)
+            self.tenant_of(request)
             self._check_ready()
             response = await make()
         except ApiError as exc:
@@ -194,12 +192,13 @@ class Api:
 
     async def _complete(self, request: Request, endpoint: str) -> Response:
         try:
-            self._authorize(request)
+            tenant = self.tenant_of(request)
             self._check_ready()
             body = await _json_body(request)
             # In a thread: rendering and tokenizing a long prompt must not hold up the event loop.
             req, stream, include_usage = await asyncio.to_thread(parse_request, body, endpoint, self.model_names,
                                                                  self.context_length, self.tokenizers)
+            req.tenant = tenant
             job = Job(req, asyncio.get_running_loop())
             try:
                 self.worker.submit(job)
@@ -224,16 +223,23 @@ class Api:
 
     async def _collect(self, request: Request, job: Job, created: int) -> Response:
         watcher = asyncio.create_task(_watch_disconnect(request, job))
+        loop, first = asyncio.get_running_loop(), None  # when the first token was ready (shaping's clock)
         try:
             choices: list[Choice] = []
             while True:
                 match await job.events.get():
+                    case Delta():
+                        first = loop.time() if first is None else first
                     case ChoiceDone(choice):
                         choices.append(choice)
                     case Done(stats):
-                        index_tokens = int(self.worker.stack.global_index.num_tokens)
+                        if self.pace is not None and first is not None:  # held as a shaped stream would end
+                            await asyncio.sleep(max(0.0, Pacer(self.pace(job.request)).hold_until(
+                                first, stats.completion_tokens) - loop.time()))
                         return JSONResponse(completion_json(job.request, created, choices, stats,
-                                                            index_tokens=index_tokens, decode=self._token_text))
+                                                            index_tokens=self.worker.scope_tokens(job.request.tenant),
+                                                            decode=self._token_text,
+                                                            speculation=self.show_speculation))
                     case Failed() as failed:
                         return ApiError.from_failure(failed).response()
                     case Cancelled():
@@ -244,6 +250,9 @@ class Api:
 
     def _token_text(self, token: int) -> str:
         return self.tokenizers.tokenizer.decode([token])
+
+    def _ids_text(self, ids: list[int]) -> str:
+        return self.tokenizers.tokenizer.decode(ids)
 
     async def _stream(self, request: Request, job: Job, created: int, include_usage: bool) -> AsyncIterator[bytes]:
         req = job.request
@@ -258,35 +267,49 @@ class Api:
             offsets[index] += len(text or "")
             return chunk(req, created, [delta(req, index, text, None, logprobs=lp, **kwargs)], include_usage)
 
+        pacer = Pacer(self.pace(req)) if self.pace is not None else None  # shaping.py: one token per event
+
+        def wire(event: bytes) -> bytes:  # shaped: padded, its size says nothing of its text
+            return event if pacer is None else pad(event)
         watcher = asyncio.create_task(_watch_disconnect(request, job))
         try:
             if req.endpoint == "chat.completions":  # OpenAI's first chunk names the role
-                yield chunk(req, created, [delta(req, i, None, None, role=True) for i in range(req.n)],
-                             include_usage)
+                yield wire(chunk(req, created, [delta(req, i, None, None, role=True) for i in range(req.n)],
+                                 include_usage))
             while True:
                 match await job.events.get():
                     case Delta(index, text, tokens, logprobs):
-                        if logprobs is not None:
-                            unsent[index][0] += tokens
-                            unsent[index][1] += logprobs
-                        text = held[index].push(text)
-                        if text:
-                            yield piece(index, text)
+                        parts = [text] if pacer is None else split_tokens(text, tokens, self._ids_text)
+                        for i, part in enumerate(parts):
+                            if logprobs is not None:
+                                one = slice(None) if pacer is None else slice(i, i + 1)
+                                unsent[index][0] += tokens[one]
+                                unsent[index][1] += logprobs[one]
+                            part = held[index].push(part)
+                            if part:
+                                if pacer is not None:
+                                    await pacer.wait()
+                                yield wire(piece(index, part))
                     case ChoiceDone(choice):
                         rest, call_deltas, calls = held[choice.index].finish(choice.finish_reason)
+                        if pacer is not None:
+                            await pacer.wait()
                         if rest or unsent[choice.index][0] and not call_deltas:
-                            yield piece(choice.index, rest)
+                            yield wire(piece(choice.index, rest))
                         for calls_delta in call_deltas:
-                            yield piece(choice.index, None, calls=calls_delta)
-                        yield chunk(req, created, [delta(req, choice.index, None,
-                                                         finish_reason(choice.finish_reason, calls))], include_usage)
+                            yield wire(piece(choice.index, None, calls=calls_delta))
+                        yield wire(chunk(req, created, [delta(req, choice.index, None, finish_reason(
+                            choice.finish_reason, calls))], include_usage))
                     case Done(stats):
                         if include_usage:
                             kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
-                            yield sse({"id": req.id, "object": kind, "created": created, "model": req.model,
-                                        "system_fingerprint": None, "choices": [], "usage": usage_json(stats),
-                                        "specx": {**stats.to_json(), "global_index_tokens":
-                                                  int(self.worker.stack.global_index.num_tokens)}})
+                            body = {"id": req.id, "object": kind, "created": created, "model": req.model,
+                                    "system_fingerprint": None, "choices": [],
+                                    "usage": usage_json(stats, self.show_speculation)}
+                            if self.show_speculation:
+                                body["specx"] = {**stats.to_json(),
+                                                 "global_index_tokens": self.worker.scope_tokens(req.tenant)}
+                            yield wire(sse(body))
                         yield b"data: [DONE]\n\n"
                         return
                     case Failed() as failed:  # the stream still ends as a stream does
@@ -306,14 +329,12 @@ class Api:
             raise ApiError(503, f"The model is loading ({self.stage}); retry shortly.", None, "model_loading",
                            "server_error")
 
-    def _authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
-            raise ApiError(401, "Incorrect API key provided." if header else
-                           "You didn't provide an API key (Authorization: Bearer KEY).", None, "invalid_api_key")
+    def tenant_of(self, request: Request) -> str:
+        """The caller's tenant ('' without tenants); ApiError 401 for a key that names none."""
+        return self.keys.tenant(request.headers.get("authorization", ""))
+
+    async def json_body(self, request: Request) -> Any:
+        return await _json_body(request)
 
 
 async def _json_body(request: Request) -> Any:

@@ -19,8 +19,9 @@ from specx.core.serve.job import GenerationRequest
 Decode = Callable[[int], str]
 
 
-def usage_json(stats: Stats) -> dict[str, Any]:
-    accepted, rejected = stats.prediction_tokens
+def usage_json(stats: Stats, speculation: bool = True) -> dict[str, Any]:
+    """OpenAI's usage; without `speculation` (the operator hides it) no prediction tokens are told."""
+    accepted, rejected = stats.prediction_tokens if speculation else (0, 0)
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
             "total_tokens": stats.prompt_tokens + stats.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
@@ -29,8 +30,9 @@ def usage_json(stats: Stats) -> dict[str, Any]:
 
 
 def completion_json(req: GenerationRequest, created: int, choices: list[Choice], stats: Stats, *,
-                    index_tokens: int, decode: Decode) -> dict[str, Any]:
-    """The non-streaming body; `specx` (not part of OpenAI's API) holds the speculation figures."""
+                    index_tokens: int, decode: Decode, speculation: bool = True) -> dict[str, Any]:
+    """The non-streaming body; `specx` (not part of OpenAI's API) holds the speculation figures
+    (left out without `speculation`)."""
     def logprobs(c: Choice) -> dict[str, Any] | None:
         return logprobs_json(req, c.token_ids, c.logprobs, decode)
 
@@ -48,9 +50,11 @@ def completion_json(req: GenerationRequest, created: int, choices: list[Choice],
         items = [{"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
                  for c in choices]
         kind = "text_completion"
-    return {"id": req.id, "object": kind, "created": created, "model": req.model, "system_fingerprint": None,
-            "choices": items, "usage": usage_json(stats),
-            "specx": {**stats.to_json(), "global_index_tokens": index_tokens}}
+    body = {"id": req.id, "object": kind, "created": created, "model": req.model, "system_fingerprint": None,
+            "choices": items, "usage": usage_json(stats, speculation)}
+    if speculation:
+        body["specx"] = {**stats.to_json(), "global_index_tokens": index_tokens}
+    return body
 
 
 def chunk(req: GenerationRequest, created: int, choices: list[dict[str, Any]], include_usage: bool) -> bytes:

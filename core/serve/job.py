@@ -38,6 +38,7 @@ class GenerationRequest:
     logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
     tool_parser: str | None = None  # the output may hold tool calls in this core.serve.tools format
     tool_names: list[str] | None = None  # of the request's functions
+    tenant: str = ""  # whose key sent it ('': a server without tenants): what it drafts from and teaches
 
 
 class Job:

@@ -11,8 +11,8 @@ with an HTTP status, a message and the request's parameter at fault).
 
 A client that goes away sets `job.cancelled`; the worker checks it between verification steps
 and closes the decode loop, which ends the request without learning from it (a batched request
-leaves the batch; the others go on). A finished request
-has already entered the global index (the drafter's finish_request); the worker then hands it to
+leaves the batch; the others go on). A finished request has already entered the global index (its
+scope's, core/serve/scopes.py: the drafter's finish_request); the worker then hands it to
 its Recorder (the "request finished" hook: `specx serve` passes store.served.ServedRecorder,
 which stores it in one transaction) and now and then asks it to persist the index, so a
 restarted server drafts from everything it served. This module reads no store and no
@@ -36,10 +36,11 @@ from ..decode.loop import DecodeStats, Decoded, collect
 from ..decode.speculate import PredictionDrafter
 from ..decode.stack import Stack
 from ..decode.text import TextStream
-from .batch import Batcher, Member, batchable, request_stack
+from .batch import Batcher, Member, batchable, fork_drafter, request_stack
 from .events import Choice, ChoiceDone, Delta, Done, Failed
 from .job import GenerationRequest, Job, LockedTokenizer, Recorder, prediction_tokens
 from .metrics import Metrics, Stats
+from .scopes import Scopes, ScopedDrafter
 
 log = logging.getLogger("specx.serve")
 
@@ -54,7 +55,8 @@ class Worker:
 
     def __init__(self, stack: Stack, *, max_queue: int = 16, max_batch: int = 1, metrics: Metrics | None = None,
                  recorder: Recorder | None = None, vocabulary: Any = None,
-                 save_cost: Callable[[], None] | None = None, debug: bool = False) -> None:
+                 save_cost: Callable[[], None] | None = None, scopes: Scopes | None = None,
+                 debug: bool = False) -> None:
         # the engine, its tokenizer, the global index, the drafter (None: plain decoding), the cost,
         # the thread tuner, the prefix cache: shared by the requests
         self.stack = stack
@@ -62,13 +64,14 @@ class Worker:
         self.save_cost = save_cost  # keeps what the learned cost has learned, with the index
         self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: requests with a grammar decode under it
         self.recorder = recorder
+        self.scopes = scopes  # whose history drafts whose request (None: the stack's global index for all)
         self.debug = debug
         self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
         self.eos = stack.tokenizer.eos_token_id
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.jobs.qsize)
-        self.metrics.index_tokens.set_function(lambda: self.stack.global_index.num_tokens)
+        self.metrics.index_tokens.set_function(lambda: self.index_tokens)
         self._stopping = threading.Event()
         self.batched = max_batch > 1 and batchable(stack.engine)
         self.max_batch = max_batch if self.batched else 1
@@ -83,6 +86,14 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._unsaved = 0  # requests stored since the index was last persisted
         self._saved_at = time.monotonic()
+
+    @property
+    def index_tokens(self) -> int:  # in the global indexes requests draft from (every scope's)
+        return int(self.scopes.num_tokens if self.scopes is not None else self.stack.global_index.num_tokens)
+
+    def scope_tokens(self, tenant: str) -> int:  # in the index a request of `tenant` drafts from
+        scopes = self.scopes
+        return int((self.stack.global_index if scopes is None else scopes.index(tenant if scopes.tenants else "")).num_tokens)
 
     # ------------------------------------------------------------ the HTTP side
 
@@ -175,6 +186,8 @@ class Worker:
                 if self._stopping.is_set():
                     return
                 self._persist_due(idle=True)
+                if self.scopes is not None:
+                    self.scopes.apply()  # rows the store's watcher read, added while nothing decodes
                 continue
             if self._stopping.is_set():
                 job.emit(Failed(503, "the server is shutting down"))
@@ -221,6 +234,8 @@ class Worker:
                     return
                 with batcher.baton:
                     self._persist_due(idle=True)
+                    if self.scopes is not None:
+                        self.scopes.apply()
 
     def _batched_request(self, job: Job, member: Member) -> None:
         """A batched job's thread: its decoding, its passes through the batcher."""
@@ -292,7 +307,7 @@ class Worker:
             decoded.add(c.stats)
         predicted = (sum(c.prediction_tokens[0] for c in choices), sum(c.prediction_tokens[1] for c in choices))
         stats = Stats(len(req.prompt_ids), decoded, time.perf_counter() - t0, queue_seconds, cached, predicted)
-        self.metrics.observe(stats)
+        self.metrics.observe(stats, req.tenant)
         log.info("%s %s prompt=%d (cached %d) tokens=%d steps=%d accepted=%d (%.2f/step) tokens/s=%.1f seconds=%.2f "
                  "queued=%.2f finish=%s", req.id, req.endpoint, stats.prompt_tokens, stats.cached_tokens,
                  decoded.tokens, decoded.steps, decoded.accepted, decoded.accepted_per_step, stats.tokens_per_s,
@@ -307,6 +322,8 @@ class Worker:
         if self.recorder is not None and self._record(job.request, choices, stats, started_at):  # ~1 ms
             self.metrics.stored.inc()  # the answer is durable when it arrives
             self._unsaved += 1
+            if self.scopes is not None:  # learned already (the drafter's finish_request): not added again
+                self.scopes.learned(self._scope(job.request), getattr(self.recorder, "last_rowids", ()))
         job.emit(Done(stats))
 
     def _record(self, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str) -> bool:
@@ -323,6 +340,8 @@ class Worker:
         req = job.request
         text = TextStream(self.tokenizer, stop=req.stop)
         drafter = stack.drafter
+        if drafter is not None and self.scopes is not None:
+            drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req))
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
         steps = generate(stack.engine, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
@@ -354,6 +373,9 @@ class Worker:
             job.emit(Delta(index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:]))
         return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), run.stats,
                       prediction_tokens(req.prediction_ids, tokens), logprobs)
+
+    def _scope(self, req: GenerationRequest) -> str:  # the scope a request drafts in and teaches
+        return req.tenant if self.scopes is not None and self.scopes.tenants else ""
 
     def _persist_due(self, idle: bool = False) -> None:
         """Persist after PERSIST_EVERY stored requests, or (`idle`: nothing being decoded) after

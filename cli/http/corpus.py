@@ -1,0 +1,146 @@
+"""Corpora over HTTP, in the caller's tenant (as SGLang's n-gram speculation has them):
+
+    POST   /v1/corpus        {"name": "docs", "texts": ["...", ...]}  or  {"name": ..., "token_ids": [[...], ...]}
+    GET    /v1/corpus        {"object": "list", "data": [{"name", "texts", "tokens", "bytes", "created_at"}, ...]}
+    DELETE /v1/corpus/NAME   {"name": "docs", "object": "corpus", "deleted": true}
+
+A corpus is stored like ingested logs (store/tenants.add_corpus: one transaction; a second POST
+of a name replaces it) and drafts the tenant's requests from the next step on (the store's watcher
+hands it to the scopes). DELETE removes its rows from the store and rebuilds the tenant's index
+without them before it answers. Sizes are bounded; bad input is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .errors import ApiError
+
+MAX_TEXTS = 10_000  # texts (or token lists) in one corpus
+MAX_TOKENS = 2_000_000  # tokens in one corpus
+MAX_CORPORA = 100  # corpora of one tenant
+REBUILD_WAIT_S = 60.0
+
+
+class Corpora:
+    """The corpus routes of a server whose store is at `db`; `api` authorizes (its tenant) and
+    holds the tokenizers; once loaded, `start` names the tokenizer and the store's watcher
+    (store/watch.StoreWatcher; until then `api` answers 503 loading)."""
+
+    def __init__(self, api: Any, db: Path) -> None:
+        self.api, self.db = api, Path(db)
+        self.fingerprint: str | None = None
+        self.watcher: Any = None
+
+    def start(self, fingerprint: str, watcher: Any) -> None:
+        self.fingerprint, self.watcher = fingerprint, watcher
+
+    async def add(self, request: Request) -> Response:
+        async def make() -> Response:
+            tenant = self.api.tenant_of(request)
+            body = await self.api.json_body(request)
+            name, texts, tokens = await asyncio.to_thread(self._parse, body)
+            info = await asyncio.to_thread(self._store, tenant, name, texts, tokens)
+            self.watcher.poke()
+            return JSONResponse({"object": "corpus", **info}, status_code=201)
+        return await self.api.answer_async("corpus", request, make)
+
+    async def list(self, request: Request) -> Response:
+        async def make() -> Response:
+            tenant = self.api.tenant_of(request)
+            return JSONResponse({"object": "list", "data": await asyncio.to_thread(self._list, tenant)})
+        return await self.api.answer_async("corpus", request, make)
+
+    async def remove(self, request: Request) -> Response:
+        async def make() -> Response:
+            tenant = self.api.tenant_of(request)
+            name = request.path_params["name"]
+            if not await asyncio.to_thread(self._remove, tenant, name):
+                raise ApiError(404, f"No corpus named {name!r} in your tenant.", "name", "corpus_not_found")
+            done = self.watcher.rebuild([tenant] if self.api.tenants else None)
+            if not await asyncio.to_thread(done.wait, REBUILD_WAIT_S):
+                raise ApiError(503, "The corpus was deleted from the store, but the index is still being rebuilt; "
+                                    "it drafts no request once that ends.", None, "rebuilding", "server_error")
+            return JSONResponse({"object": "corpus", "name": name, "deleted": True})
+        return await self.api.answer_async("corpus", request, make)
+
+    # ---- off the event loop
+
+    def _parse(self, body: Any) -> tuple[str, list[str], list[Any]]:
+        from specx.store.tenants import check_tenant
+
+        if not isinstance(body, dict):
+            raise ApiError(400, "The body must be a JSON object: {\"name\": ..., \"texts\": [...]}.", None)
+        name = body.get("name")
+        try:
+            check_tenant(name, "corpus")
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "name") from None
+        unknown = sorted(set(body) - {"name", "texts", "token_ids"})
+        if unknown:
+            raise ApiError(400, f"Unknown field {unknown[0]!r}: a corpus has a name and texts or token_ids.", unknown[0])
+        if ("texts" in body) == ("token_ids" in body):
+            raise ApiError(400, "Give exactly one of 'texts' (strings) or 'token_ids' (lists of token ids).", "texts")
+        field = "texts" if "texts" in body else "token_ids"
+        items = body[field]
+        if not isinstance(items, list) or not items:
+            raise ApiError(400, f"'{field}' must be a non-empty list.", field)
+        if len(items) > MAX_TEXTS:
+            raise ApiError(400, f"'{field}' holds {len(items):,} items; a corpus takes at most {MAX_TEXTS:,}.", field)
+        tokenizer = self.api.tokenizers.tokenizer
+        if field == "texts":
+            for i, text in enumerate(items):
+                if not isinstance(text, str) or not text:
+                    raise ApiError(400, f"'texts[{i}]' must be a non-empty string.", f"texts[{i}]")
+            from specx.store.ingest import tokenizable
+
+            tokens = [list(e.ids) for e in tokenizer.backend_tokenizer.encode_batch(
+                [t if t.isascii() else tokenizable(t) for t in items], add_special_tokens=False)] \
+                if hasattr(tokenizer, "backend_tokenizer") else [tokenizer.encode(t, add_special_tokens=False)
+                                                                  for t in items]
+            texts = list(items)
+        else:
+            vocab = self.api.tokenizers.vocab_size
+            for i, ids in enumerate(items):
+                if not isinstance(ids, list) or not ids or not all(
+                        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+                    raise ApiError(400, f"'token_ids[{i}]' must be a non-empty list of token ids in [0, {vocab}).",
+                                   f"token_ids[{i}]")
+            tokens = items
+            texts = [tokenizer.decode(ids) for ids in items]
+        total = sum(len(t) for t in tokens)
+        if total > MAX_TOKENS:
+            raise ApiError(400, f"The corpus has {total:,} tokens; at most {MAX_TOKENS:,} are taken.", field)
+        return name, texts, tokens
+
+    def _store(self, tenant: str, name: str, texts: list[str], tokens: list[Any]) -> dict[str, Any]:
+        from specx.store.db import Store
+        from specx.store.tenants import add_corpus, list_corpora
+
+        with Store(self.db) as store:
+            names = {c["name"] for c in list_corpora(store, tenant)}
+            if name not in names and len(names) >= MAX_CORPORA:
+                raise ApiError(400, f"Your tenant has {len(names)} corpora, the most it may keep: delete one first.",
+                               "name")
+            tok = self.api.tokenizers
+            return add_corpus(store, tenant, name, texts, tokens, (self.fingerprint, self.api.model_names[0],
+                                                                   tok.vocab_size))
+
+    def _list(self, tenant: str) -> list[dict[str, Any]]:
+        from specx.store.db import Store
+        from specx.store.tenants import list_corpora
+
+        with Store(self.db, readonly=True) as store:
+            return list_corpora(store, tenant)
+
+    def _remove(self, tenant: str, name: str) -> bool:
+        from specx.store.db import Store
+        from specx.store.tenants import remove_corpus
+
+        with Store(self.db) as store:
+            return remove_corpus(store, tenant, name)

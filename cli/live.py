@@ -1,0 +1,58 @@
+"""`specx serve`'s live store and tenants, assembled: the scopes requests draft from
+(core/serve/scopes.py), the thread that follows the store (store/watch.py), and the pace of a
+shaped stream (cli/http/shaping.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PACE_S = 0.05  # a shaped stream's seconds per token until a pass cost is learned (or with --fixed-size)
+LEARNED_PASSES = 16  # passes the cost must have seen (this run's or kept ones) before it sets the pace
+
+
+def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], None]) -> tuple[Any, Any]:
+    """(scopes, watcher): each tenant's index built from the store (its rows and the public ones), or
+    without tenants one scope over the stack's global index (every stored output); the watcher
+    started from what they hold."""
+    from specx.core.serve.scopes import Scopes
+    from specx.store.db import Store
+    from specx.store.tenants import PUBLIC, tenants_in
+    from specx.store.watch import StoreWatcher, load_scopes
+
+    with Store(db, readonly="auto") as store:
+        held = tenants_in(store)
+        if tenants:
+            scopes, count, last = load_scopes(store, stack.fingerprint, tenants)
+            for name in tenants:
+                say(f"tenant {name}: drafts from {scopes.index(name).num_tokens:,} tokens (its own history and the "
+                    f"public corpora)")
+            idle = sorted(t or "(default)" for t, n in held.items() if n and t not in tenants and t != PUBLIC)
+            if idle:
+                say(f"the stored history of {', '.join(idle)} drafts no request (no --tenant names it)")
+        else:
+            scopes = Scopes({"": stack.global_index}, tenants=False)
+            tokenizer_id = store.tokenizer_id(stack.fingerprint)
+            state = store.index_state(tokenizer_id) if tokenizer_id is not None else None
+            count, last = (state.num_calls, state.last_token_rowid) if state is not None else (
+                store.token_rows(tokenizer_id) if tokenizer_id is not None else (0, 0))
+            pooled = sorted(t for t in held if t)
+            say("one tenant: every request drafts from every stored output" + (
+                f" ({', '.join(pooled)} pooled: serve with --tenant NAME:KEY to keep them apart)" if pooled else ""))
+    watcher = StoreWatcher(db, stack.fingerprint, scopes, count=count, last=last).start()
+    say("the store is followed live: what is ingested or merged into it drafts within seconds")
+    return scopes, watcher
+
+
+def stream_pace(stack: Any, interval_ms: float | None) -> Callable[[Any], float]:
+    """A shaped stream's seconds per token for a request: `interval_ms`, else the learned cost of a
+    one-token pass at the request's prompt length (the pace of plain decoding; DEFAULT_PACE_S until
+    the cost has seen LEARNED_PASSES passes: before, its level is the shipped curve's, not seconds)."""
+    if interval_ms is not None:
+        return lambda req: interval_ms / 1000
+    cost = stack.cost
+    if cost is None:
+        return lambda req: DEFAULT_PACE_S
+    return lambda req: float(cost(1, len(req.prompt_ids))) if getattr(cost, "passes", 0) >= LEARNED_PASSES \
+        else DEFAULT_PACE_S

@@ -1,0 +1,175 @@
+"""`specx serve --tenant NAME:KEY`: a real server on loopback, real clients. Each tenant drafts from
+its own history and the public corpora only (what another tenant stored or taught never drafts its
+requests), the store is followed live (an ingest while serving drafts at once), corpora come and go
+over HTTP, and the stream is shaped (one token per event, padded, on a clock). Drafting is read off
+the operator's /metrics (verification steps by tenant: fewer steps for the same answer, more drafted).
+The scopes and the watcher without a server: test_live_store.py."""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+import pytest
+
+from conftest import specx_in_process
+from test_serve import MODEL, Server, _specx_home
+
+KEYS = {"a": "key-a", "b": "key-b"}
+OPERATOR = "key-operator"
+INTERVAL_MS = 20
+PROMPT = "Write a short poem about a lighthouse keeper and the sea."
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory):
+    # --fixed-size: whole drafts, so that steps depend on the history alone (not on a learned cost)
+    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("tenants") / "tenants.db",
+                 "--tenant", f"a:{KEYS['a']}", "--tenant", f"b:{KEYS['b']}", "--api-key", OPERATOR, "--fixed-size",
+                 "--stream-interval", str(INTERVAL_MS))
+    yield srv
+    srv.stop()
+
+
+def _metrics(srv) -> dict[str, float]:
+    req = urllib.request.Request(srv.url + "/metrics", headers={"Authorization": f"Bearer {OPERATOR}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))}
+
+
+def _steps(srv, tenant: str) -> float:
+    return _metrics(srv).get(f'specx_verification_steps_total{{tenant="{tenant}"}}', 0.0)
+
+
+def _complete(srv, tenant: str, prompt: str = PROMPT, tokens: int = 32) -> tuple[str, float, dict]:
+    """The answer, the verification steps it took, its body."""
+    before = _steps(srv, tenant)
+    answer = srv.client(KEYS[tenant]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0)
+    return answer.choices[0].message.content, _steps(srv, tenant) - before, answer.model_dump()
+
+
+def _corpus(srv, method: str, key: str, body=None, name: str = "") -> tuple[int, dict]:
+    r = httpx.request(method, srv.url + "/v1/corpus" + (f"/{name}" if name else ""), json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    return r.status_code, r.json()
+
+
+def test_keys_name_tenants_and_the_operator_alone_reads_the_metrics(tenants):
+    from openai import AuthenticationError
+
+    with pytest.raises(AuthenticationError):
+        tenants.client("key-nobody").completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    with pytest.raises(AuthenticationError):
+        tenants.client(OPERATOR).completions.create(model=MODEL, prompt="Hi", max_tokens=2)  # no tenant's key
+    for key in (None, KEYS["a"]):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(urllib.request.Request(tenants.url + "/metrics", headers=headers), timeout=10)
+        assert err.value.code == 401
+    with urllib.request.urlopen(tenants.url + "/health", timeout=10) as r:
+        assert "global_index_tokens" not in json.loads(r.read())  # open to all: the histories' sizes are not
+    assert "tenant a: drafts from" in tenants.log() and "stream: shaped" in tenants.log()
+
+
+def test_a_tenants_history_never_drafts_another_tenants_request(tenants):
+    first, steps_first, body = _complete(tenants, "b")
+    again, steps_again, _ = _complete(tenants, "b")  # b's own answer drafts it now
+    other, steps_other, _ = _complete(tenants, "a")  # a has never seen it
+    assert first == again == other  # lossless in every scope
+    assert steps_again < steps_first and steps_other == steps_first
+    assert "specx" not in body  # hidden with tenants by default
+    assert body["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+    m = _metrics(tenants)
+    assert m['specx_completion_tokens_total{tenant="b"}'] >= 64 and m['specx_completion_tokens_total{tenant="a"}'] >= 32
+
+
+def test_a_log_ingested_while_serving_drafts_its_tenants_requests_only(tenants, tmp_path):
+    prompt = "Describe a quiet morning in a small mountain village."
+    plain, steps_plain, _ = _complete(tenants, "a", prompt)  # a's baseline (and a's history from now on)
+    log = tmp_path / "b.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": prompt}],
+                               "response": {"choices": [{"message": {"role": "assistant", "content": plain}}]}}) + "\n")
+    total = _metrics(tenants)["specx_global_index_tokens"]
+    run = specx_in_process("ingest", str(log), "--tenant", "b", "--db", str(tenants.db))
+    assert run.returncode == 0, run.stderr
+    deadline = time.monotonic() + 60
+    while _metrics(tenants)["specx_global_index_tokens"] <= total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metrics(tenants)["specx_global_index_tokens"] > total, tenants.log()[-2000:]
+    text, steps_b, _ = _complete(tenants, "b", prompt)
+    assert text == plain and steps_b < steps_plain  # b drafts from the log it just ingested
+    assert "store watch: 1 new outputs" in tenants.log()
+
+
+def test_corpora_come_and_go_over_http_in_the_callers_tenant(tenants):
+    prompt = "Explain in two sentences why the sky is blue."
+    answer, steps_plain, _ = _complete(tenants, "a", prompt)
+    status, made = _corpus(tenants, "POST", KEYS["b"], {"name": "sky", "texts": [answer]})
+    assert status == 201 and made["name"] == "sky" and made["texts"] == 1 and made["tokens"] > 0
+    assert _corpus(tenants, "GET", KEYS["b"])[1]["data"][0]["name"] == "sky"
+    assert _corpus(tenants, "GET", KEYS["a"])[1]["data"] == []  # a does not see b's corpora
+    deadline = time.monotonic() + 60
+    with_corpus = None
+    while time.monotonic() < deadline:  # the watcher hands it over within a poll
+        text, steps, _ = _complete(tenants, "b", prompt)
+        assert text == answer
+        if steps < steps_plain:
+            with_corpus = steps
+            break
+    assert with_corpus is not None
+    total = _metrics(tenants)["specx_global_index_tokens"]
+    assert _corpus(tenants, "DELETE", KEYS["a"], name="sky")[0] == 404  # not a's to remove
+    status, gone = _corpus(tenants, "DELETE", KEYS["b"], name="sky")
+    assert status == 200 and gone == {"object": "corpus", "name": "sky", "deleted": True}
+    deadline = time.monotonic() + 60  # the rebuilt index is swapped in at the next step, or when idle
+    while _metrics(tenants)["specx_global_index_tokens"] > total - made["tokens"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metrics(tenants)["specx_global_index_tokens"] == total - made["tokens"]
+    assert _corpus(tenants, "GET", KEYS["b"])[1]["data"] == []
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"name": "bad name", "texts": ["x"]}, "name"),
+    ({"name": "x", "texts": []}, "texts"),
+    ({"name": "x"}, "texts"),
+    ({"name": "x", "texts": ["a"], "token_ids": [[1]]}, "texts"),
+    ({"name": "x", "texts": ["a", 3]}, "texts[1]"),
+    ({"name": "x", "token_ids": [[1, 10 ** 9]]}, "token_ids[0]"),
+    ({"name": "x", "texts": ["a"], "public": True}, "public"),
+    ({"name": "x", "texts": ["a"] * 10_001}, "texts"),
+])
+def test_bad_corpora_are_refused_naming_the_field(tenants, body, param):
+    status, error = _corpus(tenants, "POST", KEYS["a"], body)
+    assert status == 400 and error["error"]["param"] == param
+    assert _corpus(tenants, "POST", "key-nobody", {"name": "x", "texts": ["a"]})[0] == 401
+
+
+def test_the_shaped_stream_sends_one_padded_token_per_event_on_a_clock(tenants):
+    prompt = "Count from one to twenty in words:"
+    reference, _, _ = _complete(tenants, "a", prompt)
+    events, t0 = [], time.perf_counter()
+    with httpx.stream("POST", tenants.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEYS['b']}"},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 32,
+                            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}},
+                      timeout=120) as r:
+        buf = b""
+        for raw in r.iter_raw():
+            buf += raw
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                events.append((len(event) + 2, time.perf_counter() - t0, event))
+    data = [json.loads(e.split(b"data: ", 1)[1]) for _, _, e in events if b"data: {" in e]
+    def text(d):
+        return "".join(c["delta"].get("content") or "" for c in d["choices"])
+
+    pieces = [text(d) for d in data if text(d)]
+    times = [t for _, t, e in events if b"data: {" in e and text(json.loads(e.split(b"data: ", 1)[1]))]
+    usage = next(d["usage"] for d in data if d.get("usage"))
+    assert "".join(pieces) == reference  # lossless
+    assert all(size % 256 == 0 for size, _, e in events if b"data: {" in e)  # padded: sizes say nothing
+    assert usage["completion_tokens"] - 2 <= len(pieces) <= usage["completion_tokens"]  # a token per event
+    assert "specx" not in next(d for d in data if d.get("usage"))
+    assert times[-1] - times[0] >= (len(times) - 1) * INTERVAL_MS / 1000 * 0.99  # never faster than the clock
