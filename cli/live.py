@@ -47,12 +47,17 @@ def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], No
 
 def stream_pace(stack: Any, interval_ms: float | None) -> Callable[[Any], float]:
     """A shaped stream's seconds per token for a request: `interval_ms`, else the learned cost of a
-    one-token pass at the request's prompt length (the pace of plain decoding; DEFAULT_PACE_S until
-    the cost has seen LEARNED_PASSES passes: before, its level is the shipped curve's, not seconds)."""
+    one-token pass on a cache as long as the request can grow, rounded up to a power of two (the pace
+    of plain decoding at its end; DEFAULT_PACE_S until the cost has seen LEARNED_PASSES passes:
+    before, its level is the shipped curve's, not seconds)."""
     if interval_ms is not None:
         return lambda req: interval_ms / 1000
     cost = stack.cost
     if cost is None:
         return lambda req: DEFAULT_PACE_S
-    return lambda req: float(cost(1, len(req.prompt_ids))) if getattr(cost, "passes", 0) >= LEARNED_PASSES \
-        else DEFAULT_PACE_S
+    def pace(req: Any) -> float:
+        if getattr(cost, "passes", 0) < LEARNED_PASSES:
+            return DEFAULT_PACE_S
+        # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
+        return float(cost(1, max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length())))
+    return pace

@@ -6,6 +6,9 @@ the operator's /metrics (verification steps by tenant: fewer steps for the same 
 The scopes and the watcher without a server: test_live_store.py."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,6 +17,7 @@ import httpx
 import pytest
 
 from conftest import specx_in_process
+from specx.store.db import Store
 from test_serve import MODEL, Server, _specx_home
 
 KEYS = {"a": "key-a", "b": "key-b"}
@@ -173,3 +177,33 @@ def test_the_shaped_stream_sends_one_padded_token_per_event_on_a_clock(tenants):
     assert usage["completion_tokens"] - 2 <= len(pieces) <= usage["completion_tokens"]  # a token per event
     assert "specx" not in next(d for d in data if d.get("usage"))
     assert times[-1] - times[0] >= (len(times) - 1) * INTERVAL_MS / 1000 * 0.99  # never faster than the clock
+
+
+def test_a_server_killed_while_following_an_ingest_loses_nothing(tmp_path_factory, tmp_path):
+    """kill -9 while the store is being written and followed: the store is whole (the server only
+    reads it then), and the next start drafts from every stored output."""
+    from pathlib import Path
+
+    home, db = _specx_home(tmp_path_factory), tmp_path / "killed.db"
+    srv = Server(home, db)
+    srv.client().completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=8, temperature=0)
+    logs = Path(__file__).parent / "fixtures" / "formats"
+    ingest = subprocess.Popen([sys.executable, "-m", "specx", "ingest", str(logs), "--db", str(db)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "SPECX_HOME": home})
+    deadline = time.monotonic() + 120
+    while "store watch" not in srv.log() and ingest.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    srv.proc.kill()  # SIGKILL: no shutdown, no persisting
+    srv.proc.wait()
+    ingest.wait(300)
+    check = specx_in_process("check", "--db", str(db))
+    assert check.returncode == 0, check.stderr
+    with Store(db, readonly=True) as store:
+        stored = int(store.db.execute("SELECT sum(num_tokens) FROM tokens").fetchone()[0])
+    again = Server(home, db, "--api-key", "k")
+    try:
+        with urllib.request.urlopen(again.url + "/health", timeout=10) as r:
+            assert json.loads(r.read())["global_index_tokens"] == stored
+    finally:
+        again.stop()
