@@ -207,3 +207,18 @@ def test_a_server_killed_while_following_an_ingest_loses_nothing(tmp_path_factor
             assert json.loads(r.read())["global_index_tokens"] == stored
     finally:
         again.stop()
+
+
+def test_a_prompt_another_tenant_sent_is_not_found_in_the_prefix_cache(tenants):
+    """Each tenant has a prefix cache of its own: what another sent is prefilled in full (its time
+    to the first token would show it otherwise)."""
+    prompt = "Zebra inventory note: " + "the lighthouse keeps twelve lamps and four ropes. " * 6  # raw: no template
+
+    def cached(tenant: str) -> int:
+        answer = tenants.client(KEYS[tenant]).completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                                                 temperature=0)
+        return answer.usage.prompt_tokens_details.cached_tokens
+
+    cached("b")
+    assert cached("b") > 0  # b's own prompt, found again
+    assert cached("a") == 0  # b's, not a's

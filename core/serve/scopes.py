@@ -128,6 +128,16 @@ class Scopes:
         return added
 
 
+def tenant_prefix_caches(engine: Any, shared: Any, scopes: Scopes | None) -> dict[str, Any] | None:
+    """With tenants, a prefix cache per tenant, sharing the one cache's budget: a prompt prefix
+    another tenant sent would otherwise be prefilled faster, which the time to the first token
+    shows (docs/security.md). None: the shared cache serves every request."""
+    if scopes is None or not scopes.tenants or shared is None or not hasattr(shared, "max_tokens"):
+        return None
+    share = max(1, int(shared.max_tokens) // max(1, len(scopes.names)))
+    return {name: engine.new_prefix_cache(share) for name in scopes.names}
+
+
 class ScopedDrafter:
     """A request's drafter drafting from its scope's index as it is at each step (a rebuilt index,
     rows added meanwhile), learning into it at the end; `inner` is a SuffixDrafter or a drafter

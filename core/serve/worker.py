@@ -40,7 +40,7 @@ from .batch import Batcher, Member, batchable, fork_drafter, request_stack
 from .events import Choice, ChoiceDone, Delta, Done, Failed
 from .job import GenerationRequest, Job, LockedTokenizer, Recorder, prediction_tokens
 from .metrics import Metrics, Stats
-from .scopes import Scopes, ScopedDrafter
+from .scopes import Scopes, ScopedDrafter, tenant_prefix_caches
 
 log = logging.getLogger("specx.serve")
 
@@ -65,6 +65,7 @@ class Worker:
         self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: requests with a grammar decode under it
         self.recorder = recorder
         self.scopes = scopes  # whose history drafts whose request (None: the stack's global index for all)
+        self.prefix_caches = tenant_prefix_caches(stack.engine, stack.prefix_cache, scopes)  # None: the stack's
         self.debug = debug
         self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
         self.eos = stack.tokenizer.eos_token_id
@@ -177,8 +178,7 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001
                     log.error("cannot close the store of answered requests: %s: %s", type(exc).__name__, exc)
 
-    def _serve_serial(self) -> None:
-        """One job at a time, to its end."""
+    def _serve_serial(self) -> None:  # one job at a time, to its end
         while True:
             try:
                 job = self.jobs.get(timeout=0.25)
@@ -348,7 +348,8 @@ class Worker:
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index,
                          cost=stack.cost if stack.drafter is not None else None, stop=text,
-                         acceptance=self.acceptance, prefix_cache=stack.prefix_cache,
+                         acceptance=self.acceptance, prefix_cache=stack.prefix_cache if self.prefix_caches is None
+                         else self.prefix_caches[req.tenant],
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
                          logprobs=req.logprobs, threads=stack.threads,
                          successors=stack.successors if stack.drafter is not None else None)
@@ -378,8 +379,7 @@ class Worker:
         return req.tenant if self.scopes is not None and self.scopes.tenants else ""
 
     def _persist_due(self, idle: bool = False) -> None:
-        """Persist after PERSIST_EVERY stored requests, or (`idle`: nothing being decoded) after
-        PERSIST_IDLE_S with any unsaved."""
+        """Persist after PERSIST_EVERY stored requests, or (`idle`) PERSIST_IDLE_S after the last."""
         if self._unsaved >= PERSIST_EVERY or (
                 idle and self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S):
             self._persist()
