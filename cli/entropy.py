@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import output
-from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, tenant_option
+from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, stored_calls, tenant_option
 from .predict import DEFAULT_SAMPLE_CALLS, SAMPLINGS
 
 
@@ -68,7 +68,7 @@ def entropy_cmd(
     from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
     from specx.core.predict.entropy import empirical_entropy
     from specx.store.db import Store
-    from specx.store.selection import GROUPS, select_calls
+    from specx.store.selection import GROUPS
     from . import predict as predict_lib
 
     if by not in GROUPS:
@@ -83,14 +83,8 @@ def entropy_cmd(
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     rng = np.random.default_rng(seed)
     with Store(path, readonly="auto") as store:
-        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
-        if tokenizer_id is None:
-            raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
-                                     param_hint="--tokenizer")
-        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent,
-                             tenants=None if tenant is None else [tenant])
-        if not calls:
-            raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
+        tokenizer_id, calls = stored_calls(store, tokenizer_fingerprint(tok), tokenizer, formats=fmt, sources=source,
+                                           models=llm, agents=agent, tenants=None if tenant is None else [tenant])
         groups: dict[str, list] = {}
         for call in calls:
             groups.setdefault(call.group(by), []).append(call)

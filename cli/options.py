@@ -165,3 +165,19 @@ def _checked_tenant(value: str | None) -> str | None:
 def tenant_option(help: str) -> Any:
     """The --tenant option of ingest, merge, entropy and replay, checked as it is parsed."""
     return typer.Option("--tenant", help=help, callback=_checked_tenant, show_default=False)
+
+
+def stored_calls(store: Any, fingerprint: str, tokenizer: str, **selection: Any) -> tuple[int, list[Any]]:
+    """(tokenizer id, the calls `selection` picks: store.selection.select_calls) for the tokenizer
+    with this fingerprint; a usage error naming the option when the store has no tokens for it or
+    nothing matches (entropy and replay)."""
+    from specx.store.selection import select_calls
+
+    tokenizer_id = store.tokenizer_id(fingerprint)
+    if tokenizer_id is None:
+        raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
+                                 param_hint="--tokenizer")
+    calls = select_calls(store, tokenizer_id, **selection)
+    if not calls:
+        raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
+    return tokenizer_id, calls

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import output
-from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, default_drafter, existing_store,
+from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, default_drafter, existing_store, stored_calls,
                       keep_cost, specx_home, tenant_option)
 
 
@@ -90,7 +90,7 @@ def replay_cmd(
     from specx.core.predict import methods as replay_lib
     from specx.store.db import Store
     from specx.store.prompts import prompt_tokens
-    from specx.store.selection import GROUPS, outside_sessions, select_calls
+    from specx.store.selection import GROUPS, outside_sessions
     from . import predict as predict_lib
 
     if by not in GROUPS:
@@ -121,14 +121,9 @@ def replay_cmd(
     curves = predict_lib.cost_curves(cost_curve) if project else []
     tok = load_tokenizer(tokenizer, specx_home() / "models")
     with Store(path, readonly="auto") as store:
-        tokenizer_id = store.tokenizer_id(tokenizer_fingerprint(tok))
-        if tokenizer_id is None:
-            raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
-                                     param_hint="--tokenizer")
-        calls = select_calls(store, tokenizer_id, formats=fmt, sources=source, models=llm, agents=agent,
-                             sessions=session, limit=limit, tenants=tenants(tenant))
-        if not calls:
-            raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
+        tokenizer_id, calls = stored_calls(store, tokenizer_fingerprint(tok), tokenizer, formats=fmt, sources=source,
+                                           models=llm, agents=agent, sessions=session, limit=limit,
+                                           tenants=tenants(tenant))
         output.note(f"replaying {len(calls):,} calls; rendering prompts (last {prompt_window} tokens)")
         prompts = prompt_tokens(store, tok, calls, prompt_window)
         outputs = [store.call_tokens(c.id, tokenizer_id) for c in calls]
