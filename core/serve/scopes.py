@@ -21,6 +21,7 @@ learned itself (`learned`) is not added twice.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ class Scopes:
         self._indexes = dict(indexes)
         self.tenants = tenants
         self._lock = threading.Lock()
-        self._rows: list[tuple[int, str, np.ndarray]] = []  # (rowid, tenant, tokens) waiting to be added
+        self._rows: deque[tuple[int, str, np.ndarray]] = deque()  # (rowid, tenant, tokens) waiting to be added
         self._swaps: list[tuple[str, SuffixIndex, int]] = []  # (scope, rebuilt index, rows it holds up to)
         self._own: dict[int, SuffixIndex] = {}  # rowid of a row this server learned -> the index it went into
         self._floor: dict[str, int] = {}  # a scope's index holds every row up to this rowid (rebuilt)
@@ -105,7 +106,7 @@ class Scopes:
             swaps, self._swaps = self._swaps, []
             rows, taken = [], 0
             while self._rows and (taken == 0 or taken + len(self._rows[0][2]) <= budget):
-                rows.append(self._rows.pop(0))
+                rows.append(self._rows.popleft())
                 taken += len(rows[-1][2])
         for scope, index, upto in swaps:
             if scope in self._indexes:
