@@ -67,9 +67,15 @@ class Tokenizer:
         return self._tok
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        backend = self.get().backend_tokenizer  # Rust: batch encoding on all cores
-        texts = [text if text.isascii() else tokenizable(text) for text in texts]
-        return [np.asarray(e.ids, dtype=np.int32) for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return encode_texts(self.get(), texts)
+
+
+def encode_texts(tok: Any, texts: list[str]) -> list[np.ndarray]:
+    """The token rows of `texts` as the store keeps outputs: no special tokens, lone surrogates
+    replaced (`tokenizable`), batch-encoded by the Rust backend on all cores (ingest and corpora)."""
+    texts = [text if text.isascii() else tokenizable(text) for text in texts]
+    return [np.asarray(e.ids, dtype=np.int32)
+            for e in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
 def tokenizable(text: str) -> str:

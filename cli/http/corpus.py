@@ -97,12 +97,10 @@ class Corpora:
             for i, text in enumerate(items):
                 if not isinstance(text, str) or not text:
                     raise ApiError(400, f"'texts[{i}]' must be a non-empty string.", f"texts[{i}]")
-            from specx.store.ingest import tokenizable
+            from specx.store.ingest import encode_texts
 
-            tokens = [list(e.ids) for e in tokenizer.backend_tokenizer.encode_batch(
-                [t if t.isascii() else tokenizable(t) for t in items], add_special_tokens=False)] \
-                if hasattr(tokenizer, "backend_tokenizer") else [tokenizer.encode(t, add_special_tokens=False)
-                                                                  for t in items]
+            with tokenizer.lock:  # the server's tokenizer (core/serve/job.LockedTokenizer): encoded as ingest does
+                tokens = encode_texts(tokenizer.tokenizer, items)
             texts = list(items)
         else:
             vocab = self.api.tokenizers.vocab_size
