@@ -20,30 +20,28 @@ from specx.core.index.suffix_index import SuffixIndex
 
 from .db import Store, StoreError
 from .index import MAX_DEPTH
-from .tenants import data_version, token_rows
+from .tenants import Row, data_version, token_rows
 
 log = logging.getLogger("specx.serve")
 
 REBUILD_TOKENS = 262_144  # a backlog past this (and past a tenth of the index) is rebuilt, not added
 
 
+def scope_index(tenants: list[str] | None, rows: list[Row], max_depth: int = MAX_DEPTH) -> SuffixIndex:
+    """A scope's index built from the store's `rows`: those of `tenants` (None: all)."""
+    return SuffixIndex.build([r.tokens for r in rows if tenants is None or r.tenant in tenants], max_depth)
+
+
 def load_scopes(store: Store, fingerprint: str, tenants: list[str], max_depth: int = MAX_DEPTH) -> tuple[Any, int, int]:
     """The scopes of a server with `tenants` (each its own rows and the public ones), built from the
     store, and (count, last rowid) of the token rows they hold, for the watcher to go on from."""
-    from specx.core.serve.scopes import Scopes
+    from specx.core.serve.scopes import Scopes, drafts_from
 
-    scopes = Scopes({t: SuffixIndex(max_depth) for t in tenants}, tenants=True)
     tokenizer_id = store.tokenizer_id(fingerprint)
-    if tokenizer_id is None:
-        return scopes, 0, 0
-    count, last = store.token_rows(tokenizer_id)
-    rows = [r for r in token_rows(store, tokenizer_id) if r.rowid <= last]
-    for tenant in tenants:
-        mine = scopes.tenants_of(tenant)
-        scopes.replace(tenant, SuffixIndex.build([r.tokens for r in rows if r.tenant in mine], max_depth), last)
-    scopes.apply()
-    scopes.rebuilds = 0
-    return scopes, count, last
+    count, last = store.token_rows(tokenizer_id) if tokenizer_id is not None else (0, 0)
+    rows = [r for r in token_rows(store, tokenizer_id) if r.rowid <= last] if tokenizer_id is not None else []
+    indexes = {t: scope_index(drafts_from(t, True), rows, max_depth) for t in tenants}
+    return Scopes(indexes, tenants=True), count, last
 
 
 class StoreWatcher:
@@ -131,9 +129,7 @@ class StoreWatcher:
         if rebuild:
             rows = [r for r in token_rows(store, tokenizer_id) if r.rowid <= last]
             for scope in sorted(rebuild):
-                mine = self.scopes.tenants_of(scope)
-                index = SuffixIndex.build([r.tokens for r in rows if mine is None or r.tenant in mine], self.max_depth)
-                self.scopes.replace(scope, index, last)
+                self.scopes.replace(scope, scope_index(self.scopes.tenants_of(scope), rows, self.max_depth), last)
         if new:
             self.scopes.offer((r.rowid, r.tenant, r.tokens) for r in new)
             log.info("store watch: %d new outputs (%d tokens) in the store", len(new), backlog)

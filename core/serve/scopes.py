@@ -33,6 +33,11 @@ PUBLIC = "public"  # store/tenants.PUBLIC: rows every scope drafts from
 INLINE_TOKENS = 32_768  # at most this many tokens are added between two steps (a few ms; more waits a step)
 
 
+def drafts_from(scope: str, tenants: bool) -> list[str] | None:
+    """The tenants whose rows a scope's index holds (None: all, a server without tenants)."""
+    return [scope, PUBLIC] if tenants else None
+
+
 class Scopes:
     """The global index of each scope, and what is waiting to change them (see the module docstring).
     `tenants`: each scope is a tenant (rows of other tenants go nowhere); else one scope '' takes all."""
@@ -69,8 +74,7 @@ class Scopes:
         return [tenant] if tenant in self._indexes else []
 
     def tenants_of(self, scope: str) -> list[str] | None:
-        """The tenants whose rows a scope's index holds (None: all)."""
-        return [scope, PUBLIC] if self.tenants else None
+        return drafts_from(scope, self.tenants)
 
     # ---- any thread
 
