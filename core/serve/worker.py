@@ -93,8 +93,7 @@ class Worker:
         return int(self.scopes.num_tokens if self.scopes is not None else self.stack.global_index.num_tokens)
 
     def scope_tokens(self, tenant: str) -> int:  # in the index a request of `tenant` drafts from
-        scopes = self.scopes
-        return int((self.stack.global_index if scopes is None else scopes.index(tenant if scopes.tenants else "")).num_tokens)
+        return int((self.stack.global_index if self.scopes is None else self.scopes.index(self._scope(tenant))).num_tokens)
 
     # ------------------------------------------------------------ the HTTP side
 
@@ -323,7 +322,7 @@ class Worker:
             self.metrics.stored.inc()  # the answer is durable when it arrives
             self._unsaved += 1
             if self.scopes is not None:  # learned already (the drafter's finish_request): not added again
-                self.scopes.learned(self._scope(job.request), getattr(self.recorder, "last_rowids", ()))
+                self.scopes.learned(self._scope(job.request.tenant), getattr(self.recorder, "last_rowids", ()))
         job.emit(Done(stats))
 
     def _record(self, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str) -> bool:
@@ -341,7 +340,7 @@ class Worker:
         text = TextStream(self.tokenizer, stop=req.stop)
         drafter = stack.drafter
         if drafter is not None and self.scopes is not None:
-            drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req))
+            drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req.tenant))
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
         steps = generate(stack.engine, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
@@ -375,8 +374,8 @@ class Worker:
         return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), run.stats,
                       prediction_tokens(req.prediction_ids, tokens), logprobs)
 
-    def _scope(self, req: GenerationRequest) -> str:  # the scope a request drafts in and teaches
-        return req.tenant if self.scopes is not None and self.scopes.tenants else ""
+    def _scope(self, tenant: str) -> str:  # the scope a tenant's request drafts in and teaches
+        return tenant if self.scopes is not None and self.scopes.tenants else ""
 
     def _persist_due(self, idle: bool = False) -> None:
         """Persist after PERSIST_EVERY stored requests, or (`idle`) PERSIST_IDLE_S after the last."""
