@@ -148,7 +148,7 @@ def serve_cmd(
     from .engines import trial_possible
     from .http.app import Api
     from .http.corpus import Corpora
-    from .live import DEFAULT_PACE_S, live_store, stream_pace
+    from .live import live_store, stream_pace
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))
@@ -161,10 +161,7 @@ def serve_cmd(
     names = served_model_name or [model]
     metrics = Metrics()
     shaped = shape_stream if shape_stream is not None else bool(tenants)
-    pace: list[Any] = [lambda req: DEFAULT_PACE_S]  # the stack's learned cost, once loaded
-
     api = Api(metrics, names, api_key, allowed_origins, tool_call_parser, tenants=tenants,
-              pace=(lambda req: pace[0](req)) if shaped else None,
               show_speculation=show_speculation if show_speculation is not None else not tenants)
     api.corpora = Corpora(api, store_path(db))
     failed: list[BaseException] = []
@@ -184,7 +181,8 @@ def serve_cmd(
             api.stage = "the tenants' indexes" if tenants else "following the store"
             scopes, watcher = live_store(stack, path, list(tenants), log.info)
             api.corpora.start(stack.fingerprint, watcher)
-            pace[0] = stream_pace(stack, stream_interval)
+            if shaped:  # set before the worker answers anything (until ready, every request gets 503)
+                api.pace = stream_pace(stack, stream_interval)
             log.info("stream: %s; speculation figures %s to clients", "shaped (one token per event, %s)" % (
                 f"{stream_interval:g} ms apart" if stream_interval is not None else "at the pace of a one-token pass")
                 if shaped else "one event per verification step (not shaped)",
