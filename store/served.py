@@ -29,7 +29,7 @@ from .db import Store, StoreError, content_key
 from .formats import Call
 from .index import update_index
 from .successors import save_table
-from .tenants import session_scope, source_key
+from .tenants import session_scope, source_key, token_rows
 
 log = logging.getLogger("specx.served")
 serve_log = logging.getLogger("specx.serve")  # `specx serve`'s log: ServedRecorder writes there
@@ -138,13 +138,10 @@ def token_rows_since(store: Store, tokenizer_id: int, after_rowid: int, upto_row
     """(rowid, tokens) of the token rows in (after_rowid, upto_rowid], oldest first, leaving out served
     sessions whose key starts with `skip_sessions` (this process's own): what other writers (another
     replica, an ingest) added since this process last looked."""
-    rows = store.db.execute(
-        "SELECT t.rowid, t.pack_id, t.pack_offset, t.num_tokens FROM tokens t JOIN calls c ON c.id = t.call_id"
-        " JOIN sessions s ON s.id = c.session_id WHERE t.tokenizer_id = ? AND t.rowid > ? AND t.rowid <= ?"
-        " AND NOT (s.format = ? AND substr(s.session_key, 1, ?) = ?) ORDER BY t.rowid",
-        [tokenizer_id, after_rowid, upto_rowid, SERVED_FORMAT, len(skip_sessions or ""), skip_sessions or "\0"]).fetchall()
-    return [(rowid, np.frombuffer(store.read(pack, offset, 4 * num), dtype="<i4").astype(np.int32))
-            for rowid, pack, offset, num in rows]
+    def own(fmt: str, session: str) -> bool:
+        return bool(skip_sessions) and fmt == SERVED_FORMAT and session.startswith(skip_sessions)
+
+    return [(r.rowid, r.tokens) for r in token_rows(store, tokenizer_id, after_rowid, skip=own, upto_rowid=upto_rowid)]
 
 
 @dataclass

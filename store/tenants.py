@@ -71,10 +71,11 @@ class Row:
 
 
 def token_rows(store: Store, tokenizer_id: int, after_rowid: int = 0, tenants: Sequence[str] | None = None,
-               skip: Callable[[str, str], bool] | None = None) -> list[Row]:
-    """The token rows after `after_rowid` (oldest first) of `tenants` (None: all), leaving out
-    those `skip(format, session_key)` says (a server's own requests, which it learned already)."""
-    where, args = "t.tokenizer_id = ? AND t.rowid > ?", [tokenizer_id, after_rowid]
+               skip: Callable[[str, str], bool] | None = None, upto_rowid: int | None = None) -> list[Row]:
+    """The token rows in (after_rowid, upto_rowid] (oldest first) of `tenants` (None: all), leaving
+    out those `skip(format, session_key)` says (a server's own requests, which it learned already)."""
+    where, args = "t.tokenizer_id = ? AND t.rowid > ? AND t.rowid <= ?", [
+        tokenizer_id, after_rowid, upto_rowid if upto_rowid is not None else 2**62]
     if tenants is not None:
         where += f" AND src.tenant IN ({','.join('?' * len(tenants))})"
         args += list(tenants)

@@ -39,7 +39,7 @@ def load_scopes(store: Store, fingerprint: str, tenants: list[str], max_depth: i
 
     tokenizer_id = store.tokenizer_id(fingerprint)
     count, last = store.token_rows(tokenizer_id) if tokenizer_id is not None else (0, 0)
-    rows = [r for r in token_rows(store, tokenizer_id) if r.rowid <= last] if tokenizer_id is not None else []
+    rows = token_rows(store, tokenizer_id, upto_rowid=last) if tokenizer_id is not None else []
     indexes = {t: scope_index(drafts_from(t, True), rows, max_depth) for t in tenants}
     return Scopes(indexes, tenants=True), count, last
 
@@ -115,7 +115,7 @@ class StoreWatcher:
                 self._rebuilt.pop().set()
             return
         count, last = store.token_rows(tokenizer_id)
-        new = [r for r in token_rows(store, tokenizer_id, after_rowid=self.last) if r.rowid <= last]
+        new = token_rows(store, tokenizer_id, after_rowid=self.last, upto_rowid=last)
         rebuild, waiting = set(self._rebuild), list(self._rebuilt)
         self._rebuild.clear()
         del self._rebuilt[: len(waiting)]
@@ -127,7 +127,7 @@ class StoreWatcher:
         if backlog > REBUILD_TOKENS and backlog > 0.1 * self.scopes.num_tokens:
             rebuild = set(self.scopes.names)
         if rebuild:
-            rows = [r for r in token_rows(store, tokenizer_id) if r.rowid <= last]
+            rows = token_rows(store, tokenizer_id, upto_rowid=last)
             for scope in sorted(rebuild):
                 self.scopes.replace(scope, scope_index(self.scopes.tenants_of(scope), rows, self.max_depth), last)
         if new:
