@@ -29,7 +29,7 @@ from .calls import existing_id, insert_tokens
 from .db import PackWriter, Store, StoreError, content_key
 from .index import update_index
 from .successors import merge_tables
-from .tenants import CORPUS_FORMAT, DEFAULT, check_tenant, source_key
+from .tenants import CORPUS_FORMAT, DEFAULT, check_tenant, corpus_key, source_key
 
 
 @dataclass
@@ -96,8 +96,8 @@ class _Keys:
             corpus = source["path"].removeprefix("corpus/")
             if sha and key == source_key(fmt, sha, own):
                 self.source = source_key(fmt, sha, self.tenant)
-            elif fmt == CORPUS_FORMAT and key == content_key(CORPUS_FORMAT, own, corpus):
-                self.source = content_key(CORPUS_FORMAT, self.tenant, corpus)
+            elif fmt == CORPUS_FORMAT and key == corpus_key(own, corpus):
+                self.source = corpus_key(self.tenant, corpus)
             else:
                 self.source = self(key)
 
@@ -110,7 +110,8 @@ def _merge_source(dest: Store, src: Store, source: dict[str, Any], tokenizer_ids
     keys = _Keys(source, tenant)
     held = dest.db.execute("SELECT tenant FROM sources WHERE key = ?", [keys.source]).fetchone()
     if held is not None and held[0] != keys.tenant:  # a key without the tenant in it, held by another: kept apart
-        keys.moved, keys.source = True, content_key("tenant", keys.tenant, keys.source.hex())
+        keys.moved = True
+        keys.source = keys(keys.source)
     source_id = existing_id(dest, "sources", keys.source)
     if source_id is None:
         source_id = dest.db.execute(

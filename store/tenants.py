@@ -104,8 +104,13 @@ def tenants_in(store: Store) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- corpora
 
+def corpus_key(tenant: str, name: str) -> bytes:
+    """The key of a tenant's corpus source (a second POST of the name replaces it)."""
+    return content_key(CORPUS_FORMAT, tenant, name)
+
+
 def _corpus_source(store: Store, tenant: str, name: str) -> int | None:
-    row = store.db.execute("SELECT id FROM sources WHERE key = ?", [content_key(CORPUS_FORMAT, tenant, name)]).fetchone()
+    row = store.db.execute("SELECT id FROM sources WHERE key = ?", [corpus_key(tenant, name)]).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -114,17 +119,17 @@ def add_corpus(store: Store, tenant: str, name: str, texts: list[str], tokens: l
     """Store a corpus (replacing one of that name in the tenant) in one transaction: each text one
     call of one session named after the corpus, with its tokens for `tokenizer` (fingerprint, name,
     vocabulary size). Returns what list_corpora says of it."""
-    check_tenant(tenant) if tenant != DEFAULT else None
+    if tenant != DEFAULT:
+        check_tenant(tenant)
     check_tenant(name, "corpus")
     fingerprint, tokenizer_name, vocab_size = tokenizer
     with store.db.atomic():
         _remove(store, tenant, name)
         tokenizer_id = store.add_tokenizer(fingerprint, tokenizer_name, vocab_size)
-        key = content_key(CORPUS_FORMAT, tenant, name)
         source_id = store.db.execute(
             "INSERT INTO sources (key, path, format, sha256, size_bytes, ingested_at, num_calls, num_errors, error,"
             " tenant) VALUES (?, ?, ?, '', ?, datetime('now'), ?, 0, NULL, ?)",
-            [key, f"corpus/{name}", CORPUS_FORMAT, sum(len(t.encode("utf-8", "surrogatepass")) for t in texts),
+            [corpus_key(tenant, name), f"corpus/{name}", CORPUS_FORMAT, sum(len(t.encode("utf-8", "surrogatepass")) for t in texts),
              len(texts), tenant]).lastrowid
         calls = [Call(session_id=name, position=i, output_text=text) for i, text in enumerate(texts)]
         call_ids, _ = insert_calls(store, source_id, Path("corpus") / name, CORPUS_FORMAT, calls,

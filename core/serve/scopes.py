@@ -67,9 +67,7 @@ class Scopes:
 
     def scopes_of(self, tenant: str) -> list[str]:
         """The scopes a stored row of `tenant` drafts in."""
-        if not self.tenants:
-            return list(self._indexes)
-        if tenant == PUBLIC:
+        if not self.tenants or tenant == PUBLIC:
             return list(self._indexes)
         return [tenant] if tenant in self._indexes else []
 
