@@ -1,0 +1,166 @@
+"""specx's GPU engine: a GGUF's weights in bfloat16 on CUDA, verified in trees, requests batched.
+
+    engine = GPUEngine("model.gguf")             # or load_backend(path, backend="gpu")
+    session = engine.start(prompt_ids[:-1], engine.new_prefix_cache(8192))
+    logits = session.score([prompt_ids[-1]], draft)   # [1 + N, V], as every engine's
+    session.keep_path(accepted_nodes)
+
+Why its own engine: transformers on a GPU is lossless only in float32, for cuBLAS picks other
+kernels (other sums) for a one-token pass than for a tree pass, so in bfloat16 a tree pass's logits
+differ from plain decoding's. Here every kernel is batch-invariant (core/model/gpu/kernels.py):
+a token gets the same bits alone, in a tree or beside other requests, so greedy and sampled
+speculation are this engine's plain decoding token for token, in bfloat16.
+
+The rest is the quantized engine's (core/model/quantized/engine.py), reused as it is: the tree
+layout of a pass, the sessions (QuantSession: it asks its model only for `config`,
+`context_length` and `forward_batch`), `score_batch`, the prefill passes, so core/serve's batcher
+runs this engine's passes unchanged (GPUModel.forward_batch, one pass over all requests' rows).
+
+Runs on CUDA; on CPU tensors only under TRITON_INTERPRET=1 (Triton's interpreter: slow, for tests).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..prefix_cache import PrefixCache
+from ..quantized.engine import QuantEngine, QuantSession, prefill_parts, run_steps, score_batch
+from .model import GPUModel, GGUFError, KVCache
+
+__all__ = ["GGUFError", "GPUEngine", "GPUPrefixCache", "available", "unavailable", "unsupported"]
+
+
+def unavailable(device: str | None = None) -> str | None:
+    """Why the GPU engine cannot run here, in one line; None when it can: CUDA and Triton, or (for
+    tests) Triton's interpreter on the CPU."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("triton") is None:
+        return "the gpu engine needs Triton (it ships with CUDA builds of torch)"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        return None if torch.cuda.is_available() else "the gpu engine needs CUDA: torch sees no GPU"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return "the gpu engine runs on CUDA (on a CPU only under TRITON_INTERPRET=1, for tests): torch sees no GPU"
+
+
+def available() -> bool:
+    """Whether a CUDA GPU and Triton are here (what `auto` and `specx engines` ask)."""
+    import torch
+
+    return torch.cuda.is_available() and unavailable("cuda") is None
+
+
+class GPUPrefixCache(PrefixCache):
+    """PrefixCache for the GPU engine: stored prompts' KVCache copies (pages of the model's pool)."""
+
+    def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
+        return run_steps(self.prefill_steps(model, tokens), lambda part: model.forward(*part))
+
+    def prefill_steps(self, model: GPUModel, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
+        """`prefill` as the passes it needs (each run before the next is asked for: the batched
+        server runs them beside other requests' passes); returns the KVCache."""
+        started = time.perf_counter()
+        tokens = [int(t) for t in tokens]
+        usable = self.max_tokens > 0
+        reuse, stored = self._claim(tokens, usable)
+        kv = stored.copy(reuse) if stored is not None else model.new_cache()
+        kv.reused = reuse
+        self.seconds += time.perf_counter() - started
+        yield from prefill_parts(kv, tokens[reuse:])
+        started = time.perf_counter()
+        self._keep(tokens, reuse, usable, kv)
+        self.seconds += time.perf_counter() - started
+        return kv
+
+    def _store(self, tokens: list[int], cache: Any) -> None:
+        import numpy as np
+
+        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64),
+                                         None if cache is None else cache.copy(len(tokens)))
+        self._next_key += 1
+        while self.num_tokens > self.max_tokens:
+            self._entries.popitem(last=False)  # its pages go back to the pool with it
+
+
+class GPUEngine:
+    """core.model.engine.Engine over a GPUModel."""
+
+    name = "gpu"
+    prompt_lookup = False
+    tree_unsupported = None
+    cost_curve = "cpu"  # the shape a pass's cost starts from; learned on the device from the first passes
+    precision = "bfloat16"
+
+    def __init__(self, path: str | Path, context: int = 8192, device: str | None = None,
+                 say: Callable[[str], None] = lambda m: None) -> None:
+        why = unavailable(device)
+        if why:
+            raise GGUFError(why)
+        self.model = GPUModel(path, context, device, say)
+        self.path = self.model.path
+        self.device = self.model.device.type
+        self.vocab_size = self.model.config.vocab
+        self.context_length = self.model.context_length
+        self.kernels = ["batch-invariant Triton kernels (" + ("bfloat16 tensor cores" if self.model.tensor_cores
+                                                               else "interpreter, float32 products") + ")"]
+        self.hit_tokens = 0
+        started = time.perf_counter()
+        self.model.forward(*next(prefill_parts(self.model.new_cache(), [0])))
+        self.compile_seconds = time.perf_counter() - started  # Triton compiles each kernel at its first call
+
+    start = QuantEngine.start  # a session from start_steps' passes, each run by model.forward
+    plain = QuantEngine.plain  # greedy decoding one token per pass: the reference speculation equals
+    score_batch = staticmethod(score_batch)
+
+    def start_steps(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None
+                    ) -> Generator[tuple[Any, ...], None, QuantSession]:
+        """`start` as the prefill passes it needs (GPUPrefixCache.prefill_steps); returns the session."""
+        prefixes = prefix_cache if isinstance(prefix_cache, GPUPrefixCache) else GPUPrefixCache(0)
+        kv = yield from prefixes.prefill_steps(self.model, tokens)
+        self.hit_tokens += kv.reused
+        return QuantSession(self.model, kv)
+
+    def new_prefix_cache(self, max_tokens: int) -> GPUPrefixCache:
+        return GPUPrefixCache(max_tokens)
+
+    def clear(self) -> None:
+        """Nothing is held between requests (the prefix caches are the callers')."""
+
+    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> None:
+        """Nothing to tune: the passes run on the GPU."""
+        return None
+
+    def cost_key(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        import torch
+
+        from ..llamacpp import file_digest
+
+        gpu = torch.cuda.get_device_name(self.model.device) if self.device == "cuda" else None
+        return {"engine": self.name, "file": file_digest(self.path), "gpu": gpu, "torch": torch.__version__,
+                "triton": version("triton")}
+
+
+def unsupported(path: str | Path) -> str | None:
+    """Why the GPU engine cannot run the GGUF at `path` (its architecture, a damaged header), in one
+    line; None when it can. Reads the header only."""
+    import gguf
+
+    from ..quantized.model import read_config
+
+    try:
+        read_config(gguf.GGUFReader(path))
+    except GGUFError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - gguf-py raises anything on a damaged file
+        return f"not a readable GGUF file ({type(exc).__name__})"
+    return None
