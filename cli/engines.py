@@ -178,6 +178,19 @@ def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> b
     return why is None
 
 
+def gpu_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
+    """Whether specx's GPU engine (core/model/gpu/engine.py) runs the GGUF at `path` here: a CUDA
+    GPU, Triton, and an architecture it reads; when the GPU is here but the file is not for it, says why."""
+    from specx.core.model.gpu.engine import available, unsupported
+
+    if not available():
+        return False
+    why = unsupported(path)
+    if why:
+        say(f"gpu engine: {why}")
+    return why is None
+
+
 def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
     """The engine before any trial here, and why (the shipped measurements); `quantized`: the
     quantized engine runs the model's file (quantized_runs said so)."""
@@ -198,8 +211,9 @@ def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
 
 
 def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str:
-    """The engine `backend` means for `model` here: llama.cpp, transformers or quantized. `auto`
-    takes a trial's choice when one was made here, else the prior; llama.cpp only once a child
+    """The engine `backend` means for `model` here: llama.cpp, transformers, quantized or gpu. `auto`
+    takes the GPU engine where a CUDA GPU runs the file (unless a trial here chose another), else a
+    trial's choice when one was made here, else the prior; llama.cpp only once a child
     process has run it without dying (else auto says why and takes the quantized engine or
     transformers; an explicit llama.cpp is a ModelError naming the signal); the quantized engine
     only for a file whose architecture and tensor types it runs (else auto says which it cannot)."""
@@ -209,10 +223,16 @@ def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     path = gguf_file(model)
-    if backend in ("transformers", "quantized") or path is None:
+    if backend in ("transformers", "quantized", "gpu") or path is None:
         return "transformers" if backend == "auto" else backend  # load_backend names what is missing
     if not path.is_file():
         return backend if backend != "auto" else "llama.cpp"  # load_backend names the missing file
+    if backend == "auto" and gpu_runs(path, say):
+        choice = kept_choice(model, path, say)
+        if choice is None or choice.engine == "gpu":  # another engine measured faster here: decided below
+            say(choice.line() if choice is not None else "engine: gpu (a CUDA GPU is here: bfloat16, draft trees and "
+                "batched requests, lossless; not measured on this machine yet: `specx engines` measures it)")
+            return "gpu"
     quantized = backend == "auto" and quantized_runs(path, say)
     if not llamacpp.available():
         return backend if backend != "auto" else ("quantized" if quantized else "transformers")

@@ -75,6 +75,7 @@ ListOpt = Optional[list[str]]
 BackendOpt = Annotated[str, typer.Option(
     help="What runs the model: auto (for a GGUF, the engine `specx engines` measured fastest here, else a prior), "
          "quantized (specx's own engine on the GGUF's quantized weights: draft trees, batch-invariant kernels), "
+         "gpu (a GGUF in bfloat16 on a CUDA GPU: batch-invariant Triton kernels, draft trees, batched requests), "
          "llama.cpp, or transformers (HF folders, the GPU; a GGUF de-quantized to float32).",
     envvar="SPECX_BACKEND")]
 

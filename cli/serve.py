@@ -56,7 +56,7 @@ def serve_cmd(
     max_queue: Annotated[int, typer.Option(min=1, help="Requests that may wait while others are decoded; more get "
                                                        "HTTP 429 with Retry-After.")] = 16,
     max_batch: Annotated[Optional[int], typer.Option(min=1, help="Requests decoded together, sharing each forward "
-                                                     "pass (the quantized engine; others answer one at a time). "
+                                                     "pass (the quantized and gpu engines; others answer one at a time). "
                                                      "Default: what half this machine's free memory holds at full "
                                                      "context, at most 16.", show_default=False)] = None,
     max_spec_tokens: Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")] = 32,

@@ -15,8 +15,8 @@ import typer
 from specx.core.model import cpu
 
 from . import output
-from .engines import (choice_key, gguf_file, kept_path, llama_verdict, quantized_runs, transformers_fits, trial_lock,
-                      write_kept)
+from .engines import (choice_key, gguf_file, gpu_runs, kept_path, llama_verdict, quantized_runs, transformers_fits,
+                      trial_lock, write_kept)
 from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
 
 TRIAL_PROMPT_TOKENS = 768  # a conversation's first prompt: its last tokens (later calls keep the same start)
@@ -98,6 +98,8 @@ def engines_cmd(
         engines.append("transformers")
     if quantized_runs(path, say):
         engines.append("quantized")
+    if gpu_runs(path, say):  # only where a CUDA GPU is
+        engines.append("gpu")
     if not engines:
         raise ModelError(f"no engine can run {model} here")
     tok = load_tokenizer(model, specx_home() / "models")

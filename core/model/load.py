@@ -329,7 +329,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, *, dev
     return net, tokenizer
 
 
-BACKENDS = ("auto", "llama.cpp", "transformers", "quantized")
+BACKENDS = ("auto", "llama.cpp", "transformers", "quantized", "gpu")
 
 
 def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto", *,
@@ -337,7 +337,8 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
     """(engine, tokenizer) on `backend` (the engine: core.model.engine.Engine): "llama.cpp" runs a
     GGUF (the built-in model or a .gguf file) on llama.cpp (a core.model.llamacpp.LlamaModel);
     "transformers" loads anything through load_model (a core.model.hf_engine.TransformersEngine);
-    "quantized" runs a GGUF on specx's own engine (core.model.quantized.engine.QuantEngine); "auto" picks
+    "quantized" runs a GGUF on specx's own engine (core.model.quantized.engine.QuantEngine); "gpu" runs a
+    GGUF in bfloat16 on CUDA (core.model.gpu.engine.GPUEngine: batch-invariant Triton kernels); "auto" picks
     llama.cpp for a GGUF when llama-cpp-python is installed, else transformers (cli/engines.py
     resolves auto first). The tokenizer is transformers' in every case (read from the same file)."""
     if backend not in BACKENDS:
@@ -345,12 +346,19 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
     gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
     from . import llamacpp
 
-    if backend in ("llama.cpp", "quantized") and not gguf:
+    if backend in ("llama.cpp", "quantized", "gpu") and not gguf:
         raise ModelError(f"{backend} runs GGUF files; {model!r} is not one (use --backend transformers)")
     if backend == "quantized":
         from .quantized.engine import QuantEngine  # noqa: I001
         try:  # a damaged file or what the engine does not run: its GGUFError or UnsupportedType, one line
             return (QuantEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
+                    load_tokenizer(model, cache_dir))
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
+    if backend == "gpu":
+        from .gpu.engine import GPUEngine
+        try:  # no CUDA or Triton, a damaged file, an architecture it does not run: one line
+            return (GPUEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
                     load_tokenizer(model, cache_dir))
         except ValueError as exc:
             raise ModelError(str(exc)) from None
