@@ -43,6 +43,14 @@ def loop_back(builder: ir.IRBuilder, counter: Any, step: Any, limit: Any, body: 
     builder.position_at_end(exit_block)
 
 
+def prefetch(builder: ir.IRBuilder, address: Any) -> None:
+    """Ask for the cache line at `address` (any pointer; past an array's end is harmless: a
+    prefetch never faults) to be brought into L1 for reading."""
+    byte_ptr = I8.as_pointer()
+    fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte_ptr, I32, I32, I32]))
+    builder.call(fn, [builder.bitcast(address, byte_ptr), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
     """`value` in every lane of `vec`."""
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0))
