@@ -230,6 +230,9 @@ def test_a_row_alone_and_among_seven_others_from_other_requests(tiny):
     together = tiny.score_batch(sessions, [[7 + i] for i in range(8)], [Draft()] * 8)
     alone = tiny.start(prompts[3]).score([10], Draft())
     assert torch.equal(together[3], alone)
+    from specx.core.serve.batch import batchable
+
+    assert batchable(tiny)  # core/serve batches its passes as the quantized engine's
 
 
 def test_the_prefix_cache_and_the_pool_pages(tiny, tmp_path):

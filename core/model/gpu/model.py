@@ -148,6 +148,7 @@ class GPUModel:
                 values = floats(name, n * width)
                 if values is None:
                     raise GGUFError(f"{self.path.name}: it has no tensor {name!r}")
+                values = values if values.flags.writeable else values.copy()  # an F32 tensor is the file's mapping
                 parts.append(torch.from_numpy(values.reshape(n, width)).to(self.device, torch.bfloat16))
             return torch.cat(parts) if len(parts) > 1 else parts[0]
 
