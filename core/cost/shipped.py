@@ -2,7 +2,8 @@
 
 Each file holds milliseconds of one verification pass over k tokens and where they come from:
 {"about": "...", "cost": {"1": 31.36, "2": 32.089, ...}} ("cpu": the built-in model on the 2-core
-development CPU, `specx bench cost`; "llamacpp": its GGUF on llama.cpp, docs/llamacpp.md). They
+development CPU, `specx bench cost`; "llamacpp": its GGUF on llama.cpp, docs/llamacpp.md;
+"quantized-<family>": its GGUF on the quantized engine per instruction-set family). They
 serve as the prior shape of a learned cost (core.cost.learned) and as the projections' curves
 (core.predict.estimate).
 """
@@ -31,7 +32,7 @@ def shipped_curves() -> dict[str, ShippedCurve]:
     """Every shipped curve by name (its file's stem), read from the package's files.
 
     >>> sorted(shipped_curves()), shipped_curves()["cpu"].cost(1)
-    (['cpu', 'llamacpp'], 1.0)
+    (['cpu', 'llamacpp', 'quantized-avx2', 'quantized-avx512vnni', 'quantized-avxvnni'], 1.0)
     """
     curves = {}
     for path in sorted(FOLDER.glob("*.json")):

@@ -224,9 +224,10 @@ class QuantEngine:
     prompt_lookup = False
     tree_unsupported = None
     device = "cpu"
-    cost_curve = "cpu"
 
     def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None) -> None:
+        # the shape its passes' cost starts from: its kernels' family's (a row costs twice as much on AVX2 as on AVX-512)
+        self.cost_curve = f"quantized-{isa() if isa() != 'generic' else 'avx2'}"
         self.model = QuantModel(path, context, say)
         self.path = self.model.path
         self.vocab_size = self.model.config.vocab
