@@ -212,8 +212,8 @@ def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
 
 def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str:
     """The engine `backend` means for `model` here: llama.cpp, transformers, quantized or gpu. `auto`
-    takes the GPU engine where a CUDA GPU runs the file (unless a trial here chose another), else a
-    trial's choice when one was made here, else the prior; llama.cpp only once a child
+    takes a trial's choice when one was made here (the GPU engine only so: it is never the prior),
+    else the prior; llama.cpp only once a child
     process has run it without dying (else auto says why and takes the quantized engine or
     transformers; an explicit llama.cpp is a ModelError naming the signal); the quantized engine
     only for a file whose architecture and tensor types it runs (else auto says which it cannot)."""
@@ -229,10 +229,12 @@ def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str
         return backend if backend != "auto" else "llama.cpp"  # load_backend names the missing file
     if backend == "auto" and gpu_runs(path, say):
         choice = kept_choice(model, path, say)
-        if choice is None or choice.engine == "gpu":  # another engine measured faster here: decided below
-            say(choice.line() if choice is not None else "engine: gpu (a CUDA GPU is here: bfloat16, draft trees and "
-                "batched requests, lossless; not measured on this machine yet: `specx engines` measures it)")
+        if choice is not None and choice.engine == "gpu":
+            say(choice.line())
             return "gpu"
+        if choice is None:  # not before it has run on a GPU here: its CUDA kernels are not yet proven on any
+            say("a CUDA GPU is here: `specx engines` tries specx's GPU engine (bfloat16, draft trees, batched "
+                "requests; --backend gpu), and auto takes it once that trial chooses it")
     quantized = backend == "auto" and quantized_runs(path, say)
     if not llamacpp.available():
         return backend if backend != "auto" else ("quantized" if quantized else "transformers")

@@ -7,8 +7,15 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
-from specx.core.model.load import warm_up_math
+# Triton reads TRITON_INTERPRET when it is first imported (its own library functions are compiled
+# then), and other tests' imports (transformers) may import it first: without CUDA the GPU engine's
+# kernels run in its interpreter (tests/test_gpu_engine.py), so it is set before anything else.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specx.core.model.load import warm_up_math  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_DATA = REPO.parent / "shared" / "agent-data"

@@ -265,7 +265,9 @@ def test_the_backend_is_refused_in_one_line_without_cuda(monkeypatch, tmp_path):
             load_backend(str(path), backend="gpu")
 
 
-def test_auto_takes_the_gpu_where_cuda_runs_the_file(monkeypatch, tmp_path):
+def test_auto_takes_the_gpu_once_a_trial_here_chose_it(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
     from specx.cli import engines
     from specx.core.model.gpu import engine as gpu_engine
 
@@ -273,7 +275,11 @@ def test_auto_takes_the_gpu_where_cuda_runs_the_file(monkeypatch, tmp_path):
     path = tiny_gguf(tmp_path / "m.gguf", T.Q8_0, **SHAPE)
     said = []
     monkeypatch.setattr(gpu_engine, "available", lambda: True)
+    assert engines.resolve_backend(str(path), "auto", said.append) != "gpu"  # no trial yet: not proven here
+    assert any("`specx engines` tries specx's GPU engine" in line for line in said)
+    chosen = SimpleNamespace(engine="gpu", line=lambda: "engine: gpu (chosen by the trial here)")
+    monkeypatch.setattr(engines, "kept_choice", lambda model, path, say: chosen)
     assert engines.resolve_backend(str(path), "auto", said.append) == "gpu"
-    assert any(line.startswith("engine: gpu") for line in said)
-    monkeypatch.setattr(gpu_engine, "available", lambda: False)
+    assert said[-1] == "engine: gpu (chosen by the trial here)"
+    monkeypatch.setattr(gpu_engine, "available", lambda: False)  # the choice kept, the GPU gone
     assert engines.resolve_backend(str(path), "auto", said.append) != "gpu"
