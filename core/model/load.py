@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,9 +47,7 @@ def warm_up_math() -> None:
     rotary embedding of the first forward pass, so half of the first prompt's positions would get
     wrong keys: greedy decoding in that process could differ from decoding in another, and a
     prefix cache would keep the wrong entries. After one call on a few elements in the main
-    thread the later calls were exact (exp and cos right in 60 of 60 fresh processes).
-    Idempotent; load_model calls it.
-    """
+    thread the later calls were exact (exp and cos right in 60 of 60 fresh processes). Idempotent."""
     global _MATH_WARM
     if _MATH_WARM:
         return
@@ -334,13 +333,12 @@ BACKENDS = ("auto", "llama.cpp", "transformers", "quantized", "gpu")
 
 def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto", *,
                  dtype: Any = None, threads: int | None = None) -> tuple[Engine, Any]:
-    """(engine, tokenizer) on `backend` (the engine: core.model.engine.Engine): "llama.cpp" runs a
-    GGUF (the built-in model or a .gguf file) on llama.cpp (a core.model.llamacpp.LlamaModel);
-    "transformers" loads anything through load_model (a core.model.hf_engine.TransformersEngine);
-    "quantized" runs a GGUF on specx's own engine (core.model.quantized.engine.QuantEngine); "gpu" runs a
-    GGUF in bfloat16 on CUDA (core.model.gpu.engine.GPUEngine: batch-invariant Triton kernels); "auto" picks
-    llama.cpp for a GGUF when llama-cpp-python is installed, else transformers (cli/engines.py
-    resolves auto first). The tokenizer is transformers' in every case (read from the same file)."""
+    """(engine, tokenizer) on `backend` (core.model.engine.Engine): "llama.cpp" runs a GGUF (the
+    built-in model or a .gguf file) on llama.cpp (core.model.llamacpp.LlamaModel); "transformers"
+    anything through load_model (core.model.hf_engine.TransformersEngine); "quantized" a GGUF on
+    specx's engine (core.model.quantized.engine.QuantEngine), "gpu" in bfloat16 on CUDA
+    (core.model.gpu.engine.GPUEngine); "auto" llama.cpp for a GGUF when llama-cpp-python is
+    installed, else transformers (cli/engines.py resolves auto first). The tokenizer is transformers'."""
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
@@ -348,17 +346,11 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
 
     if backend in ("llama.cpp", "quantized", "gpu") and not gguf:
         raise ModelError(f"{backend} runs GGUF files; {model!r} is not one (use --backend transformers)")
-    if backend == "quantized":
-        from .quantized.engine import QuantEngine  # noqa: I001
-        try:  # a damaged file or what the engine does not run: its GGUFError or UnsupportedType, one line
-            return (QuantEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
-                    load_tokenizer(model, cache_dir))
-        except ValueError as exc:
-            raise ModelError(str(exc)) from None
-    if backend == "gpu":
-        from .gpu.engine import GPUEngine
-        try:  # no CUDA or Triton, a damaged file, an architecture it does not run: one line
-            return (GPUEngine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
+    if backend in ("quantized", "gpu"):  # specx's engines (the GPU one imports Triton: only when asked for)
+        name = {"quantized": "QuantEngine", "gpu": "GPUEngine"}[backend]
+        engine = getattr(import_module(f".{backend}.engine", __package__), name)
+        try:  # a damaged file, what the engine does not run, no CUDA or Triton (gpu): one line
+            return (engine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
                     load_tokenizer(model, cache_dir))
         except ValueError as exc:
             raise ModelError(str(exc)) from None
