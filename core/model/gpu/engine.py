@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..prefix_cache import PrefixCache
-from ..quantized.engine import QuantEngine, QuantSession, prefill_parts, run_steps, score_batch
+from ..quantized.engine import QuantEngine, QuantPrefixCache, QuantSession, prefill_parts, run_steps, score_batch
 from .model import GPUModel, GGUFError, KVCache
 
 __all__ = ["GGUFError", "GPUEngine", "GPUPrefixCache", "available", "unavailable", "unsupported"]
@@ -58,36 +58,15 @@ def available() -> bool:
     return torch.cuda.is_available() and unavailable("cuda") is None
 
 
-class GPUPrefixCache(PrefixCache):
-    """PrefixCache for the GPU engine: stored prompts' KVCache copies (pages of the model's pool)."""
+class GPUPrefixCache(QuantPrefixCache):
+    """PrefixCache for the GPU engine: stored prompts' KVCache copies (pages of the model's pool),
+    kept as the quantized engine keeps its own."""
 
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
         return run_steps(self.prefill_steps(model, tokens), lambda part: model.forward(*part))
 
-    def prefill_steps(self, model: GPUModel, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
-        """`prefill` as the passes it needs (each run before the next is asked for: the batched
-        server runs them beside other requests' passes); returns the KVCache."""
-        started = time.perf_counter()
-        tokens = [int(t) for t in tokens]
-        usable = self.max_tokens > 0
-        reuse, stored = self._claim(tokens, usable)
-        kv = stored.copy(reuse) if stored is not None else model.new_cache()
-        kv.reused = reuse
-        self.seconds += time.perf_counter() - started
-        yield from prefill_parts(kv, tokens[reuse:])
-        started = time.perf_counter()
-        self._keep(tokens, reuse, usable, kv)
-        self.seconds += time.perf_counter() - started
-        return kv
-
-    def _store(self, tokens: list[int], cache: Any) -> None:
-        import numpy as np
-
-        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64),
-                                         None if cache is None else cache.copy(len(tokens)))
-        self._next_key += 1
-        while self.num_tokens > self.max_tokens:
-            self._entries.popitem(last=False)  # its pages go back to the pool with it
+    def fresh(self, owner: GPUModel) -> KVCache:
+        return owner.new_cache()
 
 
 class GPUEngine:

@@ -149,19 +149,24 @@ def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.nda
 
 
 class QuantPrefixCache(PrefixCache):
-    """PrefixCache for the quantized engine: stored prompts' KVCache copies."""
+    """PrefixCache for the quantized engine: stored prompts' KVCache copies (the GPU engine's too:
+    core/model/gpu/engine.py, whose caches are made by its model, `owner` there)."""
 
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
         return run_steps(self.prefill_steps(model.config, tokens), lambda part: model.forward(*part))
 
-    def prefill_steps(self, config: Config, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
+    def fresh(self, owner: Any) -> Any:
+        """An empty cache for what prefill_steps was given (here a model's Config)."""
+        return KVCache(owner)
+
+    def prefill_steps(self, owner: Any, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
         """`prefill` as the passes it needs (each run before the next is asked for; the batched
         server runs them beside other requests' passes); returns the KVCache."""
         started = time.perf_counter()
         tokens = [int(t) for t in tokens]
         usable = self.max_tokens > 0
         reuse, stored = self._claim(tokens, usable)
-        kv = stored.copy(reuse) if stored is not None else KVCache(config)
+        kv = stored.copy(reuse) if stored is not None else self.fresh(owner)
         kv.reused = reuse
         self.seconds += time.perf_counter() - started
         yield from prefill_parts(kv, tokens[reuse:])
