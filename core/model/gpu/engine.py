@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..prefix_cache import PrefixCache
-from ..quantized.engine import QuantEngine, QuantPrefixCache, QuantSession, prefill_parts, run_steps, score_batch
+from ..quantized.engine import QuantEngine, QuantPrefixCache, prefill_parts, score_batch
 from .model import GPUModel, GGUFError, KVCache
 
 __all__ = ["GGUFError", "GPUEngine", "GPUPrefixCache", "available", "unavailable", "unsupported"]
@@ -62,11 +61,8 @@ class GPUPrefixCache(QuantPrefixCache):
     """PrefixCache for the GPU engine: stored prompts' KVCache copies (pages of the model's pool),
     kept as the quantized engine keeps its own."""
 
-    def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
-        return run_steps(self.prefill_steps(model, tokens), lambda part: model.forward(*part))
-
-    def fresh(self, owner: GPUModel) -> KVCache:
-        return owner.new_cache()
+    def fresh(self, model: GPUModel) -> KVCache:
+        return model.new_cache()
 
 
 class GPUEngine:
@@ -95,20 +91,12 @@ class GPUEngine:
         self.model.forward(*next(prefill_parts(self.model.new_cache(), [0])))
         self.compile_seconds = time.perf_counter() - started  # Triton compiles each kernel at its first call
 
+    prefix_cache_type = GPUPrefixCache
     start = QuantEngine.start  # a session from start_steps' passes, each run by model.forward
+    start_steps = QuantEngine.start_steps  # the prefill passes (its prefix cache's), then a QuantSession
+    new_prefix_cache = QuantEngine.new_prefix_cache
     plain = QuantEngine.plain  # greedy decoding one token per pass: the reference speculation equals
     score_batch = staticmethod(score_batch)
-
-    def start_steps(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None
-                    ) -> Generator[tuple[Any, ...], None, QuantSession]:
-        """`start` as the prefill passes it needs (GPUPrefixCache.prefill_steps); returns the session."""
-        prefixes = prefix_cache if isinstance(prefix_cache, GPUPrefixCache) else GPUPrefixCache(0)
-        kv = yield from prefixes.prefill_steps(self.model, tokens)
-        self.hit_tokens += kv.reused
-        return QuantSession(self.model, kv)
-
-    def new_prefix_cache(self, max_tokens: int) -> GPUPrefixCache:
-        return GPUPrefixCache(max_tokens)
 
     def clear(self) -> None:
         """Nothing is held between requests (the prefix caches are the callers')."""

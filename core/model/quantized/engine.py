@@ -149,24 +149,24 @@ def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.nda
 
 
 class QuantPrefixCache(PrefixCache):
-    """PrefixCache for the quantized engine: stored prompts' KVCache copies (the GPU engine's too:
-    core/model/gpu/engine.py, whose caches are made by its model, `owner` there)."""
+    """PrefixCache for the quantized engine: stored prompts' KVCache copies (the GPU engine's too,
+    core/model/gpu/engine.py's subclass: its model makes its caches, `fresh`)."""
 
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
-        return run_steps(self.prefill_steps(model.config, tokens), lambda part: model.forward(*part))
+        return run_steps(self.prefill_steps(model, tokens), lambda part: model.forward(*part))
 
-    def fresh(self, owner: Any) -> Any:
-        """An empty cache for what prefill_steps was given (here a model's Config)."""
-        return KVCache(owner)
+    def fresh(self, model: Any) -> Any:
+        """An empty cache for `model`'s sequences."""
+        return KVCache(model.config)
 
-    def prefill_steps(self, owner: Any, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
+    def prefill_steps(self, model: Any, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
         """`prefill` as the passes it needs (each run before the next is asked for; the batched
         server runs them beside other requests' passes); returns the KVCache."""
         started = time.perf_counter()
         tokens = [int(t) for t in tokens]
         usable = self.max_tokens > 0
         reuse, stored = self._claim(tokens, usable)
-        kv = stored.copy(reuse) if stored is not None else self.fresh(owner)
+        kv = stored.copy(reuse) if stored is not None else self.fresh(model)
         kv.reused = reuse
         self.seconds += time.perf_counter() - started
         yield from prefill_parts(kv, tokens[reuse:])
@@ -229,6 +229,7 @@ class QuantEngine:
     prompt_lookup = False
     tree_unsupported = None
     device = "cpu"
+    prefix_cache_type = QuantPrefixCache
 
     def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None) -> None:
         # the shape its passes' cost starts from: its kernels' family's (a row costs twice as much on AVX2 as on AVX-512)
@@ -251,16 +252,17 @@ class QuantEngine:
 
     def start_steps(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None
                     ) -> Generator[tuple[Any, ...], None, QuantSession]:
-        """`start` as the prefill passes it needs (QuantPrefixCache.prefill_steps); returns the session."""
-        prefixes = prefix_cache if isinstance(prefix_cache, QuantPrefixCache) else QuantPrefixCache(0)
-        kv = yield from prefixes.prefill_steps(self.model.config, tokens)
+        """`start` as the prefill passes it needs (its prefix cache's prefill_steps); returns the session."""
+        kind = self.prefix_cache_type
+        prefixes = prefix_cache if isinstance(prefix_cache, kind) else kind(0)
+        kv = yield from prefixes.prefill_steps(self.model, tokens)
         self.hit_tokens += kv.reused
         return QuantSession(self.model, kv)
 
     score_batch = staticmethod(score_batch)
 
     def new_prefix_cache(self, max_tokens: int) -> QuantPrefixCache:
-        return QuantPrefixCache(max_tokens)
+        return self.prefix_cache_type(max_tokens)
 
     def clear(self) -> None:
         """Nothing is held between requests (the prefix caches are the callers')."""
