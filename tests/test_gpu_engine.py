@@ -235,6 +235,16 @@ def test_a_row_alone_and_among_seven_others_from_other_requests(tiny):
     assert batchable(tiny)  # core/serve batches its passes as the quantized engine's
 
 
+def test_bench_cost_counts_the_bfloat16_weights_a_pass_reads(tiny):
+    from specx.bench.calibrate import pass_bytes
+
+    h, ffn, vocab = SHAPE["hidden"], SHAPE["ffn"], SHAPE["vocab"]
+    kv_width = SHAPE["kv_heads"] * h // SHAPE["heads"]
+    per_layer = (h + 2 * kv_width) * h + h * h + 2 * ffn * h + h * ffn  # qkv, output, gate + up, down
+    multiply_adds = 2 * per_layer + vocab * h  # two layers, then the (tied) output layer
+    assert pass_bytes(tiny) == (2 * multiply_adds, multiply_adds)
+
+
 def test_the_prefix_cache_and_the_pool_pages(tiny, tmp_path):
     qwen = GPUEngine(tiny_gguf(tmp_path / "qwen.gguf", T.Q8_0, arch="qwen2", **SHAPE), device=DEVICE)  # biases, neox
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]

@@ -93,10 +93,11 @@ def _time_engine_passes(engine: Any, sizes: Sequence[int], repeats: int, context
 
 
 def pass_bytes(engine: Any) -> tuple[int, int]:
-    """(bytes of weights one pass reads, multiply-adds per token) of an Engine: the quantized engine's
-    packed weights, transformers' linear layers (their packed float copy), llama.cpp's file."""
-    if getattr(engine, "name", "") == "quantized":
-        model = engine.model
+    """(bytes of weights one pass reads, multiply-adds per token) of an Engine: specx's engines count
+    their own (the quantized engine's packed weights, the GPU engine's bfloat16 ones), transformers'
+    linear layers (their packed float copy), llama.cpp's file."""
+    model = getattr(engine, "model", None)
+    if hasattr(model, "weight_bytes"):
         return model.weight_bytes, model.multiply_adds
     if getattr(engine, "name", "") == "llama.cpp":
         import gguf

@@ -12,7 +12,6 @@ bfloat16; the residual stream, norms, accumulations, attention and logits in flo
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,8 +184,8 @@ class GPUModel:
         del reader, tensors
         self.pool = KVPool(cfg, self.device)
         matrices = [w for layer in self.layers for w in (layer["qkv"], layer["out"], layer["gate_up"], layer["down"])]
-        self.weight_bytes = sum(w.numel() * 2 for w in matrices + [self.output])
-        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.weight_bytes = sum(w.numel() * 2 for w in matrices + [self.output])  # what a pass reads (`specx bench cost`)
+        self.multiply_adds = sum(w.numel() for w in matrices + [self.output])
 
     def new_cache(self) -> KVCache:
         return KVCache(self.pool)
@@ -237,20 +236,21 @@ class GPUModel:
         the pool rows its key and value go to, the sequences' page tables, each row's attention
         span (kernels.attention's meta) and visible columns, and the rows whose logits are wanted."""
         positions, write, pages, meta, cols, wanted = [], [], [], [], [], []
-        start = 0
+        start = table = col = 0  # rows, page-table entries and visible columns so far
         for kv, tokens, pos, allowed, logits_rows in parts:
             n = len(tokens)
-            table = sum(len(p) for p in pages)
             pages.append(np.asarray(kv.pages, dtype=np.int64))
             positions.append(np.asarray(pos, dtype=np.int64))
             write.append(kv.rows(np.arange(kv.length, kv.length + n)))
             allowed = np.asarray(allowed, dtype=bool).reshape(n, n)
             for r in range(n):
                 visible = np.flatnonzero(allowed[r])
-                meta.append((table, kv.length, kv.length + len(visible), sum(len(c) for c in cols)))
+                meta.append((table, kv.length, kv.length + len(visible), col))
                 cols.append(visible)
+                col += len(visible)
             wanted.append(np.asarray(logits_rows, dtype=np.int64) + start)
             start += n
+            table += len(kv.pages)
         flat = [np.concatenate(a) if a else np.zeros(0, dtype=np.int64)
                 for a in (positions, write, pages, cols, wanted)]
         flat.insert(4, np.asarray(meta, dtype=np.int64).reshape(-1))
