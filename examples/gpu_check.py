@@ -71,34 +71,28 @@ def oracle_tree(rng: random.Random, out: list[int], reference: list[int], vocab:
     return Draft(tokens, parents, [0.5] * len(tokens), 0.5 * len(tokens), 1)
 
 
-def collect(steps: object) -> tuple[list[int], int]:
-    tokens, n = [], 0
-    for step in steps:
-        tokens += step.new_tokens
-        n += 1
-    return tokens, n
-
-
 def sampled_plain(engine: object, prompt: list[int], n: int, seed: int) -> list[int]:
     from specx.core.decode.generate import generate
+    from specx.core.decode.loop import collect
 
-    return collect(generate(engine, prompt, None, max_new_tokens=n, seed=seed, **SAMPLED))[0]
+    return collect(generate(engine, prompt, None, max_new_tokens=n, seed=seed, **SAMPLED)).tokens
 
 
 def lossless_alone(engine: object, prompts: list[list[int]], n: int) -> dict:
     """Each prompt alone: speculation with oracle trees against plain decoding, greedy and sampled."""
     from specx.core.decode.generate import generate
+    from specx.core.decode.loop import collect
 
     report = {"greedy_identical": 0, "sampled_identical": 0, "requests": len(prompts), "tokens_per_step": []}
     for i, prompt in enumerate(prompts):
         plain = engine.plain(prompt, n, None)
-        spec, steps = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), max_new_tokens=n))
-        report["greedy_identical"] += spec == plain
-        report["tokens_per_step"].append(round(len(spec) / max(steps, 1), 2))
+        spec = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), max_new_tokens=n))
+        report["greedy_identical"] += spec.tokens == plain
+        report["tokens_per_step"].append(round(len(spec.tokens) / max(spec.stats.steps, 1), 2))
         plain = sampled_plain(engine, prompt, n, seed=i)
-        spec, _ = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), max_new_tokens=n,
-                                   seed=i, **SAMPLED))
-        report["sampled_identical"] += spec == plain
+        spec = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), max_new_tokens=n,
+                                seed=i, **SAMPLED))
+        report["sampled_identical"] += spec.tokens == plain
     return report
 
 
@@ -185,6 +179,7 @@ def speeds(engine: object, path: Path, prompts: list[list[int]], n: int, eos: in
     """tokens/s on the same prompts: the GPU engine's plain and suffix speculation; transformers'
     greedy `generate` and its prompt lookup in bfloat16 on the same GPU (`hf`)."""
     from specx.core.decode.generate import generate
+    from specx.core.decode.loop import collect
     from specx.core.decode.speculate import SuffixDrafter
 
     def rate(run: object) -> dict:
@@ -196,7 +191,7 @@ def speeds(engine: object, path: Path, prompts: list[list[int]], n: int, eos: in
 
     report = {"gpu plain": rate(lambda p: engine.plain(p, n, eos)),
               "gpu specx suffix": rate(lambda p: collect(generate(engine, p, SuffixDrafter(), max_new_tokens=n,
-                                                                  eos_token_ids=eos))[0])}
+                                                                  eos_token_ids=eos)).tokens)}
     if hf:
         from specx.core.model.hf_engine import hf_generate
         from specx.core.model.load import load_model
