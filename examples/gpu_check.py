@@ -156,17 +156,17 @@ def pass_cost(engine: object, context: int, rows: list[int], repeats: int) -> di
     prompt = [rng.randrange(engine.vocab_size) for _ in range(context)]
     session = engine.start(prompt)
 
+    def chain(k: int) -> Draft:  # the pending token and k - 1 draft tokens in a line: k rows
+        return Draft(list(range(1, k)), list(range(-1, k - 2)), [0.5] * (k - 1), 0.5, 1)
+
     def one(k: int) -> None:
-        draft = Draft(list(range(1, k)), list(range(-1, k - 2)), [0.5] * (k - 1), 0.5, 1)
-        session.score([5], draft)
+        session.score([5], chain(k))
         session.keep_path([])  # the cache grows by one a pass: a few tokens over `context`
 
     report = {"context": context, "one_request_ms": {str(k): timed(lambda k=k: one(k), repeats) for k in rows}}
     sessions = [engine.start(prompt[: context - i]) for i in range(16)]
     for k in (1, 4):
-        draft = Draft(list(range(1, k)), list(range(-1, k - 2)), [0.5] * (k - 1), 0.5, 1)
-
-        def batch(draft: Draft = draft) -> None:
+        def batch(draft: Draft = chain(k)) -> None:
             engine.score_batch(sessions, [[5]] * 16, [draft] * 16)
             for s in sessions:
                 s.keep_path([])
