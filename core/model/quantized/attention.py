@@ -2,22 +2,31 @@
 
 A query row attends to the cached entries and to the new entries its `allowed` row marks. Its
 visible keys are its sequence's positions 0, 1, ... in order (a tree's accepted path is its
-ancestors), so every sum runs over them in one fixed order, whichever pass the row is in:
+ancestors), so every sum runs over them in one fixed order, whichever pass the row is in.
 
 Keys and values are kept as float16 (their bits, uint16: half the memory traffic of float32,
 llama.cpp's default too) and widened to float32 as they are read.
 
-- scores: q . k for sixteen keys at a time, one vector lane per key, a fused multiply-add chain
-  over the head dimension in order (LLVM IR, like the matmul kernels; `_scores`). New keys are
-  copied beside each other first and go through the same code, so a key gets the same bits
-  cached or new.
-- softmax: the maximum (exact in any order), core.model.quantized.forward.exp_rows, and the sum in 16
-  lanes by position, combined in order.
-- values: sum_j p_j v_j with the head dimension in vector registers, a multiply-add chain over
-  the visible keys in order (`_weighted`), the new entries' values after the cached ones; a key
-  head's query heads side by side (one load of each value vector, more chains in flight).
+Positions are cut into parts of BLOCK from position 0 (flash-decoding's split, at fixed places):
+one job per (sequence, key head, part) runs every row of the sequence over that part, so at
+agent context lengths a pass reads each cached key and value from memory once, whatever its
+number of rows (the other rows find them in L2), and a long context keeps both cores busy even
+for one row. Within a part, for a row:
 
-Masked keys are skipped, not added as zeros.
+- scores: q . k for sixteen keys at a time, one vector lane per key, a fused multiply-add chain
+  over the head dimension in order (LLVM IR, like the matmul kernels; `_scores`). Entries that
+  lie in place (the cache, then the row's leading run of visible new entries: all of them in a
+  prefill or a chain) are read where they are; other visible new entries (a tree's branches) are
+  copied beside each other first and go through the same code, so a key gets the same bits
+  either way.
+- softmax: the maximum m (exact in any order), core.model.quantized.forward.exp_rows, and the sum
+  l in 16 lanes by position, combined in order.
+- values: a = sum_j p_j v_j with the head dimension in vector registers, a multiply-add chain over
+  the part's visible keys in order (`_weighted`); a key head's query heads side by side (one load
+  of each value vector, more chains in flight).
+
+The parts are then combined in order (M the parts' maximum): sum_p e^(m_p - M) a_p / sum_p
+e^(m_p - M) l_p; one part alone is a / l. Masked keys are skipped, not added as zeros.
 """
 
 from __future__ import annotations
@@ -154,109 +163,173 @@ def _weighted_kernel(dim: int, group: int) -> Any:
     return fixed(weighted, f"qattention.weighted.{dim}.{group}")
 
 
-def _pad(n: int) -> int:  # pragma: no cover - compiled (inlined into the kernels)
-    return (n + LANES - 1) // LANES * LANES
+BLOCK = 512  # positions per part: a part's keys and values (64 KB each at 64 dims) stay in L2 for every row
+_ATTEND: dict[tuple[int, int, int], Any] = {}
 
 
-_ATTEND: dict[tuple[int, int], Any] = {}
-
-
-def attention(group: int, dim: int) -> Any:
+def attention(group: int, dim: int, block: int = BLOCK) -> Any:
     """attend(q [S, H, D], keys, values, layer, starts [Q + 1], n0s [Q], alloweds, scale, out [S, H, D])
     for H / Hkv = `group` and D = `dim` (compiled on first use): the rows of Q sequences (sequence
     q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16, D, 16] and
     values[q][layer] [Hkv, C, D] holding n0s[q] entries then its new rows', their visibility
     alloweds[q] [S_q, S_q]); out[s, h] = softmax(q[s, h] . K * scale) V over the keys row s may
-    see (the module's docstring). One parallel loop over every sequence's (head, row) pairs, a
-    head's rows one after another (its keys and values stay in cache); a pair's result does not
-    depend on the others."""
-    key = (group, dim)
+    see (the module's docstring).
+
+    Split by position into parts of `block` (a multiple of 16) fixed from position 0, so a row's
+    arithmetic depends on its own visible keys alone: one parallel job per (sequence, key head,
+    part) takes every row of the sequence that sees the part, row after row, so the part's keys
+    and values come from memory once a pass and from L2 for the other rows. A part gives each
+    row-head its maximum m, its sum l and its unnormalised values a (as one two-pass softmax over
+    the part); the parts are combined in order: out = sum_p e^(m_p - M) a_p / sum_p e^(m_p - M) l_p."""
+    key = (group, dim, block)
     if key in _ATTEND:
         return _ATTEND[key]
     scores_fn, weighted_fn = _scores_kernel(group), _weighted_kernel(dim, group)
-    pad = fixed(njit(inline="always")(_pad), f"qattention.pad.{group}.{dim}")
 
     @njit(nogil=True)
-    def one(q, keys, values, n_cached, allowed, first, s, g, scale, out):  # pragma: no cover - compiled
-        """Row `first + s` (row s of its sequence, whose rows start at `first`), kv head g."""
+    def part(q, keys, values, n_cached, allowed, lead, fresh, first, g, p, scale, pm, pl, pacc):  # pragma: no cover
+        """Part p (positions p * block ..) of kv head g for every row of one sequence that sees it
+        (rows first.., their leading run of visible new entries lead[s] and count fresh[s]).
+        A row's visible positions: its cache's first n_cached + lead[s] entries as they lie,
+        then its other visible new entries, gathered."""
         rows = allowed.shape[0]
-        fresh = 0
-        for i in range(rows):
-            fresh += allowed[s, i]
-        visible = n_cached + fresh
-        # the new visible entries, side by side: keys [1, F' / 16, D, 16] and values [1, F, D]
-        new_keys = np.zeros((1, pad(fresh) // LANES, dim, LANES), dtype=np.uint16)
-        new_values = np.empty((1, max(fresh, 1), dim), dtype=np.uint16)
-        f = 0
-        for i in range(rows):
-            if allowed[s, i]:
-                for d in range(dim):
-                    new_keys[0, f // LANES, d, f % LANES] = keys[g, (n_cached + i) // LANES, d, (n_cached + i) % LANES]
-                    new_values[0, f, d] = values[g, n_cached + i, d]
-                f += 1
+        a = p * block
         qg = np.empty((group, dim), dtype=np.float32)
-        for h in range(group):
-            for d in range(dim):
-                qg[h, d] = q[first + s, g * group + h, d]
-        cached = np.empty((group, pad(n_cached)), dtype=np.float32)
-        new = np.empty((group, pad(fresh)), dtype=np.float32)
-        scores_fn(keys, np.int64(g), qg, cached, np.int64(n_cached))
-        scores_fn(new_keys, np.int64(0), qg, new, np.int64(fresh))
-        row = np.empty(visible, dtype=np.float32)
-        probs = np.empty((group, visible), dtype=np.float32)
-        totals = np.empty(group, dtype=np.float32)
-        ibuf = np.empty(visible, dtype=np.int32)
+        cached = np.empty((group, block), dtype=np.float32)
+        new = np.empty((group, block), dtype=np.float32)
+        row = np.empty(block, dtype=np.float32)
+        probs = np.empty((group, block), dtype=np.float32)
+        ibuf = np.empty(block, dtype=np.int32)
         lanes = np.empty(LANES, dtype=np.float32)
-        acc = np.zeros((group, dim), dtype=np.float32)
-        for h in range(group):
-            for j in range(n_cached):
-                row[j] = cached[h, j] * scale
-            for j in range(fresh):
-                row[n_cached + j] = new[h, j] * scale
-            whole = visible // LANES * LANES
-            for j in range(LANES):
-                lanes[j] = row[0]
-            for jb in range(0, whole, LANES):  # the maximum: in any order, the same
+        acc = np.empty((group, dim), dtype=np.float32)
+        new_keys = np.zeros((1, block // LANES, dim, LANES), dtype=np.uint16)
+        new_values = np.empty((1, block, dim), dtype=np.uint16)
+        key_part, value_part = keys[g:g + 1, a // LANES:], values[g:g + 1, a:]
+        for s in range(rows):
+            contiguous = n_cached + lead[first + s]
+            visible = n_cached + fresh[first + s]
+            if visible <= a:
+                continue
+            end = min(a + block, visible)
+            num_in_place = max(min(end, contiguous) - a, 0)
+            num_gathered = end - a - num_in_place
+            if num_gathered > 0:  # the row's visible new entries past its leading run, from position max(a, contiguous)
+                skip = max(a, contiguous) - contiguous
+                f = 0
+                for i in range(lead[first + s] + 1, rows):
+                    if allowed[s, i]:
+                        if f >= skip and f < skip + num_gathered:
+                            at, src = f - skip, n_cached + i
+                            for d in range(dim):
+                                new_keys[0, at // LANES, d, at % LANES] = keys[g, src // LANES, d, src % LANES]
+                                new_values[0, at, d] = values[g, src, d]
+                        f += 1
+            for h in range(group):
+                for d in range(dim):
+                    qg[h, d] = q[first + s, g * group + h, d]
+            count = num_in_place + num_gathered
+            if num_in_place > 0:
+                scores_fn(key_part, np.int64(0), qg, cached, np.int64(num_in_place))
+            if num_gathered > 0:
+                scores_fn(new_keys, np.int64(0), qg, new, np.int64(num_gathered))
+            for h in range(group):
+                for j in range(num_in_place):
+                    row[j] = cached[h, j] * scale
+                for j in range(num_gathered):
+                    row[num_in_place + j] = new[h, j] * scale
+                whole = count // LANES * LANES
                 for j in range(LANES):
-                    lanes[j] = max(lanes[j], row[jb + j])
-            for j in range(whole, visible):
-                lanes[0] = max(lanes[0], row[j])
-            top = lanes[0]
-            for j in range(1, LANES):
-                top = max(top, lanes[j])
-            for j in range(visible):
-                row[j] = row[j] - top
-            exp_rows(row, probs[h], ibuf)
-            for j in range(LANES):
-                lanes[j] = np.float32(0.0)
-            for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
+                    lanes[j] = row[0]
+                for jb in range(0, whole, LANES):  # the maximum: in any order, the same
+                    for j in range(LANES):
+                        lanes[j] = max(lanes[j], row[jb + j])
+                for j in range(whole, count):
+                    lanes[0] = max(lanes[0], row[j])
+                top = lanes[0]
+                for j in range(1, LANES):
+                    top = max(top, lanes[j])
+                for j in range(count):
+                    row[j] = row[j] - top
+                exp_rows(row[:count], probs[h], ibuf)
                 for j in range(LANES):
-                    lanes[j] += probs[h, jb + j]
-            for j in range(whole, visible):
-                lanes[j - whole] += probs[h, j]
-            total = lanes[0]
-            for j in range(1, LANES):
-                total += lanes[j]
-            totals[h] = total
-        weighted_fn(values, np.int64(g), probs, np.int64(0), np.int64(n_cached), acc)
-        weighted_fn(new_values, np.int64(0), probs, np.int64(n_cached), np.int64(fresh), acc)
-        for h in range(group):
-            for d in range(dim):
-                out[first + s, g * group + h, d] = acc[h, d] / totals[h]
+                    lanes[j] = np.float32(0.0)
+                for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
+                    for j in range(LANES):
+                        lanes[j] += probs[h, jb + j]
+                for j in range(whole, count):
+                    lanes[j - whole] += probs[h, j]
+                total = lanes[0]
+                for j in range(1, LANES):
+                    total += lanes[j]
+                pm[first + s, g * group + h, p] = top
+                pl[first + s, g * group + h, p] = total
+                for d in range(dim):
+                    acc[h, d] = np.float32(0.0)
+            weighted_fn(value_part, np.int64(0), probs, np.int64(0), np.int64(num_in_place), acc)
+            weighted_fn(new_values, np.int64(0), probs, np.int64(num_in_place), np.int64(num_gathered), acc)
+            for h in range(group):
+                for d in range(dim):
+                    pacc[first + s, g * group + h, p, d] = acc[h, d]
+
+    @njit(nogil=True)
+    def combine(s, h, parts, pm, pl, pacc, out, shifted, weights, ibuf):  # pragma: no cover - compiled
+        """out[s, h] from row s's `parts` parts of head h, in order."""
+        top = pm[s, h, 0]
+        for p in range(1, parts):
+            top = max(top, pm[s, h, p])
+        for p in range(parts):
+            shifted[p] = pm[s, h, p] - top
+        exp_rows(shifted[:parts], weights, ibuf)
+        total = np.float32(0.0)
+        for p in range(parts):
+            total += weights[p] * pl[s, h, p]
+        for d in range(dim):
+            v = np.float32(0.0)
+            for p in range(parts):
+                v += weights[p] * pacc[s, h, p, d]
+            out[s, h, d] = v / total
 
     @njit(parallel=True, nogil=True)
     def attend(q, keys, values, layer, starts, n0s, alloweds, scale, out):  # pragma: no cover - compiled
         kv_heads = keys[0][layer].shape[0]
-        seqs = len(n0s)
-        for job in prange(starts[seqs] * kv_heads):  # sequence q's jobs: starts[q] * Hkv .. starts[q + 1] * Hkv
+        seqs, total_rows, heads = len(n0s), starts[len(n0s)], q.shape[1]
+        lead = np.zeros(total_rows, dtype=np.int64)  # a row's leading run of visible new entries
+        fresh = np.zeros(total_rows, dtype=np.int64)  # and all its visible new entries
+        parts = np.zeros(seqs + 1, dtype=np.int64)  # sequence q's jobs: parts[q] .. parts[q + 1] - 1
+        most = 1
+        for sq in range(seqs):
+            allowed, widest = alloweds[sq], 0
+            for s in range(allowed.shape[0]):
+                run = 0
+                while run < allowed.shape[1] and allowed[s, run]:
+                    run += 1
+                n = run
+                for i in range(run + 1, allowed.shape[1]):
+                    n += allowed[s, i]
+                lead[starts[sq] + s], fresh[starts[sq] + s] = run, n
+                widest = max(widest, n)
+            num = (n0s[sq] + widest + block - 1) // block
+            most = max(most, num)
+            parts[sq + 1] = parts[sq] + num * kv_heads
+        pm = np.empty((total_rows, heads, most), dtype=np.float32)
+        pl = np.empty((total_rows, heads, most), dtype=np.float32)
+        pacc = np.empty((total_rows, heads, most, q.shape[2]), dtype=np.float32)
+        for job in prange(parts[seqs]):
             sq = 0
-            while starts[sq + 1] * kv_heads <= job:
+            while parts[sq + 1] <= job:
                 sq += 1
-            rows = starts[sq + 1] - starts[sq]
-            local = job - starts[sq] * kv_heads
-            one(q, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], starts[sq], local % rows,
-                local // rows, scale, out)
+            local = job - parts[sq]
+            num = (parts[sq + 1] - parts[sq]) // kv_heads
+            part(q, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], lead, fresh, starts[sq],
+                 local // num, local % num, scale, pm, pl, pacc)
+        shifted, weights, ibuf = np.empty(most, np.float32), np.empty(most, np.float32), np.empty(most, np.int32)
+        for sq in range(seqs):
+            for s in range(starts[sq], starts[sq + 1]):
+                num = (n0s[sq] + fresh[s] + block - 1) // block
+                for h in range(heads):
+                    combine(s, h, num, pm, pl, pacc, out, shifted, weights, ibuf)
 
-    fixed(one, f"qattention.one.{group}.{dim}")
-    _ATTEND[key] = fixed(attend, f"qattention.attend.{group}.{dim}")
+    fixed(part, f"qattention.part.{group}.{dim}.{block}")
+    fixed(combine, f"qattention.combine.{group}.{dim}.{block}")
+    _ATTEND[key] = fixed(attend, f"qattention.attend.{group}.{dim}.{block}")
     return attend

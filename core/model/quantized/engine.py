@@ -28,6 +28,7 @@ import numpy as np
 
 from ...draft import Draft, check_draft
 from ..prefix_cache import PrefixCache
+from .attention import BLOCK
 from .kernel import ISA_NAMES, isa
 from .model import Config, GGUFError, QuantModel
 
@@ -239,7 +240,7 @@ class QuantEngine:
         self.vocab_size = self.model.config.vocab
         self.context_length = self.model.context_length
         self.precision = self.model.precision
-        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})", "row-wise attention"]
+        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})", f"attention in parts of {BLOCK} positions"]
         self.hit_tokens = 0
         started = time.perf_counter()
         say(f"quantized engine: {ISA_NAMES[isa()]} kernels for this model (compiled once per CPU and formats, "
