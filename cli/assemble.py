@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .options import DRAFTERS, default_drafter, model_cost, specx_home
 
@@ -21,8 +21,8 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
              chat_template: str | None = None, check_template: bool = True, db: Path | None = None,
              create_store: bool = False, speculation: bool = True, cost_aware: bool = True,
              relearn: bool = False, max_spec_tokens: int = 32, max_spec_factor: float = 4.0,
-             prefix_cache_tokens: int = 0, cache_dir: Path | None = None, drafter: str | None = None,
-             stage: Callable[[str], None] = lambda what: None) -> Stack:
+             prefix_cache_tokens: int = 0, kv_memory: int | None = None, cache_dir: Path | None = None,
+             drafter: str | None = None, stage: Callable[[str], None] = lambda what: None) -> Stack:
     """Load `model` on `backend` (auto: the engine chosen for this machine, cli.engines) in `dtype`,
     then build the chain in order, `say` hearing what was chosen:
 
@@ -36,7 +36,8 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
       `max_spec_tokens` and `max_spec_factor` over the global index (`drafter`: suffix; table: the
       model's successor table alone, hybrid: both, core.decode.hybrid; None: the engine's default,
       cli.options.default_drafter; the table is the store's, kept per model, else a new one);
-    - a prefix cache of `prefix_cache_tokens` where the engine takes one.
+    - a prefix cache where the engine takes one: `kv_memory` bytes of KV entries (said in tokens at
+      the model's size; see kv_budget_tokens), else `prefix_cache_tokens` tokens.
 
     Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
     step as it begins (the server's /health shows it)."""
@@ -84,10 +85,37 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         successors, chosen = None, suffix
         if speculation:
             say("drafter: suffix")
+    if kv_memory is not None:
+        prefix_cache_tokens = kv_budget_tokens(engine, kv_memory, say)
     prefix_cache = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
     return Stack(engine, tokenizer, fingerprint, global_index, drafter=chosen, cost=cost,
                  threads=engine.thread_tuner(say), prefix_cache=prefix_cache, successors=successors,
                  successors_key=table_key(Path(model).name, fingerprint) if successors is not None else None)
+
+
+def kv_budget_tokens(engine: Any, memory: int, say: Callable[[str], None]) -> int:
+    """The tokens `memory` bytes of the engine's KV entries hold (each tenant gets its share), said
+    in a line; 0 where the engine keeps its own cache (llama.cpp: its one sequence)."""
+    from specx.core.model.prefix_cache import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(engine)
+    if per_token <= 0:
+        return 0
+    tokens = int(memory // per_token)
+    say(f"conversation memory: {memory / 2**30:.2f} GiB of KV entries = {tokens:,} tokens at "
+        f"{per_token / 1024:.1f} KiB a token (least recently used conversation out first)")
+    return tokens
+
+
+def default_kv_memory() -> int:
+    """A quarter of this machine's free memory (the live requests' caches are sized from half:
+    core.serve.batch.default_max_batch); 2 GiB where it cannot be read."""
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (OSError, ValueError):
+        return 2 << 30
 
 
 def kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], None]) -> SuccessorTable | None:

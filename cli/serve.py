@@ -64,9 +64,13 @@ def serve_cmd(
     cost_aware: Annotated[bool, typer.Option("--cost-aware/--fixed-size", help="Cut each draft where expected "
                                              "tokens per second is best (the cost learned from the passes), or verify whole "
                                              "drafts.")] = True,
-    prefix_cache_tokens: Annotated[int, typer.Option(min=0, help="KV entries of recent prompts kept for prompts "
-                                                                 "that start the same way: only the rest is "
-                                                                 "prefilled (0: off).")] = 8192,
+    kv_memory: Annotated[Optional[str], typer.Option(help="Memory for the KV entries of conversations kept across "
+                                                 "their turns (a prompt that starts as a kept one prefills only the "
+                                                 "rest; least recently used out first; shared out among tenants), "
+                                                 "e.g. 2G or 512M. Default: a quarter of the free memory.",
+                                                 envvar="SPECX_KV_MEMORY", show_default=False)] = None,
+    prefix_cache_tokens: Annotated[Optional[int], typer.Option(min=0, help="The same budget in tokens instead of "
+                                                               "bytes (0: off).", show_default=False)] = None,
     max_model_len: Annotated[Optional[int], typer.Option(min=1, help="Longest prompt + completion in tokens "
                                                          "(default: the model's context length; at most that).",
                                                          show_default=False)] = None,
@@ -118,6 +122,13 @@ def serve_cmd(
     if check_drafters(drafter_name) not in ([], ["suffix"]) and engine == "vllm":
         raise typer.BadParameter("inside vLLM specx drafts from its suffix index only (the successor table learns "
                                  "from the logits, which vLLM keeps to itself)", param_hint="--drafter")
+    from specx.core.model.prefix_cache import parse_bytes
+
+    from .assemble import default_kv_memory
+    try:
+        kv_bytes = parse_bytes(kv_memory) if kv_memory is not None else default_kv_memory()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kv-memory") from None
     try:
         from .http.auth import parse_tenants
         tenants = parse_tenants(tenant, api_key)
@@ -175,7 +186,8 @@ def serve_cmd(
             stack = assemble(model, backend=backend, dtype=dtype, say=log.info, chat_template=chat_template,
                              db=None if tenants else path, create_store=True, speculation=speculation,
                              cost_aware=speculation and cost_aware, max_spec_tokens=max_spec_tokens,
-                             max_spec_factor=max_spec_factor, prefix_cache_tokens=prefix_cache_tokens,
+                             max_spec_factor=max_spec_factor, prefix_cache_tokens=prefix_cache_tokens or 0,
+                             kv_memory=None if prefix_cache_tokens is not None else kv_bytes,
                              drafter=drafter_name or ("suffix" if tenants else None),
                              stage=lambda what: setattr(api, "stage", what))
             api.stage = "the tenants' indexes" if tenants else "following the store"

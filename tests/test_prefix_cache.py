@@ -101,9 +101,27 @@ def test_budget_least_recently_used_first_out_and_extensions_replace():
     prefixes.prefill(model, b)  # used again: now the most recent
     prefixes.prefill(model, [4] * 10)  # over the budget: the least recently used entry goes
     assert [len(t) for t, _ in prefixes._entries.values()] == [20, 10]
-    assert prefixes.num_tokens == 30
+    assert prefixes.num_tokens == 30 and prefixes.evicted_tokens == 22
     prefixes.prefill(model, [5] * 51)  # longer than the whole budget: prefilled, not stored
     assert [len(t) for t, _ in prefixes._entries.values()] == [20, 10]
+    assert prefixes.num_tokens == sum(len(t) for t, _ in prefixes._entries.values())
+
+
+def test_kv_memory_is_sized_from_the_models_bytes_per_token():
+    from specx.cli.assemble import kv_budget_tokens
+    from specx.core.model.prefix_cache import kv_bytes_per_token, parse_bytes
+
+    engine = TransformersEngine(tiny_model(torch.float64))
+    cfg = engine.model.config
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 8
+    assert kv_bytes_per_token(engine) == per_token
+    said = []
+    assert kv_budget_tokens(engine, 100 * per_token + 5, said.append) == 100 and "100 tokens" in said[0]
+    assert [parse_bytes(t) for t in ("512", "2K", "1.5M", "2G", "3GiB", "1gb")] == [
+        512, 2048, 3 << 19, 2 << 30, 3 << 30, 1 << 30]
+    for bad in ("", "2X", "-1G", "G"):
+        with pytest.raises(ValueError, match="not a size"):
+            parse_bytes(bad)
 
 
 def test_zero_budget_and_other_caches():

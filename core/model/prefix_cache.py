@@ -17,6 +17,7 @@ differ from them in the last bits (as any two matrix kernels do), never more.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -37,13 +38,16 @@ class PrefixCache:
         self.max_tokens = int(max_tokens)
         self._entries: OrderedDict[int, tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
         self._next_key = 0
+        self._held = 0
         self.hit_tokens = 0  # prompt tokens whose entries were copied instead of computed
+        self.evicted_tokens = 0  # tokens of stored prompts pushed out to make room (prefilled again if asked for)
         self.miss_tokens = 0  # prompt tokens prefilled
         self.seconds = 0.0  # spent in prefill: copying stored entries and running the rest
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(tokens) for tokens, _ in self._entries.values())
+        """Tokens held (a running count: /metrics reads it from another thread while entries change)."""
+        return self._held
 
     def longest_prefix(self, tokens: Sequence[int]) -> tuple[int, int | None]:
         """(length, entry key) of the longest prefix of `tokens` that a stored prompt starts with."""
@@ -95,6 +99,7 @@ class PrefixCache:
         stored, layers = self._entries[key]
         if reuse == len(stored) < len(tokens):
             del self._entries[key]  # the new prompt extends it (an agent's next turn): it replaces it
+            self._held -= len(stored)
         else:
             self._entries.move_to_end(key)
         return reuse, layers
@@ -109,7 +114,44 @@ class PrefixCache:
         layers = None if cache is None else [
             (layer.keys[..., : len(tokens), :].clone(), layer.values[..., : len(tokens), :].clone())
             for layer in cache.layers]
-        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64), layers)
+        self._add(tokens, layers)
+
+    def _add(self, tokens: list[int], kept: Any) -> None:
+        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64), kept)
         self._next_key += 1
-        while self.num_tokens > self.max_tokens:
-            self._entries.popitem(last=False)
+        self._held += len(tokens)
+        self.evict()
+
+    def evict(self) -> None:
+        """Push out the least recently used prompts until the rest fit the budget."""
+        while self._held > self.max_tokens:
+            n = len(self._entries.popitem(last=False)[1][0])
+            self._held -= n
+            self.evicted_tokens += n
+
+
+def kv_bytes_per_token(engine: Any) -> int:
+    """What one position's keys and values take in `engine`'s caches, over all layers (0: not known,
+    an engine that keeps its own cache): the engine's own figure, else a transformers model's config
+    and dtype."""
+    own = getattr(engine, "kv_bytes_per_token", None)
+    if own is not None:
+        return int(own)
+    model = getattr(engine, "model", None)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        return 0
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    size = torch.empty((), dtype=getattr(model, "dtype", torch.float32)).element_size()
+    return int(config.num_hidden_layers) * 2 * kv_heads * head_dim * size
+
+
+def parse_bytes(text: str) -> int:
+    """'2G', '512M', '1.5GB', '300KiB' or a plain number of bytes as bytes (powers of 1024)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size: a number of bytes, or e.g. 512M, 2G")
+    scale = 1024 ** " KMGT".index((match.group(2) or " ").upper())
+    return int(float(match.group(1)) * scale)

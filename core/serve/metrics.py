@@ -74,7 +74,20 @@ class Metrics:
                                      "tokens of every running request) per batched forward pass, since start.",
                                      registry=r)
         self.index_tokens = Gauge("specx_global_index_tokens", "Tokens in the global suffix index.", registry=r)
+        self.kv_tokens = Gauge("specx_kv_memory_tokens", "Tokens of conversations whose KV entries are kept for "
+                               "their next turns (all tenants).", registry=r)
+        self.kv_budget_tokens = Gauge("specx_kv_memory_budget_tokens", "The most tokens --kv-memory keeps (all "
+                                      "tenants).", registry=r)
+        self.kv_evicted_tokens = Gauge("specx_kv_evicted_tokens", "Tokens of kept conversations pushed out to make "
+                                       "room since start (prefilled again if their conversation comes back).",
+                                       registry=r)
         self._accepted = self._steps = 0
+
+    def watch_kv(self, caches: list[Any]) -> None:
+        """Read the kept KV entries' figures from these prefix caches at each scrape."""
+        self.kv_tokens.set_function(lambda: sum(c.num_tokens for c in caches))
+        self.kv_budget_tokens.set_function(lambda: sum(c.max_tokens for c in caches))
+        self.kv_evicted_tokens.set_function(lambda: sum(c.evicted_tokens for c in caches))
 
     def observe(self, stats: Stats, tenant: str = "") -> None:
         d = stats.decode

@@ -73,6 +73,8 @@ class Worker:
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.jobs.qsize)
         self.metrics.index_tokens.set_function(lambda: self.index_tokens)
+        self.metrics.watch_kv(list(self.prefix_caches.values()) if self.prefix_caches is not None
+                              else [stack.prefix_cache] if hasattr(stack.prefix_cache, "evicted_tokens") else [])
         self._stopping = threading.Event()
         self.batched = max_batch > 1 and batchable(stack.engine)
         self.max_batch = max_batch if self.batched else 1

@@ -84,6 +84,8 @@ class GPUEngine:
         self.device = self.model.device.type
         self.vocab_size = self.model.config.vocab
         self.context_length = self.model.context_length
+        cfg = self.model.config
+        self.kv_bytes_per_token = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 2  # bfloat16 pages
         self.kernels = ["batch-invariant Triton kernels (" + ("bfloat16 tensor cores" if self.model.tensor_cores
                                                                else "interpreter, float32 products") + ")"]
         self.hit_tokens = 0

@@ -177,11 +177,7 @@ class QuantPrefixCache(PrefixCache):
         return kv
 
     def _store(self, tokens: list[int], cache: Any) -> None:
-        self._entries[self._next_key] = (np.asarray(tokens, dtype=np.int64),
-                                         None if cache is None else cache.copy(len(tokens)))
-        self._next_key += 1
-        while self.num_tokens > self.max_tokens:
-            self._entries.popitem(last=False)
+        self._add(tokens, None if cache is None else cache.copy(len(tokens)))
 
 
 class QuantSession:
@@ -240,6 +236,7 @@ class QuantEngine:
         self.vocab_size = self.model.config.vocab
         self.context_length = self.model.context_length
         self.precision = self.model.precision
+        self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.config)
         self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})", f"attention in parts of {BLOCK} positions"]
         self.hit_tokens = 0
         started = time.perf_counter()
