@@ -78,10 +78,12 @@ def test_the_context_cut_and_max_tokens():
     # turn 3: 8 + 1 = 9; with context 8 the task ends before turn 3 (turn 4, short again, is not played)
     assert [(t.prompt_tokens, t.max_tokens) for t in cut(task, 10, 4, prompt, words).turns] == [(3, 4), (5, 1), (8, 1), (1, 1)]
     assert [(t.prompt_tokens, t.max_tokens) for t in cut(task, 8, 4, prompt, words).turns] == [(3, 4), (5, 1)]
-    assert cut(task, 6, 4, prompt, words).turns == []  # 3 + 4 = 7 > 6: not even the first turn
+    assert cut(task, 8, 4, prompt, words).needs_tokens == 9  # what turn 3 needed
+    nothing = cut(task, 6, 4, prompt, words)  # 3 + 4 = 7 > 6: not even the first turn
+    assert nothing.turns == [] and nothing.needs_tokens == 7
     tasks = [Task("long", [Turn(user("a b c d e f g h i"), "x")]), task, Task("short", [Turn(user("a"), "x")])]
     chosen, skipped = select(tasks, 1, lambda t: cut(t, 8, 4, prompt, words))
-    assert [t.key for t in chosen] == ["t"] and skipped == 1
+    assert [t.key for t in chosen] == ["t"] and [(t.key, t.needs_tokens) for t in skipped] == [("long", 10)]
 
 
 def test_median_and_p90_on_hand_worked_numbers():
@@ -235,6 +237,15 @@ def test_a_bad_server_url_is_one_line(value, code, says):
     assert done.returncode == code
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and says in done.stderr, done.stderr
     assert done.stdout == ""
+
+
+def test_no_task_that_fits_is_one_line(fake_server):
+    done = specx_in_process("bench", "tasks", "--logs", str(FIXTURES / "swe_agent"), "--server", f"fake={fake_server}",
+                            "--context", "40")
+    assert done.returncode == 1 and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("error: no recorded task whose first turn fits the context (40 tokens): the shortest "
+                           "first turn needs ") and last.endswith(", prompt and max_tokens (1 tasks read)"), last
 
 
 def test_a_server_that_cannot_start_is_skipped(fake_server, tmp_path):

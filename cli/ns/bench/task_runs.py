@@ -66,7 +66,7 @@ def plan_servers(given: list[str], start: str | None, reference: str | None) -> 
 def read_tasks(source: Path | list[Path], counter: task_lib.TokenCounter, num_tasks: int, context: int,
                max_tokens: int) -> tuple[list[task_lib.Task], int]:
     """The first `num_tasks` tasks of a store (a path) or of logs (a list) that fit the context, cut
-    there, and how many were passed over; ServerError when there is none."""
+    there, and how many were passed over (their first turn does not fit); ServerError when none fits."""
     def fit(task: task_lib.Task) -> task_lib.Task:
         return task_lib.cut(task, context, max_tokens, counter.prompt, counter.answer)
 
@@ -79,9 +79,11 @@ def read_tasks(source: Path | list[Path], counter: task_lib.TokenCounter, num_ta
         with Store(source, readonly="auto") as store:
             chosen, skipped = task_lib.select(task_lib.iter_store_tasks(store), num_tasks, fit)
     if not chosen:
-        raise ServerError(f"no recorded task with a conversation whose first turn fits {context} tokens"
-                          + (f" ({skipped} tasks too long)" if skipped else ""))
-    return chosen, skipped
+        shortest = min((t.needs_tokens for t in skipped if t.needs_tokens is not None), default=None)
+        raise ServerError(f"no recorded task whose first turn fits the context ({context:,} tokens)" + (
+            f": the shortest first turn needs {shortest:,}, prompt and max_tokens ({len(skipped)} tasks read)"
+            if shortest is not None else ""))
+    return chosen, len(skipped)
 
 
 def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int, think_time: float,

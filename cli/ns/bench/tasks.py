@@ -44,6 +44,7 @@ class Turn:
 class Task:
     key: str  # where it came from: format, log file name, session key
     turns: list[Turn] = field(default_factory=list)
+    needs_tokens: int | None = None  # set by cut(): prompt + max_tokens of the first turn left out
 
 
 def wire_messages(messages: Sequence[dict[str, Any]]) -> Messages:
@@ -121,15 +122,15 @@ def cut(task: Task, context: int, max_tokens: int, prompt_tokens: Callable[[Mess
         n_prompt = prompt_tokens(turn.messages)
         n_max = max(1, min(max_tokens, answer_tokens(turn.answer)))
         if n_prompt + n_max > context:
-            break
+            return Task(task.key, kept, needs_tokens=n_prompt + n_max)
         kept.append(dataclasses.replace(turn, prompt_tokens=n_prompt, max_tokens=n_max))
     return Task(task.key, kept)
 
 
-def select(tasks: Iterable[Task], limit: int | None, fit: Callable[[Task], Task]) -> tuple[list[Task], int]:
-    """The first `limit` tasks (None: all) with at least one turn once `fit` cut them, and how many
-    were passed over because not even their first turn fitted."""
-    chosen, skipped = [], 0
+def select(tasks: Iterable[Task], limit: int | None, fit: Callable[[Task], Task]) -> tuple[list[Task], list[Task]]:
+    """The first `limit` tasks (None: all) with at least one turn once `fit` cut them, and those
+    passed over on the way because not even their first turn fitted (turnless, needs_tokens set)."""
+    chosen, skipped = [], []
     for task in tasks:
         if limit is not None and len(chosen) >= limit:
             break
@@ -137,7 +138,7 @@ def select(tasks: Iterable[Task], limit: int | None, fit: Callable[[Task], Task]
         if fitted.turns:
             chosen.append(fitted)
         else:
-            skipped += 1
+            skipped.append(fitted)
     return chosen, skipped
 
 
