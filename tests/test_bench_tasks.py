@@ -209,7 +209,7 @@ def test_the_command_against_a_running_server_json_unpolluted(fake_server, tmp_p
     done = specx_in_process("bench", "tasks", "--logs", str(FIXTURES / "swe_agent"), "--logs",
                             str(FIXTURES / "mmsql_multiagent.json"), "--server", f"fake={fake_server}",
                             "--server", f"again={fake_server}", "--tasks", "2", "--agents", "2",
-                            "--max-tokens", "2", "--json", "--plot", str(plot))
+                            "--think-time", "0.01", "--max-tokens", "2", "--json", "--plot", str(plot))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)  # nothing else on stdout
     assert [t["turns"] for t in result["tasks"]] == [2, 5]

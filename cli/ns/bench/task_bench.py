@@ -16,6 +16,7 @@ turns one server's answers into its row of the table:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,11 +45,13 @@ def run_tasks(name: str, url: str, model: str, tasks: Sequence[Task], *, agents:
     """Every task against the server at `url`, `agents` at a time; an answer whose server did not
     say its completion tokens is counted with `count_tokens` (the bench's tokenizer) when given."""
 
+    stopping = threading.Event()  # set when the run is interrupted: agents stop at their next turn
+
     def play(task: Task) -> list[Answer]:
         answers = []
         for k, turn in enumerate(task.turns):
-            if k and think_time:
-                time.sleep(think_time)
+            if stopping.is_set() or k and think_time and stopping.wait(think_time):
+                break
             answer = stream_chat(url, model, turn.messages, turn.max_tokens, api_key)
             if answer.completion_tokens is None and answer.error is None and count_tokens is not None:
                 answer.completion_tokens = count_tokens(answer.text)
@@ -57,8 +60,12 @@ def run_tasks(name: str, url: str, model: str, tasks: Sequence[Task], *, agents:
         return answers
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(max(1, agents)) as pool:
+    pool = ThreadPoolExecutor(max(1, agents))
+    try:
         answers = list(pool.map(play, tasks))
+    finally:  # Ctrl-C: no wait for every task to play out (the caller then stops the server)
+        stopping.set()
+        pool.shutdown(wait=False, cancel_futures=True)
     return ServerRun(name, url, model, answers, time.perf_counter() - started)
 
 
