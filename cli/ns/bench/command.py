@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from specx.cli import output
-from specx.cli.options import JsonOpt, default_agent_data, specx_home
+from specx.cli.options import JsonOpt, default_agent_data, existing_store, specx_home
 
 bench_app = typer.Typer(help="Benchmarks that print a table (or JSON) comparing side by side in one run.",
                         no_args_is_help=True)
@@ -168,6 +168,84 @@ def bench_cost(
         ["memory-bound one-token pass (ms)", round(bound_ms, 2)],
         ["one-token pass / memory-bound", roofline["one_token_vs_memory_bound"]],
         ["float32 arithmetic per token at peak (ms)", roofline["arithmetic_ms_per_token"]]])
+
+
+@bench_app.command("tasks")
+def bench_tasks(
+    server: Annotated[Optional[list[str]], typer.Option(
+        "--server", help="NAME=URL of a running OpenAI-compatible server (repeatable), e.g. "
+                         "vllm=http://gpu:8000/v1.", show_default=False)] = None,
+    start: Annotated[Optional[str], typer.Option(
+        help="Servers to start here, one after another (comma-separated): specx, specx-plain (--no-speculation), "
+             "llama-server (-np C --cache-reuse 256), llama-server-ngram (--spec-type ngram-mod).",
+        show_default=False)] = None,
+    db: Annotated[Optional[Path], typer.Option(
+        "--db", help="The store whose tasks are replayed (default: $SPECX_HOME/specx.db).", envvar="SPECX_DB")] = None,
+    logs: Annotated[Optional[list[Path]], typer.Option(
+        help="Replay the tasks of these log files or folders instead of a store's (repeatable).",
+        show_default=False)] = None,
+    num_tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks to replay (the first ones that fit).")] = 10,
+    agents: Annotated[int, typer.Option(min=1, help="Tasks played at once (an agent each).")] = 1,
+    think_time: Annotated[float, typer.Option(min=0, help="Seconds an agent waits between its turns.")] = 0.0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens asked per turn (else the recorded "
+                                                        "answer's length).")] = 128,
+    context: Annotated[Optional[int], typer.Option(min=16, help="Tokens a turn may fill, prompt and answer; a "
+                                                   "task ends before a turn that outgrows it (default: the "
+                                                   "model's, 8192 for the built-in).", show_default=False)] = None,
+    reference: Annotated[Optional[str], typer.Option(help="The server whose answers the others are compared with "
+                                                     "(default: specx-plain when it runs, else the first).",
+                                                     show_default=False)] = None,
+    model: Annotated[str, typer.Option(help="What started servers run (built-in name, HF folder, .gguf file), and "
+                                            "whose tokenizer counts tokens.", envvar="SPECX_MODEL")] = "smollm2-135m",
+    api_key: Annotated[Optional[str], typer.Option(help="Bearer key for the --server servers.",
+                                                   envvar="OPENAI_API_KEY", show_default=False)] = None,
+    serve_arg: Annotated[Optional[list[str]], typer.Option(help="One more argument for the `specx serve` started "
+                                                           "(repeatable), e.g. --serve-arg=--backend=quantized.",
+                                                           show_default=False)] = None,
+    llama_server: Annotated[Optional[Path], typer.Option(help="The llama-server binary (default: on PATH, else "
+                                                         "the one examples/model_ladder.py builds).",
+                                                         show_default=False)] = None,
+    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG or SVG: time to first token per "
+                                                      "turn and each task's time, per server.",
+                                                      show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Replay recorded agent tasks turn by turn against servers, side by side: task time, time to first token, prompt reuse.
+
+    Each task (a trajectory, a dialogue, a conversation) is played as its agent played it: every
+    turn sends the recorded conversation up to that answer (streamed, greedy, max_tokens the
+    recorded answer's length), turns in order. Servers run one at a time; the table gives each
+    one's task time, time to first token, decode speed, the prompt tokens it computed and reused
+    (from `usage` or llama-server's `timings`), tokens per step where it says them, and how many
+    answers are identical to the reference server's. A server that cannot be started is reported
+    and skipped.
+
+    Example: [bold]specx bench tasks --db agents.db --tasks 4 --start specx,specx-plain,llama-server[/]
+    Example: [bold]specx bench tasks --logs trajs/ --server vllm=http://gpu:8000/v1 --agents 4 --json[/]
+    """
+    from . import task_runs
+    from .chat_stream import ServerError
+
+    if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg"):
+        raise typer.BadParameter("must end in .png or .svg", param_hint="--plot")
+    if db is not None and logs:
+        raise typer.BadParameter("replay a store (--db) or logs (--logs), not both", param_hint="--logs")
+    plan = task_runs.plan_servers(server or [], start, reference)
+    if plan.problem:
+        output.error(plan.problem)
+        raise typer.Exit(2)
+    try:
+        result = task_runs.bench(plan, source=logs or existing_store(db), num_tasks=num_tasks, agents=agents,
+                                 think_time=think_time, max_tokens=max_tokens, context=context, model=model,
+                                 api_key=api_key, serve_args=serve_arg or [], llama_server=llama_server,
+                                 plot_file=plot_file)
+    except ServerError as exc:  # a --server that does not answer, no task to play: one line
+        output.error(str(exc))
+        raise typer.Exit(1) from None
+    if json_out:
+        output.print_json(result)
+        return
+    task_runs.print_table(result)
 
 
 def _print_bench_table(corpora: list[dict]) -> None:
