@@ -192,6 +192,10 @@ def bench_tasks(
     context: Annotated[Optional[int], typer.Option(min=16, help="Tokens a turn may fill, prompt and answer; a "
                                                    "task ends before a turn that outgrows it (default: the "
                                                    "model's, 8192 for the built-in).", show_default=False)] = None,
+    max_message_chars: Annotated[Optional[int], typer.Option(min=1, help="Cut every message to its first N "
+                                                             "characters, the same at every turn (to fit long "
+                                                             "demonstrations into a small model's context).",
+                                                             show_default=False)] = None,
     reference: Annotated[Optional[str], typer.Option(help="The server whose answers the others are compared with "
                                                      "(default: specx-plain when it runs, else the first).",
                                                      show_default=False)] = None,
@@ -238,7 +242,7 @@ def bench_tasks(
         result = task_runs.bench(plan, source=logs or existing_store(db), num_tasks=num_tasks, agents=agents,
                                  think_time=think_time, max_tokens=max_tokens, context=context, model=model,
                                  api_key=api_key, serve_args=serve_arg or [], llama_server=llama_server,
-                                 plot_file=plot_file)
+                                 plot_file=plot_file, max_message_chars=max_message_chars)
     except ServerError as exc:  # a --server that does not answer, no task to play: one line
         output.error(str(exc))
         raise typer.Exit(1) from None

@@ -64,11 +64,13 @@ def plan_servers(given: list[str], start: str | None, reference: str | None) -> 
 
 
 def read_tasks(source: Path | list[Path], counter: task_lib.TokenCounter, num_tasks: int, context: int,
-               max_tokens: int) -> tuple[list[task_lib.Task], int]:
+               max_tokens: int, max_message_chars: int | None = None) -> tuple[list[task_lib.Task], int]:
     """The first `num_tasks` tasks of a store (a path) or of logs (a list) that fit the context, cut
-    there, and how many were passed over (their first turn does not fit); ServerError when none fits."""
+    there (each message clipped to `max_message_chars` first), and how many were passed over (their
+    first turn does not fit); ServerError when none fits."""
     def fit(task: task_lib.Task) -> task_lib.Task:
-        return task_lib.cut(task, context, max_tokens, counter.prompt, counter.answer)
+        return task_lib.cut(task_lib.clip(task, max_message_chars), context, max_tokens, counter.prompt,
+                            counter.answer)
 
     if isinstance(source, list):
         found = task_lib.iter_log_tasks(source, on_error=lambda message: output.note(f"skipped: {message}"))
@@ -88,7 +90,7 @@ def read_tasks(source: Path | list[Path], counter: task_lib.TokenCounter, num_ta
 
 def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int, think_time: float,
           max_tokens: int, context: int | None, model: str, api_key: str | None, serve_args: list[str],
-          llama_server: Path | None, plot_file: Path | None) -> dict[str, Any]:
+          llama_server: Path | None, plot_file: Path | None, max_message_chars: int | None = None) -> dict[str, Any]:
     """The whole sitting; the report as a JSON-able dict. ServerError (one line) for a --server
     that does not answer, or no task to play."""
     from specx.cli.options import specx_home
@@ -100,7 +102,7 @@ def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int,
         limit = getattr(tokenizer, "model_max_length", 0) or 0
         context = BUILTIN_CONTEXT if model in BUILTIN or not 0 < limit <= 1 << 20 else int(limit)
     counter = task_lib.TokenCounter(tokenizer)
-    tasks, skipped = read_tasks(source, counter, num_tasks, context, max_tokens)
+    tasks, skipped = read_tasks(source, counter, num_tasks, context, max_tokens, max_message_chars)
     num_turns = sum(len(t.turns) for t in tasks)
     output.note(f"{len(tasks)} tasks, {num_turns} turns (prompts up to "
                 f"{max(t.prompt_tokens for task in tasks for t in task.turns):,} tokens; context {context:,}, "

@@ -127,6 +127,20 @@ def cut(task: Task, context: int, max_tokens: int, prompt_tokens: Callable[[Mess
     return Task(task.key, kept)
 
 
+def clip(task: Task, chars: int | None) -> Task:
+    """`task` with every message's text cut to its first `chars` characters (None: as it is): the same
+    cut at every turn, so the turns still share their conversation's prefix (long demonstrations in
+    SWE-agent's first turns outgrow a small model's context).
+
+    >>> clip(Task("t", [Turn([{"role": "user", "content": "abcdef"}], "x")]), 3).turns[0].messages
+    [{'role': 'user', 'content': 'abc'}]
+    """
+    if chars is None:
+        return task
+    return Task(task.key, [dataclasses.replace(turn, messages=[{**m, "content": m["content"][:chars]}
+                                                               for m in turn.messages]) for turn in task.turns])
+
+
 def select(tasks: Iterable[Task], limit: int | None, fit: Callable[[Task], Task]) -> tuple[list[Task], list[Task]]:
     """The first `limit` tasks (None: all) with at least one turn once `fit` cut them, and those
     passed over on the way because not even their first turn fitted (turnless, needs_tokens set)."""
