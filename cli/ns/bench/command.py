@@ -115,7 +115,7 @@ def bench_cost(
     `cpu` curve is this command's output for the built-in model on the development machine), and
     beside it what the machine allows: the bytes of weights a pass reads and its multiply-adds per
     token, this machine's memory bandwidth and float32 peak (measured now), and how far the
-    one-token pass is from the memory-bound limit (bytes / bandwidth).
+    one-token pass is from the memory-bound limit (weights and cached keys and values / bandwidth).
 
     Example: [bold]specx bench cost --model my-model.gguf --backend quantized --out my-model.json[/]
     """
@@ -139,9 +139,12 @@ def bench_cost(
     ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
     machine = bench.machine()
     weight_bytes, multiply_adds = pass_bytes(net)
+    from specx.core.model.prefix_cache import kv_bytes_per_token
+
+    kv_bytes = kv_bytes_per_token(net) * context  # every pass reads the cached keys and values too
     limits = machine_limits()
-    bound_ms = weight_bytes / (limits["memory_gb_s"] * 1e9) * 1000
-    roofline = {"weight_bytes": weight_bytes, "multiply_adds_per_token": multiply_adds, **limits,
+    bound_ms = (weight_bytes + kv_bytes) / (limits["memory_gb_s"] * 1e9) * 1000
+    roofline = {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "multiply_adds_per_token": multiply_adds, **limits,
                 "memory_bound_ms": round(bound_ms, 3), "one_token_vs_memory_bound": round(ms["1"] / bound_ms, 2),
                 "arithmetic_ms_per_token": round(2 * multiply_adds / (limits["float32_gflop_s"] * 1e9) * 1000, 3)}
     from specx.core.model import cpu
@@ -162,6 +165,7 @@ def bench_cost(
                        caption="lower is better; a flat curve (a large model on a GPU) makes every draft token free")
     output.print_table("what the machine allows", ["figure", "value"], [
         ["weights a pass reads (MB)", round(weight_bytes / 1e6, 1)],
+        [f"keys and values of {context:,} cached tokens (MB)", round(kv_bytes / 1e6, 1)],
         ["multiply-adds per token (M)", round(multiply_adds / 1e6, 1)],
         ["memory bandwidth, measured (GB/s)", limits["memory_gb_s"]],
         ["float32 peak, measured (GFLOP/s)", limits["float32_gflop_s"]],
