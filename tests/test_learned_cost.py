@@ -44,6 +44,24 @@ def test_the_shape_is_learned_under_a_wandering_load():
         assert cost.shape(n, 200) == pytest.approx(STEEP(n) / STEEP(1), rel=0.25), n
 
 
+def test_each_context_learns_its_own_shape():
+    """Drafted rows cost little after a short prompt and much after a long conversation (or the
+    other way round, by engine): passes at 200 and at 8,000 cached tokens teach their own cells,
+    and a context between them reads both."""
+    cost = LearnedCurve(SHIPPED_LIKE)
+    short, long = (lambda n: 0.02 * (1 + 0.05 * (n - 1))), (lambda n: 0.05 * (1 + 0.5 * (n - 1)))
+    rng = random.Random(3)
+    now = 0.0
+    for _ in range(1500):
+        context, true = (200, short) if rng.random() < 0.5 else (8000, long)
+        for n in (1, rng.choice([2, 4, 8])):  # a plain pass, then a drafted one beside it
+            now += true(n)
+            cost.observe(n, context, true(n) * math.exp(rng.gauss(0, 0.05)), now=now)
+    assert cost.shape(4, 200) == pytest.approx(short(4) / short(1), rel=0.15)
+    assert cost.shape(4, 8000) == pytest.approx(long(4) / long(1), rel=0.15)
+    assert cost.shape(4, 200) < cost.shape(4, 4000) < cost.shape(4, 8000)
+
+
 def test_the_curve_used_is_always_believable():
     cost = LearnedCurve(SHIPPED_LIKE)
     rng = random.Random(1)

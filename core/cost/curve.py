@@ -33,11 +33,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .forward import ForwardCost
+from .forward import ForwardCost, _curve
 from .kept_state import VERSION, check_state
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # tokens verified, the cells learned (linear in between: each pass teaches two)
-CONTEXTS = (128, 1024)  # the cache lengths the shape is learned at (linear in between, as ForwardCost)
+# the cache lengths the shape is learned at (linear in between, clamped beyond): at agents' context
+# lengths a pass reads more cached keys and values than weights, and its shape is not a short prompt's
+CONTEXTS = (128, 1024, 8192, 32768)
 
 PRIOR_PASSES = 4.0  # the prior counts as this many observed pairs per cell
 LEARNING_FLOOR = 0.1  # the smallest step size: the curve keeps following a machine that changes
@@ -122,15 +124,20 @@ class LearnedCurve:
         self._snapshot = self._build()
 
     def __call__(self, n: int, context: int | None = None) -> float:
-        return self._snapshot(n, context)
+        return sum(w * _curve(self.sizes, self._grid[j], n) for j, w in _context_weights(context))
 
     def shape(self, n: int, context: int | None = None) -> float:
         """seconds(n) / seconds(1) at `context`, as the believable curve has it."""
-        return self._snapshot(n, context) / self._snapshot(1, context)
+        return self(n, context) / self(1, context)
 
     def snapshot(self) -> ForwardCost:
-        """The believable curve, in today's seconds, as a fixed ForwardCost (for tables and files)."""
+        """The believable curve, in today's seconds, as a fixed ForwardCost at the grid's two
+        shortest contexts (for tables and files)."""
         return self._snapshot
+
+    def at_contexts(self) -> dict[int, tuple[float, ...]]:
+        """The believable curve's seconds over `sizes` at each context of the grid."""
+        return {c: tuple(float(s) for s in row) for c, row in zip(CONTEXTS, self._grid)}
 
     def anchor_due(self) -> bool:
         """Whether the next pass should be a plain one (an anchor): after ANCHOR_PASSES passes with
@@ -197,6 +204,7 @@ class LearnedCurve:
 
     def _build(self) -> ForwardCost:
         seconds = np.exp(self.load + self.offset[:, None] + _sane(self.g))  # [C, S]
+        self._grid = seconds
         return ForwardCost(self.sizes, tuple(float(s) for s in seconds[0]), CONTEXTS[0],
                            tuple(float(s) for s in seconds[1]), CONTEXTS[1])
 
@@ -254,8 +262,24 @@ def _weights(sizes: tuple[int, ...], n: int, context: int) -> np.ndarray:
     else:
         t = (x - sizes[hi - 1]) / (sizes[hi] - sizes[hi - 1])
         col = [(hi - 1, 1.0 - t), (hi, t)]
-    c = min(max((context - CONTEXTS[0]) / (CONTEXTS[1] - CONTEXTS[0]), 0.0), 1.0)
-    for j, wc in ((0, 1.0 - c), (1, c)):
+    for j, wc in _context_weights(context):
         for i, wn in col:
             w[j, i] += wc * wn
     return w
+
+
+def _context_weights(context: int | None) -> list[tuple[int, float]]:
+    """(index in CONTEXTS, weight) of a cache length: linear between its two neighbours, clamped to
+    the grid; None: the shortest (as ForwardCost).
+
+    >>> _context_weights(4608), _context_weights(100_000)
+    ([(1, 0.5), (2, 0.5)], [(3, 1.0)])
+    """
+    if context is None:
+        return [(0, 1.0)]
+    c = min(max(context, CONTEXTS[0]), CONTEXTS[-1])
+    hi = int(np.searchsorted(CONTEXTS, c))
+    if CONTEXTS[hi] == c:
+        return [(hi, 1.0)]
+    t = (c - CONTEXTS[hi - 1]) / (CONTEXTS[hi] - CONTEXTS[hi - 1])
+    return [(hi - 1, 1.0 - t), (hi, t)]
