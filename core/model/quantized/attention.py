@@ -233,23 +233,26 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
             if num_gathered > 0:
                 scores_fn(new_keys, np.int64(0), qg, new, np.int64(num_gathered))
             for h in range(group):
-                for j in range(num_in_place):
-                    row[j] = cached[h, j] * scale
-                for j in range(num_gathered):
-                    row[num_in_place + j] = new[h, j] * scale
-                whole = count // LANES * LANES
+                # the maximum of the raw scores (in any order, the same), then scaled: rounding is
+                # monotonic, so it is the maximum of the scaled scores, one pass sooner
+                top = cached[h, 0] if num_in_place > 0 else new[h, 0]
                 for j in range(LANES):
-                    lanes[j] = row[0]
-                for jb in range(0, whole, LANES):  # the maximum: in any order, the same
+                    lanes[j] = top
+                for jb in range(0, num_in_place // LANES * LANES, LANES):
                     for j in range(LANES):
-                        lanes[j] = max(lanes[j], row[jb + j])
-                for j in range(whole, count):
-                    lanes[0] = max(lanes[0], row[j])
-                top = lanes[0]
-                for j in range(1, LANES):
+                        lanes[j] = max(lanes[j], cached[h, jb + j])
+                for j in range(num_in_place // LANES * LANES, num_in_place):
+                    lanes[0] = max(lanes[0], cached[h, j])
+                for j in range(num_gathered):
+                    lanes[0] = max(lanes[0], new[h, j])
+                for j in range(LANES):
                     top = max(top, lanes[j])
-                for j in range(count):
-                    row[j] = row[j] - top
+                top = top * scale
+                for j in range(num_in_place):
+                    row[j] = cached[h, j] * scale - top
+                for j in range(num_gathered):
+                    row[num_in_place + j] = new[h, j] * scale - top
+                whole = count // LANES * LANES
                 exp_rows(row[:count], probs[h], ibuf)
                 for j in range(LANES):
                     lanes[j] = np.float32(0.0)
