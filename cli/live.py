@@ -45,19 +45,23 @@ def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], No
     return scopes, watcher
 
 
-def stream_pace(stack: Any, interval_ms: float | None) -> Callable[[Any], float]:
+def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool = False) -> Callable[[Any], float]:
     """A shaped stream's seconds per token for a request: `interval_ms`, else the learned cost of a
     one-token pass on a cache as long as the request can grow, rounded up to a power of two (the pace
     of plain decoding at its end; DEFAULT_PACE_S until the cost has seen LEARNED_PASSES passes:
-    before, its level is the shipped curve's, not seconds)."""
-    if interval_ms is not None:
-        return lambda req: interval_ms / 1000
+    before, its level is the shipped curve's, not seconds). `at_least_plain` (tenants): never
+    faster than that learned pace, whatever `interval_ms` asks (a faster clock would let drafted
+    stretches run on it and others lag, and the gaps tell them apart)."""
     cost = stack.cost
-    if cost is None:
-        return lambda req: DEFAULT_PACE_S
-    def pace(req: Any) -> float:
-        if getattr(cost, "passes", 0) < LEARNED_PASSES:
+
+    def learned(req: Any) -> float:
+        if cost is None or getattr(cost, "passes", 0) < LEARNED_PASSES:
             return DEFAULT_PACE_S
         # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
         return float(cost(1, max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length())))
-    return pace
+
+    if interval_ms is None:
+        return learned
+    if at_least_plain and cost is not None:  # once a cost is learned (until then, or --fixed-size, the interval)
+        return lambda req: max(interval_ms / 1000, learned(req) if cost.passes >= LEARNED_PASSES else 0.0)
+    return lambda req: interval_ms / 1000

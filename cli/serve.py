@@ -35,7 +35,13 @@ def serve_cmd(
                                                    envvar="SPECX_API_KEY", show_default=False)] = None,
     tenant: Annotated[Optional[list[str]], typer.Option(help="NAME:KEY (repeatable): a request sent with `Bearer "
                                                         "KEY` drafts from tenant NAME's history and the public "
-                                                        "corpora only, and teaches NAME's alone (docs/security.md).",
+                                                        "corpora only, and teaches NAME's alone (docs/security.md). "
+                                                        "On the command line the keys show in the process list: "
+                                                        "prefer --tenant-file or SPECX_TENANTS (NAME:KEY, space "
+                                                        "separated).", envvar="SPECX_TENANTS",
+                                                        show_default=False)] = None,
+    tenant_file: Annotated[Optional[Path], typer.Option(help="A file of NAME:KEY lines, one tenant each (# "
+                                                        "comments); refused unless only its owner may read it.",
                                                         show_default=False)] = None,
     shape_stream: Annotated[Optional[bool], typer.Option("--shape-stream/--no-shape-stream", help="One token per "
                                                          "streamed event on a steady clock, so the wire does not show "
@@ -129,11 +135,20 @@ def serve_cmd(
         kv_bytes = parse_bytes(kv_memory) if kv_memory is not None else default_kv_memory()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kv-memory") from None
+    from .http.auth import parse_tenants, read_tenant_file
     try:
-        from .http.auth import parse_tenants
-        tenants = parse_tenants(tenant, api_key)
+        from_file = read_tenant_file(tenant_file) if tenant_file is not None else []
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tenant-file") from None
+    try:
+        tenants = parse_tenants([*(tenant or []), *from_file], api_key)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--tenant") from None
+    keys_on_command_line = bool(tenant) and not os.environ.get("SPECX_TENANTS")
+    if tenants and stream_interval is not None and stream_interval <= 0:
+        raise typer.BadParameter("with tenants the stream is paced (0 would send each step's tokens as they come, "
+                                 "and the gaps would show which came from another's history): give a pace in ms, "
+                                 "or leave it to the learned one", param_hint="--stream-interval")
     if tenants and engine == "vllm":
         raise typer.BadParameter("tenants are specx's own server's (vLLM's drafter reads one store)",
                                  param_hint="--tenant")
@@ -167,6 +182,9 @@ def serve_cmd(
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
+    if keys_on_command_line:
+        log.info("tenant keys came on the command line: every user of this machine sees them in the process list "
+                 "(use --tenant-file or SPECX_TENANTS)")
 
     _check_address(host, port)  # before anything loads: a taken port is a quick, clear error
     names = served_model_name or [model]
@@ -194,7 +212,7 @@ def serve_cmd(
             scopes, watcher = live_store(stack, path, list(tenants), log.info)
             api.corpora.start(stack.fingerprint, watcher)
             if shaped:  # set before the worker answers anything (until ready, every request gets 503)
-                api.pace = stream_pace(stack, stream_interval)
+                api.pace = stream_pace(stack, stream_interval, at_least_plain=bool(tenants))
             log.info("stream: %s; speculation figures %s to clients", "shaped (one token per event, %s)" % (
                 f"{stream_interval:g} ms apart" if stream_interval is not None else "at the pace of a one-token pass")
                 if shaped else "one event per verification step (not shaped)",

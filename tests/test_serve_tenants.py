@@ -74,8 +74,39 @@ def test_keys_name_tenants_and_the_operator_alone_reads_the_metrics(tenants):
             urllib.request.urlopen(urllib.request.Request(tenants.url + "/metrics", headers=headers), timeout=10)
         assert err.value.code == 401
     with urllib.request.urlopen(tenants.url + "/health", timeout=10) as r:
-        assert "global_index_tokens" not in json.loads(r.read())  # open to all: the histories' sizes are not
+        assert json.loads(r.read()) == {"status": "ok", "models": [MODEL]}  # open to all: the status alone
+    for key in (KEYS["a"], OPERATOR):
+        req = urllib.request.Request(tenants.url + "/health", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = json.loads(r.read())
+        assert ("queue_depth" in body) == (key == OPERATOR) and "global_index_tokens" not in body
     assert "tenant a: drafts from" in tenants.log() and "stream: shaped" in tenants.log()
+    assert "tenant keys came on the command line" in tenants.log()
+
+
+def test_tenant_keys_from_a_private_file_or_the_environment_and_an_unpaced_stream_refused(tmp_path):
+    from specx.cli.http.auth import read_tenant_file
+
+    path = tmp_path / "tenants"
+    path.write_text("# team keys\na:key-from-file-a\n\nb:key-from-file-b\n")
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="others than its owner"):
+        read_tenant_file(path)
+    path.chmod(0o600)
+    assert read_tenant_file(path) == ["a:key-from-file-a", "b:key-from-file-b"]
+    path.write_text("a:key-from-file-a\nno colon here\n")
+    with pytest.raises(ValueError, match="line 2: write NAME:KEY"):
+        read_tenant_file(path)
+    # refused before anything loads: with tenants a stream paced at 0 ms would show each step's tokens
+    done = specx_in_process("serve", "--tenant", "a:key-zero-a", "--stream-interval", "0", "--port", "1")
+    assert done.returncode == 2 and "--stream-interval" in done.stderr
+    loose = tmp_path / "loose"
+    loose.write_text("a:key-loose-a\n")
+    loose.chmod(0o644)
+    done = specx_in_process("serve", "--tenant-file", str(loose), "--port", "1")
+    assert done.returncode == 2 and "chmod 600" in done.stderr
+    done = specx_in_process("serve", "--stream-interval", "0", "--port", "1", env={"SPECX_TENANTS": "a:key-env-a"})
+    assert done.returncode == 2 and "--stream-interval" in done.stderr  # the environment's tenants count too
 
 
 def test_a_tenants_history_never_drafts_another_tenants_request(tenants):

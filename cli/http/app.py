@@ -121,7 +121,11 @@ class Api:
                                 status_code=503)
         body = {"status": "ok", "models": self.model_names, "queue_depth": self.worker.jobs.qsize(),
                 "global_index_tokens": self.worker.index_tokens, "speculation": self.worker.stack.drafter is not None}
-        if self.tenants:  # open to all: the size of the tenants' histories is theirs
+        if self.tenants:  # open to all: the status alone; the queue's depth (others' load) and the histories' size to the operator
+            try:
+                self.keys.operator(request.headers.get("authorization", ""))
+            except ApiError:
+                return JSONResponse({"status": "ok", "models": self.model_names})
             del body["global_index_tokens"]
         return JSONResponse(body)
 

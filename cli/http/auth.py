@@ -13,6 +13,7 @@ tenant). Keys are compared in constant time.
 from __future__ import annotations
 
 import hmac
+from pathlib import Path
 
 from .errors import ApiError
 
@@ -56,6 +57,33 @@ def parse_tenants(values: list[str] | None, api_key: str | None = None) -> dict[
             raise ValueError(f"--tenant {name}: its key is another's (each tenant needs a key of its own)")
         tenants[name] = key
     return tenants
+
+
+def read_tenant_file(path: Path) -> list[str]:
+    """The NAME:KEY lines of a tenant file (blank lines and # comments left out); ValueError naming
+    the file (and the line) when others than its owner may read it, it cannot be read, or a line is
+    not NAME:KEY. The keys then never appear in the process list, as `--tenant` values do."""
+    import os
+    import stat
+
+    try:
+        info = os.stat(path)
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            raise ValueError(f"{path}: others than its owner may read or write it (chmod 600 {path})")
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    lines = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if ":" not in line:
+            raise ValueError(f"{path}, line {number}: write NAME:KEY")
+        lines.append(line)
+    return lines
 
 
 class Keys:
