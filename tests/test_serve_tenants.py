@@ -182,6 +182,14 @@ def test_bad_corpora_are_refused_naming_the_field(tenants, body, param):
     assert _corpus(tenants, "POST", "key-nobody", {"name": "x", "texts": ["a"]})[0] == 401
 
 
+def test_a_huge_corpus_is_refused_by_its_characters_before_it_is_tokenized(tenants):
+    """Tokenizing 8M characters holds a core for seconds (and once held the decoding thread's lock,
+    freezing every stream): refused by its length first."""
+    status, error = _corpus(tenants, "POST", KEYS["a"], {"name": "huge", "texts": ["lighthouse " * 400_000] * 2})
+    assert status == 400 and error["error"]["param"] == "texts" and "characters" in error["error"]["message"]
+    assert _corpus(tenants, "GET", KEYS["a"])[1]["data"] == []
+
+
 def test_the_shaped_stream_sends_one_padded_token_per_event_on_a_clock(tenants):
     prompt = "Count from one to twenty in words:"
     reference, _, _ = _complete(tenants, "a", prompt)

@@ -13,6 +13,8 @@ without them before it answers. Sizes are bounded; bad input is a 400 naming the
 from __future__ import annotations
 
 import asyncio
+import copy
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from .errors import ApiError
 
 MAX_TEXTS = 10_000  # texts (or token lists) in one corpus
 MAX_TOKENS = 2_000_000  # tokens in one corpus
+MAX_CHARS = 4 * MAX_TOKENS  # characters of one corpus's texts, refused before any is tokenized (~4-5 a token)
 MAX_CORPORA = 100  # corpora of one tenant
 REBUILD_WAIT_S = 60.0
 
@@ -36,6 +39,8 @@ class Corpora:
         self.api, self.db = api, Path(db)
         self.fingerprint: str | None = None
         self.watcher: Any = None
+        self._tokenizer: Any = None  # a copy of the server's, for corpora alone (its lock is the decoding thread's)
+        self._tokenizer_lock = threading.Lock()
 
     def start(self, fingerprint: str, watcher: Any) -> None:
         self.fingerprint, self.watcher = fingerprint, watcher
@@ -97,10 +102,16 @@ class Corpora:
             for i, text in enumerate(items):
                 if not isinstance(text, str) or not text:
                     raise ApiError(400, f"'texts[{i}]' must be a non-empty string.", f"texts[{i}]")
+            chars = sum(len(text) for text in items)
+            if chars > MAX_CHARS:  # before tokenizing: a huge body must not hold a core for seconds to be refused
+                raise ApiError(400, f"The corpus has {chars:,} characters; at most {MAX_CHARS:,} are taken.", field)
             from specx.store.ingest import encode_texts
 
-            with tokenizer.lock:  # the server's tokenizer (core/serve/job.LockedTokenizer): encoded as ingest does
-                tokens = encode_texts(tokenizer.tokenizer, items)
+            with self._tokenizer_lock:  # a tokenizer of its own: the decoding thread's streams never wait on it
+                if self._tokenizer is None:
+                    with tokenizer.lock:
+                        self._tokenizer = copy.deepcopy(tokenizer.tokenizer)
+                tokens = encode_texts(self._tokenizer, items)  # encoded as ingest does
             texts = list(items)
         else:
             vocab = self.api.tokenizers.vocab_size
