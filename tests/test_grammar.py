@@ -164,3 +164,52 @@ def test_generate_json_schema_is_lossless_and_valid(tmp_path):
     assert result["identical"] and set(cat) == {"name", "age"} and isinstance(cat["age"], int)
     bad = generate("--json-schema", '{"type": "no-such-type"}')
     assert bad.returncode == 2 and "no-such-type" in bad.stderr
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_every_token_a_verdict_holds_is_allowed_by_the_row_it_was_chosen_at(builtin_tokenizer, builtin_vocabulary,
+                                                                            temperature):
+    """Issue 59: a draft whose path crosses EOS, accepted whole: the walk chooses once more at the
+    EOS node's row. That row allowed nothing, so every logit was -inf: greedy chose token 0 and the
+    sampler, its distribution NaN, the vocabulary's last token, both outside every mask. The loop
+    cuts the output at EOS, but a verdict token outside the grammar is the hole the issue names:
+    now that row allows EOS alone, and every token of the verdict passes its row's mask."""
+    from specx.core.decode.verify import Sampling, judge
+
+    eos = builtin_tokenizer.eos_token_id
+    c = builtin_vocabulary.constraint(json_schema_grammar({"type": "object", "properties": {"n": {"type": "integer"}},
+                                                           "required": ["n"], "additionalProperties": False}), [eos])
+    c.advance(builtin_tokenizer.encode('{"n": 1'))
+    close = builtin_tokenizer.encode("}")
+    draft = c.prune(Draft(close + [eos], [-1, 0], [0.9, 0.9], 1.8, 1))
+    assert draft.token_ids == close + [eos]  # both allowed: "}" then, the object closed, EOS
+    allowed = c.allowed(draft)
+    logits = torch.randn(1 + len(draft), builtin_vocabulary.size, generator=torch.Generator().manual_seed(0))
+    for row, tok in enumerate(draft.token_ids):  # the model writes the draft: the walk accepts every node
+        logits[row, tok] = 50.0
+    verdict = judge(logits, draft, Sampling(temperature, generator=torch.Generator().manual_seed(1)), allowed)
+    assert verdict.accepted_nodes == [0, 1]
+    rows = [0] + [1 + n for n in verdict.accepted_nodes]
+    assert all(allowed[row, tok] for row, tok in zip(rows, verdict.tokens)), verdict.tokens
+    assert verdict.tokens == close + [eos, eos]
+
+
+def test_a_matcher_that_cannot_roll_back_is_a_grammar_error(builtin_tokenizer, builtin_vocabulary):
+    """prune walks the tree with consume and rollback; a rollback the matcher refuses (llguidance's
+    error state) would leave every later mask computed after tokens nobody chose: an error at once."""
+    c = builtin_vocabulary.constraint(json_schema_grammar(SCHEMA))
+    forced = c.forced()
+
+    class Refusing:  # the matcher, but its rollbacks fail
+        def __init__(self, matcher):
+            self.matcher = matcher
+
+        def __getattr__(self, name):
+            return getattr(self.matcher, name)
+
+        def rollback(self, num_tokens):
+            return False
+
+    c.matcher = Refusing(c.matcher)
+    with pytest.raises(GrammarError, match="could not take back 2 draft tokens"):
+        c.prune(Draft(forced[:2], [-1, 0], [0.5, 0.5], 1.0, 1))

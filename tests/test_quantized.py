@@ -380,3 +380,54 @@ def test_every_kernel_source_keys_numbas_cache_folder():
     keyed = {p.relative_to(numba_cache._HERE).as_posix() for p in numba_cache.sources()}
     room = Path(numba_cache.__file__).parent / "model" / "quantized"
     assert {p.relative_to(numba_cache._HERE).as_posix() for p in room.rglob("*.py") if p.name != "__init__.py"} <= keyed
+
+
+def _weather(city: str) -> dict:
+    return {"type": "function", "function": {"name": f"get_weather_{city.lower()}", "description": f"The weather in {city}.",
+                                             "parameters": {"type": "object", "properties": {
+                                                 "unit": {"enum": ["C", "F"]}, "day": {"type": "string"}},
+                                                 "required": ["unit", "day"], "additionalProperties": False}}}
+
+
+def test_a_tool_call_repeated_after_chat_answers_is_the_same_drafted_or_not(builtin_tokenizer, builtin_vocabulary):
+    """Issue 59, hole 5: the sequence it was seen in. A few chat answers teach the global index; then
+    the same tool_choice "required" call (three cities' weather tools, hermes) is asked again and
+    again, so later calls draft from the earlier ones' outputs. Drafted, every answer is the
+    undrafted one token for token (and no grammar error): suffix drafts of every size, trees and
+    linear, sized by a cost curve or whole, adversarial trees crossing EOS; greedy and sampled."""
+    from specx.core.cost.acceptance import AcceptanceModel
+    from specx.core.cost.forward import ForwardCost
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.index.suffix_index import SuffixIndex
+    from specx.core.model.load import builtin_gguf, chat_tokens
+    from specx.core.serve.tools import ToolChoice, call_grammar, check_tools, messages_for_plain_template
+
+    engine = QuantEngine(builtin_gguf("smollm2-135m"))
+    tok, eos = builtin_tokenizer, builtin_tokenizer.eos_token_id
+    functions = check_tools([_weather(c) for c in ("Paris", "London", "Tokyo")])
+    grammar = call_grammar("hermes", functions, ToolChoice("required"))
+    ask = [{"role": "user", "content": "What is the weather in Paris, London and Tokyo today?"}]
+    prompt = chat_tokens(tok, messages_for_plain_template("hermes", ask, functions))
+    index = SuffixIndex()
+    curve = ForwardCost((1, 4, 8, 16, 32), (1.0, 1.2, 1.4, 1.9, 3.1))
+    for question in ("Tell me about Paris.", "Is London rainy?"):  # answers the index learns
+        collect(generate(engine, chat_tokens(tok, [{"role": "user", "content": question}]), SuffixDrafter(index),
+                         max_new_tokens=40, eos_token_ids=eos))
+    drafters = [  # (name, a new drafter over the shared index or around the reference, cost)
+        *((f"suffix {size} {'tree' if tree else 'linear'}", lambda want, s=size, t=tree:
+           SuffixDrafter(index, max_spec_tokens=s, tree=t), None) for size in (1, 4, 32) for tree in (True, False)),
+        ("suffix 32 tree, sized", lambda want: SuffixDrafter(index), curve),
+        *((make.__name__, lambda want, m=make: FakeDrafter(m, want + [eos] * 40), None)
+          for make in MAKERS if make.__name__ in ("deep_chain", "wide_tree"))]
+    for temperature in (0.0, 0.9):  # each drafted call learns its output: the next drafts from it
+        kwargs = dict(max_new_tokens=100, eos_token_ids=eos, temperature=temperature, seed=11)
+        want, _ = collect(generate(engine, prompt, None, constraint=builtin_vocabulary.constraint(grammar, [eos]),
+                                   **kwargs))
+        assert tok.decode(want).startswith('<tool_call>\n{"name": "get_weather_')
+        for name, make, cost in drafters:
+            out, steps = collect(generate(engine, prompt, make(want), cost=cost,
+                                          acceptance=AcceptanceModel() if cost else None,
+                                          constraint=builtin_vocabulary.constraint(grammar, [eos]), **kwargs))
+            assert out == want, (name, temperature)
+            if name == "suffix 32 tree":
+                assert len(steps) < len(want) // 2  # it drafted from the calls before it

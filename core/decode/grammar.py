@@ -8,6 +8,9 @@ subtree: the verifier would reject it anyway) and keeps one mask per row the acc
 (the root's and each kept node's). `core.decode.verify` sets the refused tokens of each row to -inf
 before it chooses, so a speculative step chooses exactly what constrained plain decoding chooses
 after the same path: lossless under the grammar (tests/test_grammar.py checks it token for token).
+Every row the accept walk can read allows a token: the row after an EOS node allows EOS alone (the
+grammar has ended there), for a row that allows nothing has no distribution to sample from, and
+the sampler then returned a token outside every mask (issue 59).
 
 Tokens the grammar forces (the rest of a key, `": "`, a closing brace) are drafts that need no
 index: `forced` gives llguidance's fast-forward tokens from the current state and core.decode.loop puts
@@ -135,9 +138,19 @@ class Constraint:
     def _fill(self, masks: np.ndarray, row: int) -> None:
         self.matcher.unsafe_compute_mask_ptr(masks[row].ctypes.data, masks.shape[1] * 4)
         if _has(masks[row], self.vocabulary.eos) or not masks[row].any():  # EOS allowed (or nothing is: end)
-            words = masks[row].view(np.uint32)
-            for tok in self.eos:
-                words[tok >> 5] |= np.uint32(1 << (tok & 31))
+            self._allow_eos(masks, row)
+
+    def _allow_eos(self, masks: np.ndarray, row: int) -> None:
+        words = masks[row].view(np.uint32)
+        for tok in self.eos:
+            words[tok >> 5] |= np.uint32(1 << (tok & 31))
+
+    def _rollback(self, num_tokens: int) -> None:
+        # A matcher that cannot roll back (in llguidance's error state) would leave every later mask
+        # computed after tokens that were never chosen: say so here, not at a later token.
+        if not self.matcher.rollback(num_tokens):
+            raise GrammarError(f"the grammar's matcher could not take back {num_tokens} draft tokens: "
+                               f"{_short(self.matcher.get_error())}")
 
     def mask(self) -> np.ndarray:
         """The allowed tokens after the current state: [words] int32, bit t of word t // 32."""
@@ -160,13 +173,14 @@ class Constraint:
         while stack:
             i, depth = stack.pop()
             if consumed > depth:
-                self.matcher.rollback(consumed - depth)
+                self._rollback(consumed - depth)
                 consumed = depth
             tok = draft.token_ids[i]
             if not _has(masks[1 + draft.parents[i]], tok):
                 continue
             keep[i] = True
-            if tok in self.eos:  # decoding ends here: nothing after it is verified
+            if tok in self.eos:  # decoding ends here: nothing after it is verified, and its row allows EOS
+                self._allow_eos(masks, 1 + i)  # alone (the walk may accept it and choose once more)
                 continue
             if not self.matcher.consume_token(tok):
                 raise GrammarError(f"the grammar's mask allowed token {tok} but its matcher refused it: "
@@ -175,7 +189,7 @@ class Constraint:
             self._fill(masks, 1 + i)
             stack.extend((c, depth + 1) for c in reversed(children[1 + i]))
         if consumed:
-            self.matcher.rollback(consumed)
+            self._rollback(consumed)
         pruned = draft if all(keep) else subtree(draft, keep)
         self._draft, self._masks = pruned, masks[[0] + [1 + i for i in range(n) if keep[i]]]
         return pruned

@@ -84,6 +84,8 @@ def choose_token(logits: torch.Tensor, sampling: Sampling) -> int:
     probs = process_logits(logits, sampling)  # [V]
     u = torch.rand((), dtype=torch.float64, generator=sampling.generator)
     cdf = probs.cumsum(-1)
+    if not float(cdf[-1]) > 0.0:  # NaN: the search below would return a token the row gives no chance (issue 59)
+        raise RuntimeError("no token can be sampled: the row's logits are -inf or NaN wherever they are allowed")
     idx = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0])
     idx = min(idx, probs.numel() - 1)
     while probs[idx] == 0:  # rounding at the top of the CDF: step back to a token that can occur

@@ -90,7 +90,8 @@ class Batcher:
         self.cond = threading.Condition()
         self.baton = threading.Lock()
         self.members: list[Member] = []
-        self.prefilling: dict[Member, tuple[list[int], threading.Event]] = {}  # prompts being prefilled
+        # prompts being prefilled: each with the prefix cache it fills (None: it stores nowhere) and its end
+        self.prefilling: dict[Member, tuple[list[int], Any, threading.Event]] = {}
         self.passes = 0
         self.rows = 0  # rows of every pass, added up (tokens per pass: rows / passes)
         self.prefill_rows = 0
@@ -191,12 +192,18 @@ class Batcher:
             self.baton.acquire()
             member.parked = False
 
-    def leader(self, tokens: list[int], cached: int) -> threading.Event | None:
-        """The prefill in flight whose prompt shares with `tokens` more than `cached` tokens (what
-        the prefix cache holds of them now) by a chunk or more: waiting for it to be stored saves
-        prefilling the shared part twice (agents fanning out with one system prompt)."""
+    def leader(self, tokens: list[int], cached: int, prefix_cache: Any) -> threading.Event | None:
+        """The prefill in flight that fills `prefix_cache` (the one this request reads) and whose
+        prompt shares with `tokens` more than `cached` tokens (what that cache holds of them now)
+        by a chunk or more: waiting for it to be stored saves prefilling the shared part twice
+        (agents fanning out with one system prompt). A prefill that fills another cache (another
+        tenant's, core/serve/scopes.tenant_prefix_caches) or none is never waited for: the request
+        could not read what it stores, so it would only wait, and how long it waited would tell
+        its client that someone else's prompt in flight starts like its own."""
         best, event = cached + MIN_SHARED, None
-        for prompt, done in self.prefilling.values():
+        for prompt, fills, done in self.prefilling.values():
+            if fills is None or fills is not prefix_cache:
+                continue
             n = min(len(prompt), len(tokens))
             shared = next((i for i in range(n) if prompt[i] != tokens[i]), n)
             if shared >= best:
@@ -258,11 +265,13 @@ class BatchedEngine:
     def start(self, tokens: Sequence[int], prefix_cache: Any = None) -> BatchedSession:
         tokens = [int(t) for t in tokens]
         batcher, member = self.batcher, self.member
+        # the cache this prefill reads and, when the prompt fits its budget, stores into
         usable = prefix_cache is not None and getattr(prefix_cache, "max_tokens", 0) >= len(tokens)
-        while usable and (leader := batcher.leader(tokens, prefix_cache.longest_prefix(tokens)[0])) is not None:
+        while usable and (leader := batcher.leader(tokens, prefix_cache.longest_prefix(tokens)[0],
+                                                   prefix_cache)) is not None:
             batcher.park(member, leader)
         done = threading.Event()
-        batcher.prefilling[member] = (tokens, done)
+        batcher.prefilling[member] = (tokens, prefix_cache if usable else None, done)
         try:
             session = run_steps(self.engine.start_steps(tokens, prefix_cache),
                                 lambda part: batcher.run(member, part, prefill=True))
