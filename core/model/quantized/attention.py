@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
+import numba
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
@@ -163,7 +164,7 @@ def _weighted_kernel(dim: int, group: int) -> Any:
     return fixed(weighted, f"qattention.weighted.{dim}.{group}")
 
 
-BLOCK = 512  # positions per part: a part's keys and values (64 KB each at 64 dims) stay in L2 for every row
+BLOCK = 1024  # positions per part: its keys and values (128 KB each at 64 dims) stay in L2 for every row
 _ATTEND: dict[tuple[int, int, int], Any] = {}
 
 
@@ -187,9 +188,10 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
     scores_fn, weighted_fn = _scores_kernel(group), _weighted_kernel(dim, group)
 
     @njit(nogil=True)
-    def part(q, keys, values, n_cached, allowed, lead, fresh, first, g, p, scale, pm, pl, pacc):  # pragma: no cover
-        """Part p (positions p * block ..) of kv head g for every row of one sequence that sees it
-        (rows first.., their leading run of visible new entries lead[s] and count fresh[s]).
+    def part(q, keys, values, n_cached, allowed, lead, fresh, first, row0, row1, g, p, scale, pm, pl,
+             pacc):  # pragma: no cover - compiled
+        """Part p (positions p * block ..) of kv head g for the rows row0..row1-1 of one sequence that
+        see it (rows first.., their leading run of visible new entries lead[s] and count fresh[s]).
         A row's visible positions: its cache's first n_cached + lead[s] entries as they lie,
         then its other visible new entries, gathered."""
         rows = allowed.shape[0]
@@ -202,10 +204,10 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
         ibuf = np.empty(block, dtype=np.int32)
         lanes = np.empty(LANES, dtype=np.float32)
         acc = np.empty((group, dim), dtype=np.float32)
-        new_keys = np.zeros((1, block // LANES, dim, LANES), dtype=np.uint16)
-        new_values = np.empty((1, block, dim), dtype=np.uint16)
+        new_keys = np.empty((1, 0, dim, LANES), dtype=np.uint16)  # made when a row first gathers (a tree's branch)
+        new_values = np.empty((1, 0, dim), dtype=np.uint16)
         key_part, value_part = keys[g:g + 1, a // LANES:], values[g:g + 1, a:]
-        for s in range(rows):
+        for s in range(row0, row1):
             contiguous = n_cached + lead[first + s]
             visible = n_cached + fresh[first + s]
             if visible <= a:
@@ -213,6 +215,9 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
             end = min(a + block, visible)
             num_in_place = max(min(end, contiguous) - a, 0)
             num_gathered = end - a - num_in_place
+            if num_gathered > 0 and new_keys.shape[1] == 0:  # unused lanes of a tile are scored and never read
+                new_keys = np.empty((1, block // LANES, dim, LANES), dtype=np.uint16)
+                new_values = np.empty((1, block, dim), dtype=np.uint16)
             if num_gathered > 0:  # the row's visible new entries past its leading run, from position max(a, contiguous)
                 skip = max(a, contiguous) - contiguous
                 f = 0
@@ -298,7 +303,9 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
         seqs, total_rows, heads = len(n0s), starts[len(n0s)], q.shape[1]
         lead = np.zeros(total_rows, dtype=np.int64)  # a row's leading run of visible new entries
         fresh = np.zeros(total_rows, dtype=np.int64)  # and all its visible new entries
-        parts = np.zeros(seqs + 1, dtype=np.int64)  # sequence q's jobs: parts[q] .. parts[q + 1] - 1
+        jobs = np.zeros(seqs + 1, dtype=np.int64)  # sequence q's jobs: jobs[q] .. jobs[q + 1] - 1
+        nparts, chunks = np.zeros(seqs, dtype=np.int64), np.zeros(seqs, dtype=np.int64)
+        wanted = 4 * numba.get_num_threads()  # jobs enough to keep every thread busy
         most = 1
         for sq in range(seqs):
             allowed, widest = alloweds[sq], 0
@@ -311,20 +318,24 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
                     n += allowed[s, i]
                 lead[starts[sq] + s], fresh[starts[sq] + s] = run, n
                 widest = max(widest, n)
-            num = (n0s[sq] + widest + block - 1) // block
-            most = max(most, num)
-            parts[sq + 1] = parts[sq] + num * kv_heads
+            nparts[sq] = (n0s[sq] + widest + block - 1) // block
+            most = max(most, nparts[sq])
+            # few parts (a short context) and many rows: the rows split among jobs too (a row's
+            # arithmetic is the same in any job; the part's keys are then read once per chunk)
+            chunks[sq] = min(allowed.shape[0], max(1, -(-wanted // (kv_heads * nparts[sq]))))
+            jobs[sq + 1] = jobs[sq] + kv_heads * nparts[sq] * chunks[sq]
         pm = np.empty((total_rows, heads, most), dtype=np.float32)
         pl = np.empty((total_rows, heads, most), dtype=np.float32)
         pacc = np.empty((total_rows, heads, most, q.shape[2]), dtype=np.float32)
-        for job in prange(parts[seqs]):
+        for job in prange(jobs[seqs]):
             sq = 0
-            while parts[sq + 1] <= job:
+            while jobs[sq + 1] <= job:
                 sq += 1
-            local = job - parts[sq]
-            num = (parts[sq + 1] - parts[sq]) // kv_heads
+            local, per_head = job - jobs[sq], nparts[sq] * chunks[sq]
+            rows, chunk = starts[sq + 1] - starts[sq], local % per_head % chunks[sq]
             part(q, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], lead, fresh, starts[sq],
-                 local // num, local % num, scale, pm, pl, pacc)
+                 chunk * rows // chunks[sq], (chunk + 1) * rows // chunks[sq], local // per_head,
+                 local % per_head // chunks[sq], scale, pm, pl, pacc)
         shifted, weights, ibuf = np.empty(most, np.float32), np.empty(most, np.float32), np.empty(most, np.int32)
         for sq in range(seqs):
             for s in range(starts[sq], starts[sq + 1]):
