@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-import numba
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
@@ -164,6 +163,8 @@ def _weighted_kernel(dim: int, group: int) -> Any:
     return fixed(weighted, f"qattention.weighted.{dim}.{group}")
 
 
+JOBS = 16  # jobs a sequence's attention is cut into at least, when its rows allow (a constant: a pass
+# that asked numba for its thread count was not found again in numba's cache by the next process)
 BLOCK = 1024  # positions per part: its keys and values (128 KB each at 64 dims) stay in L2 for every row
 _ATTEND: dict[tuple[int, int, int], Any] = {}
 
@@ -305,7 +306,6 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
         fresh = np.zeros(total_rows, dtype=np.int64)  # and all its visible new entries
         jobs = np.zeros(seqs + 1, dtype=np.int64)  # sequence q's jobs: jobs[q] .. jobs[q + 1] - 1
         nparts, chunks = np.zeros(seqs, dtype=np.int64), np.zeros(seqs, dtype=np.int64)
-        wanted = 4 * numba.get_num_threads()  # jobs enough to keep every thread busy
         most = 1
         for sq in range(seqs):
             allowed, widest = alloweds[sq], 0
@@ -322,7 +322,7 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
             most = max(most, nparts[sq])
             # few parts (a short context) and many rows: the rows split among jobs too (a row's
             # arithmetic is the same in any job; the part's keys are then read once per chunk)
-            chunks[sq] = min(allowed.shape[0], max(1, -(-wanted // (kv_heads * nparts[sq]))))
+            chunks[sq] = min(allowed.shape[0], max(1, -(-JOBS // (kv_heads * nparts[sq]))))
             jobs[sq + 1] = jobs[sq] + kv_heads * nparts[sq] * chunks[sq]
         pm = np.empty((total_rows, heads, most), dtype=np.float32)
         pl = np.empty((total_rows, heads, most), dtype=np.float32)
