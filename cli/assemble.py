@@ -110,12 +110,10 @@ def kv_budget_tokens(engine: Any, memory: int, say: Callable[[str], None]) -> in
 def default_kv_memory() -> int:
     """A quarter of this machine's free memory (the live requests' caches are sized from half:
     core.serve.batch.default_max_batch); 2 GiB where it cannot be read."""
-    import os
+    from specx.core.serve.batch import free_memory
 
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (OSError, ValueError):
-        return 2 << 30
+    free = free_memory()
+    return 2 << 30 if free is None else free // 4
 
 
 def kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], None]) -> SuccessorTable | None:

@@ -373,8 +373,15 @@ def default_max_batch(engine: Any, context: int) -> int:
     if not batchable(engine):
         return 1
     per_request = KVCache.bytes_per_token(engine.model.config) * max(context, 1)
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
+    free = free_memory()
+    if free is None:
         return MAX_BATCH
     return max(1, min(MAX_BATCH, free // 2 // per_request))
+
+
+def free_memory() -> int | None:
+    """This machine's free memory in bytes, None where it cannot be read."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
