@@ -194,8 +194,7 @@ class Worker:
                 job.emit(Failed(503, "the server is shutting down"))
                 continue
             self._running[job] = None
-            self._finish(job, self._guarded(job, self.stack))
-            del self._running[job]  # (still there when a bug ends the thread: _run answers it)
+            self._finish(job, self._guarded(job, self.stack))  # (a bug before it: still running, _run answers it)
             self._persist_due()
 
     def _serve_batched(self) -> None:
@@ -228,7 +227,6 @@ class Worker:
                     finished, self._finished = self._finished, []
                     for job, answer in finished:
                         self._finish(job, answer)
-                        del self._running[job]
                     self._persist_due()
             if not self._running:
                 if self._stopping.is_set() and self.jobs.empty():
@@ -316,8 +314,11 @@ class Worker:
         return choices, stats, started_at
 
     def _finish(self, job: Job, answer: Any) -> None:
-        """Store a decoded job (on this thread, which owns the store's connection) and answer it."""
+        """Store a decoded job (on this thread, which owns the store's connection) and answer it. It
+        stops counting as running before its answer goes out: a client that reads /metrics after its
+        answer does not see itself."""
         if answer is None:
+            self._running.pop(job, None)
             return
         choices, stats, started_at = answer
         if self.recorder is not None and self._record(job.request, choices, stats, started_at):  # ~1 ms
@@ -325,6 +326,7 @@ class Worker:
             self._unsaved += 1
             if self.scopes is not None:  # learned already (the drafter's finish_request): not added again
                 self.scopes.learned(self._scope(job.request.tenant), getattr(self.recorder, "last_rowids", ()))
+        self._running.pop(job, None)
         job.emit(Done(stats))
 
     def _record(self, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str) -> bool:
