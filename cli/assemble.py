@@ -110,7 +110,7 @@ def kv_budget_tokens(engine: Any, memory: int, say: Callable[[str], None]) -> in
 def default_kv_memory() -> int:
     """A quarter of this machine's free memory (the live requests' caches are sized from half:
     core.serve.batch.default_max_batch); 2 GiB where it cannot be read."""
-    from specx.core.serve.batch import free_memory
+    from specx.core.model.prefix_cache import free_memory
 
     free = free_memory()
     return 2 << 30 if free is None else free // 4

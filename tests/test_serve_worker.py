@@ -178,3 +178,42 @@ def test_health_is_503_with_the_reason_when_the_worker_is_gone(monkeypatch):
     assert health.status_code == 503 and body["status"] == "unhealthy" and "a bug in the worker" in body["reason"]
     with pytest.raises(RuntimeError, match="worker has stopped"):
         answer(worker, tiny_request())
+
+
+def test_a_tenants_losing_drafts_leave_another_tenants_drafting_as_it_was():
+    """Issue 59, hole 6: one acceptance model and one draft guard served every tenant, so b's
+    losing drafts shrank or switched off a's (its stream's pace showed b's history). Each tenant
+    now learns its own (the pass-cost curve stays shared: it measures the machine)."""
+    from specx.core.cost.forward import ForwardCost
+    from specx.core.cost.guard import GUARD_STEPS
+    from specx.core.cost.learned import LearnedCost
+    from specx.core.decode.speculate import SuffixDrafter
+    from specx.core.decode.stack import Stack
+    from specx.core.index.suffix_index import SuffixIndex
+    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.serve.scopes import Scopes
+    from specx.core.serve.worker import Worker
+    from test_verify import tiny_model
+
+    indexes = {"a": SuffixIndex(), "b": SuffixIndex()}
+    cost = LearnedCost(ForwardCost((1, 4, 16), (0.01, 0.011, 0.013)))
+    worker = Worker(Stack(TransformersEngine(tiny_model()), CharTokenizer(), "chars", SuffixIndex(),
+                          drafter=SuffixDrafter(SuffixIndex()), cost=cost), scopes=Scopes(indexes, tenants=True))
+    worker.start()
+    try:
+        [plain] = answer(worker, tiny_request(tenant="a"))
+        tokens = [e for e in plain if isinstance(e, ChoiceDone)][0].choice.token_ids
+        # b's history continues b's prompt otherwise than the model does: b's drafts lose
+        indexes["b"].add([5, 6, 7] + [(t + 1) % 97 for t in tokens])
+        for _ in range(3):
+            [events] = answer(worker, tiny_request(tenant="b"))
+            assert [e for e in events if isinstance(e, ChoiceDone)][0].choice.token_ids == tokens  # lossless
+        a, b = worker._drafting_of("a"), worker._drafting_of("b")
+        assert b.acceptance.tried.sum() > 0 and b.acceptance.accepted.sum() < b.acceptance.tried.sum()
+        assert a.acceptance.tried.sum() == 0  # a's drafts are sized as if b had never drafted
+        for _ in range(GUARD_STEPS):  # b's drafts cost twice what plain decoding would: b's guard caps them
+            b.cost.guard.observe_priced(0.02, 0.01, 1, 8)
+        assert b.cost.max_draft() is not None and a.cost.max_draft() is None  # a's drafts uncapped
+        assert a.cost.curve is b.cost.curve is cost.curve  # one curve: the machine's
+    finally:
+        worker.stop()

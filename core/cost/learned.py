@@ -9,6 +9,7 @@ where it is kept between runs, a file its caller names.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ class LearnedCost:
 
     def __call__(self, n: int, context: int | None = None) -> float:
         return self.curve(n, context)
+
+    def with_guard(self, guard: DraftGuard) -> LearnedCost:
+        """This cost judged by `guard`: the same curve (it measures the machine: every pass teaches
+        it), the guard's own verdicts on whether drafts pay (a tenant's: core.serve.worker)."""
+        view = copy.copy(self)
+        view.guard = guard
+        return view
 
     def shape(self, n: int, context: int | None = None) -> float:
         return self.curve.shape(n, context)

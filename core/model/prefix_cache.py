@@ -17,6 +17,7 @@ differ from them in the last bits (as any two matrix kernels do), never more.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import OrderedDict
@@ -155,3 +156,11 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"{text!r} is not a size: a number of bytes, or e.g. 512M, 2G")
     scale = 1024 ** " KMGT".index((match.group(2) or " ").upper())
     return int(float(match.group(1)) * scale)
+
+
+def free_memory() -> int | None:
+    """This machine's free memory in bytes, None where it cannot be read."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None

@@ -15,7 +15,8 @@ drafter are its own. Its output is what it is when it runs alone.
 
 The request threads' Python runs one at a time: a thread holds the batcher's `baton` except while
 its pass is waited for. The state the requests share (the global index, the successor table, the
-acceptance model, the learned cost, the prefix cache) so sees one thread at a time, as before.
+acceptance model and the learned cost, each tenant's own with tenants, the prefix cache) so sees
+one thread at a time, as before.
 
 One draft budget for the pass: each request sizes its tree against the rows and tokens the others
 put in the pass (`BatchCost.others`, core.cost.sizing.size_draft), so a node is verified while its
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +38,7 @@ import numpy as np
 from ..cost.guard import DraftGuard
 from ..decode.stack import Stack
 from ..draft import Draft
+from ..model.prefix_cache import free_memory
 from ..model.quantized.engine import KVCache, run_steps
 
 MAX_BATCH = 16  # the default cap on requests decoded together (--max-batch): past it, on CPUs, passes grow in step
@@ -304,8 +305,9 @@ class BatchCost:
     time), a shared pass teaches the curve its shape once (`observe_pass`). While others share the
     passes no plain anchor is asked for (a shared pass has more than one row whatever its drafts)."""
 
-    def __init__(self, base: Any, batcher: Batcher, member: Member) -> None:
+    def __init__(self, base: Any, batcher: Batcher, member: Member, guard: DraftGuard | None = None) -> None:
         self.base, self.batcher, self.member = base, batcher, member
+        self.guard = guard  # judges this request's rows of shared passes (a tenant's); None: the batcher's
 
     def __call__(self, n: int, context: int | None = None) -> float:
         line = self.batcher.line() if len(self.batcher.members) > 1 else None
@@ -320,7 +322,7 @@ class BatchCost:
     def max_draft(self) -> int | None:
         if len(self.batcher.members) <= 1:
             return self.base.max_draft()
-        return self.batcher.guard.max_draft()
+        return (self.guard or self.batcher.guard).max_draft()
 
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
@@ -334,9 +336,26 @@ class BatchCost:
             self.base.observe_step(num_tokens=num_tokens, context=context, verify_seconds=last.seconds,
                                    step_seconds=max(step_seconds - verify_seconds, 0.0) + last.seconds,
                                    num_out=num_out, tag=last.tag)
-        elif not last.observed:
-            last.observed = True
-            self.base.observe_pass(last.rows, last.context, last.seconds, last.tag)
+        else:
+            if not last.observed:
+                last.observed = True
+                self.base.observe_pass(last.rows, last.context, last.seconds, last.tag)
+            if self.guard is not None:
+                self._judge_own(num_tokens, num_out, last.requests)
+
+    def _judge_own(self, num_tokens: int, num_out: int, requests: int) -> None:
+        """Show this request's guard its rows of a shared pass: their share of the pass (its fixed
+        part split among the requests, a row's part per row, by the line fitted to the shared
+        passes: the machine's cost) against plain decoding's one row per token. The other requests'
+        drafts do not enter it, so one tenant's losing drafts never cap another's."""
+        line = self.batcher.line()
+        if line is None:
+            return
+        if num_tokens <= 1:
+            self.guard.observe_plain()
+            return
+        share = line[0] / max(requests, 1)
+        self.guard.observe_priced(share + line[1] * num_tokens, share + line[1], num_out, num_tokens - 1)
 
 
 def fork_drafter(drafter: Any) -> Any:
@@ -353,10 +372,10 @@ def fork_drafter(drafter: Any) -> Any:
     return mine
 
 
-def request_stack(stack: Stack, batcher: Batcher, member: Member) -> Stack:
+def request_stack(stack: Stack, batcher: Batcher, member: Member, guard: DraftGuard | None = None) -> Stack:
     """The stack one batched request decodes with (its engine, drafter and cost views; the
-    batcher tunes the threads)."""
-    cost = BatchCost(stack.cost, batcher, member) if stack.cost is not None else None
+    batcher tunes the threads). `guard`: judges its drafts in shared passes (None: the batcher's)."""
+    cost = BatchCost(stack.cost, batcher, member, guard) if stack.cost is not None else None
     return dataclasses.replace(stack, engine=BatchedEngine(stack.engine, batcher, member),
                                drafter=fork_drafter(stack.drafter), cost=cost, threads=None)
 
@@ -378,10 +397,3 @@ def default_max_batch(engine: Any, context: int) -> int:
         return MAX_BATCH
     return max(1, min(MAX_BATCH, free // 2 // per_request))
 
-
-def free_memory() -> int | None:
-    """This machine's free memory in bytes, None where it cannot be read."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return None

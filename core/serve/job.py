@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import threading
+import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from .events import Choice, Event
@@ -94,6 +96,21 @@ class Recorder(Protocol):
     def persist(self) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def record_answer(recorder: Recorder, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
+                  debug: bool = False) -> bool:
+    """Hand a finished request to `recorder`; what it raises is logged, and the answer still goes out."""
+    try:
+        return bool(recorder.record(req, choices, stats, started_at, now_iso()))
+    except Exception as exc:  # noqa: BLE001 - a recorder's failure must not cost the answer or the worker
+        logging.getLogger("specx.serve").error("%s: could not store the request: %s: %s", req.id,
+                                               type(exc).__name__, exc, exc_info=debug)
+        return False
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def prediction_tokens(prediction: list[int] | None, output: list[int]) -> tuple[int, int]:

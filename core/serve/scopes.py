@@ -20,14 +20,20 @@ learned itself (`learned`) is not added twice.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..cost.acceptance import AcceptanceModel
+from ..cost.guard import DraftGuard
+from ..cost.learned import LearnedCost
 from ..index.suffix_index import SuffixIndex
+
+log = logging.getLogger("specx.serve")
 
 PUBLIC = "public"  # store/tenants.PUBLIC: rows every scope drafts from
 INLINE_TOKENS = 32_768  # at most this many tokens are added between two steps (a few ms; more waits a step)
@@ -177,3 +183,27 @@ class ScopedDrafter:
     def finish_request(self, learn: bool = True) -> None:
         self._current()
         self.inner.finish_request(learn)
+
+
+class Drafting:
+    """What a scope's drafts have taught the server: how often its draft nodes are accepted
+    (`acceptance`), whether its drafts pay (`cost`: the server's learned cost judged by the scope's
+    own guard; the curve is shared, as it measures the machine) and, batched, whether its rows of
+    shared passes pay (`shared_guard`). With tenants each has its own: one tenant's losing drafts
+    would otherwise shrink or switch off another's, which its stream's pace shows (docs/security.md).
+    Without tenants one serves every request."""
+
+    def __init__(self, cost: Any, *, own: bool, batched: bool, say: Callable[[str], None]) -> None:
+        self.acceptance = AcceptanceModel()
+        self.cost, self.shared_guard = cost, None
+        if own and isinstance(cost, LearnedCost):
+            self.cost = cost.with_guard(DraftGuard(cost.shape, say))
+            self.shared_guard = DraftGuard(lambda n, context: 1.0, say) if batched else None
+
+    @classmethod
+    def of(cls, kept: dict[str, Drafting], scope: str, cost: Any, batched: bool) -> Drafting:
+        """`scope`'s in `kept`, made on its first request ('': the one of a server without tenants)."""
+        if scope not in kept:
+            kept[scope] = cls(cost, own=bool(scope), batched=batched,
+                              say=lambda m: log.info("tenant %s: %s", scope, m))
+        return kept[scope]

@@ -21,15 +21,14 @@ environment: what it needs is passed in (the engine, drafter and cost in a core.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
-from ..cost.acceptance import AcceptanceModel
 from ..decode.generate import generate
 from ..decode.grammar import GrammarError
 from ..decode.loop import DecodeStats, Decoded, collect
@@ -38,9 +37,9 @@ from ..decode.stack import Stack
 from ..decode.text import TextStream
 from .batch import Batcher, Member, batchable, fork_drafter, request_stack
 from .events import Choice, ChoiceDone, Delta, Done, Failed
-from .job import GenerationRequest, Job, LockedTokenizer, Recorder, prediction_tokens
+from .job import Job, LockedTokenizer, Recorder, now_iso, prediction_tokens, record_answer
 from .metrics import Metrics, Stats
-from .scopes import Scopes, ScopedDrafter, tenant_prefix_caches
+from .scopes import Drafting, Scopes, ScopedDrafter, tenant_prefix_caches
 
 log = logging.getLogger("specx.serve")
 
@@ -67,7 +66,7 @@ class Worker:
         self.scopes = scopes  # whose history drafts whose request (None: the stack's global index for all)
         self.prefix_caches = tenant_prefix_caches(stack.engine, stack.prefix_cache, scopes)  # None: the stack's
         self.debug = debug
-        self.acceptance = AcceptanceModel()  # what the drafts are worth, learned from verdicts across requests
+        self._drafting: dict[str, Drafting] = {}  # each scope's acceptance model and guards (_drafting_of)
         self.eos = stack.tokenizer.eos_token_id
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.metrics = metrics or Metrics()
@@ -194,7 +193,8 @@ class Worker:
                 job.emit(Failed(503, "the server is shutting down"))
                 continue
             self._running[job] = None
-            self._finish(job, self._guarded(job, self.stack))  # (a bug before it: still running, _run answers it)
+            stack = dataclasses.replace(self.stack, cost=self._drafting_of(job.request.tenant).cost)
+            self._finish(job, self._guarded(job, stack))  # (a bug before it: still running, _run answers it)
             self._persist_due()
 
     def _serve_batched(self) -> None:
@@ -243,7 +243,9 @@ class Worker:
         with batcher.baton:
             answer = None
             try:
-                answer = self._guarded(job, request_stack(self.stack, batcher, member))
+                drafting = self._drafting_of(job.request.tenant)
+                stack = dataclasses.replace(self.stack, cost=drafting.cost)
+                answer = self._guarded(job, request_stack(stack, batcher, member, drafting.shared_guard))
             finally:
                 self._finished.append((job, answer))
                 batcher.leave(member)
@@ -266,7 +268,7 @@ class Worker:
             self.metrics.cancelled.inc()
             log.info("%s %s cancelled while queued", req.id, req.endpoint)
             return
-        started_at = _now()
+        started_at = now_iso()
         t0 = time.perf_counter()
         queue_seconds = t0 - job.enqueued
         choices = []
@@ -321,22 +323,13 @@ class Worker:
             self._running.pop(job, None)
             return
         choices, stats, started_at = answer
-        if self.recorder is not None and self._record(job.request, choices, stats, started_at):  # ~1 ms
+        if self.recorder is not None and record_answer(self.recorder, job.request, choices, stats, started_at, self.debug):  # ~1 ms
             self.metrics.stored.inc()  # the answer is durable when it arrives
             self._unsaved += 1
             if self.scopes is not None:  # learned already (the drafter's finish_request): not added again
                 self.scopes.learned(self._scope(job.request.tenant), getattr(self.recorder, "last_rowids", ()))
         self._running.pop(job, None)
         job.emit(Done(stats))
-
-    def _record(self, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str) -> bool:
-        """Hand a finished request to the recorder; what it raises is logged, and the answer still goes out."""
-        try:
-            return bool(self.recorder.record(req, choices, stats, started_at, _now()))
-        except Exception as exc:  # noqa: BLE001 - a recorder's failure must not cost the answer or the worker
-            log.error("%s: could not store the request: %s: %s", req.id, type(exc).__name__, exc,
-                      exc_info=self.debug)
-            return False
 
     def _decode(self, job: Job, index: int, stack: Stack) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
@@ -351,7 +344,7 @@ class Worker:
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index,
                          cost=stack.cost if stack.drafter is not None else None, stop=text,
-                         acceptance=self.acceptance, prefix_cache=stack.prefix_cache if self.prefix_caches is None
+                         acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=stack.prefix_cache if self.prefix_caches is None
                          else self.prefix_caches[req.tenant],
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
                          logprobs=req.logprobs, threads=stack.threads,
@@ -381,6 +374,9 @@ class Worker:
     def _scope(self, tenant: str) -> str:  # the scope a tenant's request drafts in and teaches
         return tenant if self.scopes is not None and self.scopes.tenants else ""
 
+    def _drafting_of(self, tenant: str) -> Drafting:  # what its scope's drafts taught (with tenants: its own)
+        return Drafting.of(self._drafting, self._scope(tenant), self.stack.cost, self.batched)
+
     def _persist_due(self, idle: bool = False) -> None:
         """Persist after PERSIST_EVERY stored requests, or (`idle`) PERSIST_IDLE_S after the last."""
         if self._unsaved >= PERSIST_EVERY or (
@@ -396,7 +392,3 @@ class Worker:
                 self._unsaved = 0
         except Exception as exc:  # noqa: BLE001 - tried again later; the worker goes on
             log.error("could not persist the index: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
