@@ -92,6 +92,15 @@ def token_rows(store: Store, tokenizer_id: int, after_rowid: int = 0, tenants: S
     return out
 
 
+def tenant_row_counts(store: Store, tokenizer_id: int, upto_rowid: int) -> dict[str, int]:
+    """How many token rows up to `upto_rowid` each tenant has (a watcher's check of whose rows went away)."""
+    rows = store.db.execute(
+        "SELECT src.tenant, count(*) FROM tokens t JOIN calls c ON c.id = t.call_id JOIN sessions s ON"
+        " s.id = c.session_id JOIN sources src ON src.id = s.source_id WHERE t.tokenizer_id = ? AND t.rowid <= ?"
+        " GROUP BY src.tenant", [tokenizer_id, upto_rowid]).fetchall()
+    return {tenant: int(n) for tenant, n in rows}
+
+
 def last_rowid(store: Store, tokenizer_id: int) -> int:
     return store.token_rows(tokenizer_id)[1]
 

@@ -4,8 +4,9 @@ A thread of its own checks SQLite's data_version (it changes when another connec
 every `interval` seconds; when it moved, it reads the token rows added since it last looked and
 hands them to the server's scopes (core/serve/scopes.py), which add them between decoding steps.
 Rows that went away (a corpus removed, over HTTP or by another process) and backlogs too large to
-add between steps rebuild the scopes' indexes here, off the decoding thread; the rebuilt index is
-swapped in between steps. Nothing here writes to the store.
+add between steps rebuild the indexes of the scopes they draft in (with tenants: their tenant's,
+every scope for public rows), here, off the decoding thread; the rebuilt index is swapped in
+between steps. Nothing here writes to the store.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from specx.core.index.suffix_index import SuffixIndex
 
 from .db import Store, StoreError
 from .index import MAX_DEPTH
-from .tenants import Row, data_version, token_rows
+from .tenants import Row, data_version, tenant_row_counts, token_rows
 
 log = logging.getLogger("specx.serve")
 
@@ -56,6 +57,7 @@ class StoreWatcher:
         self._stop = threading.Event()
         self._rebuild: set[str] = set()
         self._rebuilt: list[threading.Event] = []  # set once the asked rebuilds are handed to the scopes
+        self._counts: dict[str, int] | None = None  # each tenant's rows up to `last` (read at the first look)
         self.version: int | None = None
         self.seen_at: float | None = None  # when rows were last handed over (monotonic)
         self._thread = threading.Thread(target=self._run, name="specx-store-watch", daemon=True)
@@ -114,18 +116,33 @@ class StoreWatcher:
             while self._rebuilt:
                 self._rebuilt.pop().set()
             return
+        if self._counts is None and self.scopes.tenants:  # (one scope without tenants: no need to know whose)
+            self._counts = tenant_row_counts(store, tokenizer_id, self.last)
+            if sum(self._counts.values()) != self.count:  # rows went away before the first look: whose is unknown
+                self._rebuild.update(self.scopes.names)
         count, last = store.token_rows(tokenizer_id)
         new = token_rows(store, tokenizer_id, after_rowid=self.last, upto_rowid=last)
         rebuild, waiting = set(self._rebuild), list(self._rebuilt)
         self._rebuild.clear()
         del self._rebuilt[: len(waiting)]
-        if count != self.count + len(new):  # rows went away: every scope is rebuilt from what is left
-            rebuild = set(self.scopes.names)
-            log.info("store watch: %d stored outputs were removed; rebuilding the indexes",
-                     self.count + len(new) - count)
+        if count != self.count + len(new):  # rows went away: the scopes they drafted in are rebuilt
+            if self._counts is None:
+                rebuild.update(self.scopes.names)
+            else:
+                expected = dict(self._counts)
+                for r in new:
+                    expected[r.tenant] = expected.get(r.tenant, 0) + 1
+                self._counts = tenant_row_counts(store, tokenizer_id, last)
+                rebuild.update(s for t in set(self._counts) | set(expected)
+                               if self._counts.get(t, 0) != expected.get(t, 0) for s in self.scopes.scopes_of(t))
+            log.info("store watch: %d stored outputs were removed; rebuilding the indexes of %s",
+                     self.count + len(new) - count, ", ".join(repr(s) for s in sorted(rebuild)) or "no scope")
+        elif self._counts is not None:
+            for r in new:
+                self._counts[r.tenant] = self._counts.get(r.tenant, 0) + 1
         backlog = sum(len(r.tokens) for r in new)
         if backlog > REBUILD_TOKENS and backlog > 0.1 * self.scopes.num_tokens:
-            rebuild = set(self.scopes.names)
+            rebuild.update(s for r in new for s in self.scopes.scopes_of(r.tenant))
         if rebuild:
             rows = token_rows(store, tokenizer_id, upto_rowid=last)
             for scope in sorted(rebuild):

@@ -100,6 +100,36 @@ def test_the_watcher_hands_over_new_rows_and_rebuilds_when_rows_go_away(tmp_path
         assert scopes.index("b").count([7, 8]) == 0 and scopes.index("a").count([1, 2]) == 1
 
 
+def test_rows_going_away_rebuild_only_the_scopes_they_drafted_in(tmp_path):
+    """Issue 59, hole 9: one tenant's corpus removal rebuilt every tenant's index (another
+    tenant's stream stalled while it ran). Now only the scopes that drafted from the removed rows
+    are rebuilt: b's for b's corpus, every scope for a public one."""
+    db = tmp_path / "s.db"
+    with Store(db) as store:
+        _served(store, "a", [1, 2, 3, 4], "s1")
+        add_corpus(store, "b", "docs", ["doc"], [[7, 8, 9, 10]], TOKENIZER)
+        add_corpus(store, "public", "shared", ["all"], [[20, 21, 22]], TOKENIZER)
+        scopes, count, last = load_scopes(store, "fp", ["a", "b"])
+    watcher = StoreWatcher(db, "fp", scopes, count=count, last=last)
+    a_index = scopes.index("a")
+    with Store(db, readonly=True) as reader:
+        watcher.poll(reader)
+        with Store(db) as writer:  # another process removes b's corpus and adds one for a
+            assert remove_corpus(writer, "b", "docs")
+            add_corpus(writer, "a", "more", ["x"], [[11, 12, 13]], TOKENIZER)
+        watcher.poll(reader)
+        scopes.apply()
+        assert scopes.rebuilds == 1 and scopes.index("a") is a_index  # b's alone
+        assert scopes.index("b").count([7, 8]) == 0 and scopes.index("b").count([20, 21]) == 1
+        assert scopes.index("a").count([11, 12, 13]) == 1 and scopes.index("a").count([1, 2]) == 1
+        with Store(db) as writer:
+            assert remove_corpus(writer, "public", "shared")
+        watcher.poll(reader)
+        scopes.apply()
+        assert scopes.rebuilds == 3 and all(scopes.index(t).count([20, 21]) == 0 for t in "ab")
+        assert scopes.index("a").count([11, 12, 13]) == 1
+
+
 def test_corpora_round_trip_and_removal_leaves_nothing_of_them(tmp_path):
     db = tmp_path / "s.db"
     with Store(db) as store:
