@@ -43,6 +43,8 @@ def serve_cmd(
     tenant_file: Annotated[Optional[Path], typer.Option(help="A file of NAME:KEY lines, one tenant each (# "
                                                         "comments); refused unless only its owner may read it.",
                                                         show_default=False)] = None,
+    tenant_tokens: Annotated[int, typer.Option(min=1, help="Tokens one tenant's corpora (POST /v1/corpus) may "
+                                               "hold together, and write in a minute.")] = 4_000_000,
     shape_stream: Annotated[Optional[bool], typer.Option("--shape-stream/--no-shape-stream", help="One token per "
                                                          "streamed event on a steady clock, so the wire does not show "
                                                          "which drafts were accepted (default: on with --tenant).",
@@ -192,7 +194,7 @@ def serve_cmd(
     shaped = shape_stream if shape_stream is not None else bool(tenants)
     api = Api(metrics, names, api_key, allowed_origins, tool_call_parser, tenants=tenants,
               show_speculation=show_speculation if show_speculation is not None else not tenants)
-    api.corpora = Corpora(api, store_path(db))
+    api.corpora = Corpora(api, store_path(db), tenant_tokens)
     failed: list[BaseException] = []
 
     def load() -> None:

@@ -20,7 +20,8 @@ from conftest import specx_in_process
 from specx.store.db import Store
 from test_serve import MODEL, Server, _specx_home
 
-KEYS = {"a": "key-a", "b": "key-b"}
+KEYS = {"a": "key-a", "b": "key-b", "c": "key-c"}
+TENANT_TOKENS = 5_000
 OPERATOR = "key-operator"
 INTERVAL_MS = 20
 PROMPT = "Write a short poem about a lighthouse keeper and the sea."
@@ -30,7 +31,8 @@ PROMPT = "Write a short poem about a lighthouse keeper and the sea."
 def tenants(tmp_path_factory):
     # --fixed-size: whole drafts, so that steps depend on the history alone (not on a learned cost)
     srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("tenants") / "tenants.db",
-                 "--tenant", f"a:{KEYS['a']}", "--tenant", f"b:{KEYS['b']}", "--api-key", OPERATOR, "--fixed-size",
+                 "--tenant", f"a:{KEYS['a']}", "--tenant", f"b:{KEYS['b']}", "--tenant", f"c:{KEYS['c']}",
+                 "--api-key", OPERATOR, "--fixed-size", "--tenant-tokens", str(TENANT_TOKENS),
                  "--stream-interval", str(INTERVAL_MS))
     yield srv
     srv.stop()
@@ -188,6 +190,27 @@ def test_a_huge_corpus_is_refused_by_its_characters_before_it_is_tokenized(tenan
     status, error = _corpus(tenants, "POST", KEYS["a"], {"name": "huge", "texts": ["lighthouse " * 400_000] * 2})
     assert status == 400 and error["error"]["param"] == "texts" and "characters" in error["error"]["message"]
     assert _corpus(tenants, "GET", KEYS["a"])[1]["data"] == []
+
+
+def test_a_tenants_corpora_are_held_to_its_token_budget_and_write_rate(tenants):
+    """Issue 59, hole 9: 100 corpora of 2M tokens each let one tenant index ~200M tokens, and its
+    writes (tokenizing, rebuilding) cost every tenant. Now its corpora hold --tenant-tokens together,
+    and it writes at most that many a minute (429 past it, saying how long to wait)."""
+    def ids(n: int) -> list[list[int]]:
+        return [[(7 * i) % 4000 + 10 for i in range(n)]]
+
+    status, made = _corpus(tenants, "POST", KEYS["c"], {"name": "one", "token_ids": ids(3_000)})
+    assert status == 201 and made["tokens"] == 3_000
+    status, error = _corpus(tenants, "POST", KEYS["c"], {"name": "two", "token_ids": ids(2_500)})
+    assert status == 400 and "may keep 5,000" in error["error"]["message"]  # 5,500 together
+    r = httpx.post(tenants.url + "/v1/corpus", json={"name": "one", "token_ids": ids(4_900)},
+                   headers={"Authorization": f"Bearer {KEYS['c']}"}, timeout=120)  # a replacement fits the budget ...
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1  # ... not the minute's writes (2,000 left)
+    assert "tokens a minute" in r.json()["error"]["message"]
+    status, made = _corpus(tenants, "POST", KEYS["a"], {"name": "a-own", "token_ids": ids(3_000)})
+    assert status == 201  # another tenant's budget and rate are its own
+    assert [c["tokens"] for c in _corpus(tenants, "GET", KEYS["c"])[1]["data"]] == [3_000]  # nothing lost
+    assert _corpus(tenants, "DELETE", KEYS["a"], name="a-own")[0] == 200
 
 
 def test_the_shaped_stream_sends_one_padded_token_per_event_on_a_clock(tenants):

@@ -7,14 +7,18 @@
 A corpus is stored like ingested logs (store/tenants.add_corpus: one transaction; a second POST
 of a name replaces it) and drafts the tenant's requests from the next step on (the store's watcher
 hands it to the scopes). DELETE removes its rows from the store and rebuilds the tenant's index
-without them before it answers. Sizes are bounded; bad input is a 400 naming the field.
+without them before it answers. Sizes are bounded (a corpus, the corpora of a tenant, the tokens a
+tenant may write a minute: writes cost every tenant, as they tokenize and rebuild); bad input is a
+400 naming the field, a tenant over its budget 400, over its rate 429.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ MAX_TEXTS = 10_000  # texts (or token lists) in one corpus
 MAX_TOKENS = 2_000_000  # tokens in one corpus
 MAX_CHARS = 4 * MAX_TOKENS  # characters of one corpus's texts, refused before any is tokenized (~4-5 a token)
 MAX_CORPORA = 100  # corpora of one tenant
+WRITE_WINDOW_S = 60.0  # a tenant writes at most its --tenant-tokens in corpora in this long (a token bucket)
 REBUILD_WAIT_S = 60.0
 
 
@@ -35,8 +40,10 @@ class Corpora:
     holds the tokenizers; once loaded, `start` names the tokenizer and the store's watcher
     (store/watch.StoreWatcher; until then `api` answers 503 loading)."""
 
-    def __init__(self, api: Any, db: Path) -> None:
-        self.api, self.db = api, Path(db)
+    def __init__(self, api: Any, db: Path, tenant_tokens: int) -> None:  # serve --tenant-tokens
+        self.api, self.db, self.tenant_tokens = api, Path(db), int(tenant_tokens)
+        self._writes: dict[str, tuple[float, float]] = {}  # tenant -> (tokens it may write now, when that was)
+        self._writes_lock = threading.Lock()  # (charged on the event loop and on the threads that store)
         self.fingerprint: str | None = None
         self.watcher: Any = None
         self._tokenizer: Any = None  # a copy of the server's, for corpora alone (its lock is the decoding thread's)
@@ -49,6 +56,7 @@ class Corpora:
         async def make() -> Response:
             tenant = self.api.tenant_of(request)
             body = await self.api.json_body(request)
+            self._rate(tenant, 0)  # an empty bucket: refused before the body is read into tokens
             name, texts, tokens = await asyncio.to_thread(self._parse, body)
             info = await asyncio.to_thread(self._store, tenant, name, texts, tokens)
             self.watcher.poke()
@@ -73,6 +81,20 @@ class Corpora:
                                     "it drafts no request once that ends.", None, "rebuilding", "server_error")
             return JSONResponse({"object": "corpus", "name": name, "deleted": True})
         return await self.api.answer_async("corpus", request, make)
+
+    def _rate(self, tenant: str, tokens: int) -> None:
+        """Charge `tenant` a corpus write of `tokens`: a token bucket holding its --tenant-tokens,
+        refilled in WRITE_WINDOW_S; 429 with the seconds to wait when it lacks them."""
+        with self._writes_lock:
+            now, rate = time.monotonic(), self.tenant_tokens / WRITE_WINDOW_S
+            held, at = self._writes.get(tenant, (float(self.tenant_tokens), now))
+            held = min(float(self.tenant_tokens), held + (now - at) * rate)
+            if held <= 0 or tokens > held:
+                wait = math.ceil((max(tokens, 1) - held) / rate)
+                raise ApiError(429, f"Your tenant writes corpora faster than the server takes them "
+                                    f"({self.tenant_tokens:,} tokens a minute); retry in {wait} s.", None,
+                               "rate_limit_exceeded", retry_after=wait)
+            self._writes[tenant] = (held - tokens, now)
 
     # ---- off the event loop
 
@@ -132,10 +154,15 @@ class Corpora:
         from specx.store.tenants import add_corpus, list_corpora
 
         with Store(self.db) as store:
-            names = {c["name"] for c in list_corpora(store, tenant)}
-            if name not in names and len(names) >= MAX_CORPORA:
-                raise ApiError(400, f"Your tenant has {len(names)} corpora, the most it may keep: delete one first.",
+            held = {c["name"]: c["tokens"] for c in list_corpora(store, tenant)}
+            if name not in held and len(held) >= MAX_CORPORA:
+                raise ApiError(400, f"Your tenant has {len(held)} corpora, the most it may keep: delete one first.",
                                "name")
+            total = sum(n for other, n in held.items() if other != name) + sum(len(t) for t in tokens)
+            if total > self.tenant_tokens:
+                raise ApiError(400, f"Your tenant's corpora would hold {total:,} tokens; it may keep "
+                                    f"{self.tenant_tokens:,}: delete one first.", "texts")
+            self._rate(tenant, sum(len(t) for t in tokens))  # (a removal is not charged: each needs a write first)
             tok = self.api.tokenizers
             return add_corpus(store, tenant, name, texts, tokens, (self.fingerprint, self.api.model_names[0],
                                                                    tok.vocab_size))

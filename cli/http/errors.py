@@ -15,11 +15,12 @@ class ApiError(Exception):
     """A request the API refuses, as OpenAI reports it."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", retry_after: int = 1) -> None:
         # what a failure's text holds (a lone surrogate from the request) must not stop its own answer
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.retry_after = retry_after  # seconds, said with a 429 or 503
 
     @classmethod
     def from_failure(cls, failed: Failed) -> ApiError:
@@ -29,6 +30,6 @@ class ApiError(Exception):
         return cls(failed.status, failed.message, failed.param, None, "server_error")
 
     def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
+        headers = {"Retry-After": str(self.retry_after)} if self.status in (429, 503) else None
         return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
                                        "code": self.code}}, status_code=self.status, headers=headers)
