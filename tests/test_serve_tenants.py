@@ -241,6 +241,32 @@ def test_the_shaped_stream_sends_one_padded_token_per_event_on_a_clock(tenants):
     assert times[-1] - times[0] >= (len(times) - 1) * INTERVAL_MS / 1000 * 0.99  # never faster than the clock
 
 
+def test_a_held_tool_call_waits_its_tokens_slots_on_the_clock(tenants):
+    """Issue 59, hole 3: a streamed tool call is held until it is whole, and it left at its raw
+    decode time, one slot for all its tokens: a drafted repeat arrived sooner than the clock could
+    have sent it. Every token now takes its slot, sent or held."""
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"enum": ["Paris", "Oslo", "Lisbon"]}}, "required": ["city"], "additionalProperties": False}}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+            "tools": [weather], "tool_choice": "required", "max_tokens": 48, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    for _ in range(2):  # the second is drafted from the first (a's history): its steps are few
+        t0, first, call_at, usage = time.perf_counter(), None, None, None
+        with httpx.stream("POST", tenants.url + "/v1/chat/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {KEYS['a']}"}) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                d = json.loads(line[6:])
+                first = time.perf_counter() - t0 if first is None else first
+                if any(c["delta"].get("tool_calls") for c in d["choices"]) and call_at is None:
+                    call_at = time.perf_counter() - t0
+                usage = d.get("usage") or usage
+    assert call_at is not None and usage["completion_tokens"] >= 8
+    assert call_at - first >= (usage["completion_tokens"] - 1) * INTERVAL_MS / 1000 * 0.99
+
+
 def test_a_server_killed_while_following_an_ingest_loses_nothing(tmp_path_factory, tmp_path):
     """kill -9 while the store is being written and followed: the store is whole (the server only
     reads it then), and the next start drafts from every stored output."""

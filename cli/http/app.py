@@ -290,9 +290,9 @@ class Api:
                                 unsent[index][0] += tokens[one]
                                 unsent[index][1] += logprobs[one]
                             part = held[index].push(part)
+                            if pacer is not None:  # every token its slot, sent or held (a tool call's,
+                                await pacer.wait()  # a stop string's, a character's first bytes)
                             if part:
-                                if pacer is not None:
-                                    await pacer.wait()
                                 yield wire(piece(index, part))
                     case ChoiceDone(choice):
                         rest, call_deltas, calls = held[choice.index].finish(choice.finish_reason)

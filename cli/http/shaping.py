@@ -4,7 +4,9 @@ Unshaped, `specx serve` streams one event per verification step holding the step
 tokens, as soon as the step ends: the number of tokens per event and the time between events say
 how much of each step the drafts got right, and the drafts come from stored history (the side
 channel of "When Speculation Spills Secrets", docs/security.md). Shaped, each event holds one
-token's text, and events leave on a steady clock: one every `interval` seconds (by default the
+token's text, and every token takes one slot of a steady clock, whether its text leaves then or is
+held to leave with a later one (a tool call, a stop string's prefix, a character's first bytes):
+one slot every `interval` seconds (by default the
 learned cost of a one-token pass, the pace of plain decoding), never two at once after a stall.
 A non-streamed answer is held until the same clock would have sent its last token. The output is
 the same; the latency is plain decoding's (speculation still saves the server its passes).
