@@ -8,8 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specx.core.cost.learned import LearnedCost
+
 DEFAULT_PACE_S = 0.05  # a shaped stream's seconds per token until a pass cost is learned (or with --fixed-size)
 LEARNED_PASSES = 16  # passes the cost must have seen (this run's or kept ones) before it sets the pace
+SHAPED_DRAFT = 4  # draft nodes a step of a shaped server verifies at most: a slot holds a whole step with them
 
 
 def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], None]) -> tuple[Any, Any]:
@@ -46,22 +49,28 @@ def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], No
 
 
 def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool = False) -> Callable[[Any], float]:
-    """A shaped stream's seconds per token for a request: `interval_ms`, else the learned cost of a
-    one-token pass on a cache as long as the request can grow, rounded up to a power of two (the pace
-    of plain decoding at its end; DEFAULT_PACE_S until the cost has seen LEARNED_PASSES passes:
-    before, its level is the shipped curve's, not seconds). `at_least_plain` (tenants): never
-    faster than that learned pace, whatever `interval_ms` asks (a faster clock would let drafted
+    """A shaped stream's seconds per token for a request: `interval_ms`, else a bound on a whole step
+    on a cache as long as the request can grow, rounded up to a power of two: the learned cost of a
+    pass with SHAPED_DRAFT draft nodes (the most a step of a shaped server verifies) times what
+    the recent steps added to their passes, at a high quantile (core.cost.learned.step_bound), so
+    that an undrafted step and a drafted one both fit in a slot and the gaps say nothing of the
+    drafts (docs/security.md); DEFAULT_PACE_S until the cost has seen LEARNED_PASSES passes:
+    before, its level is the shipped curve's, not seconds. `at_least_plain` (tenants): never
+    faster than that bound, whatever `interval_ms` asks (a faster clock would let drafted
     stretches run on it and others lag, and the gaps tell them apart)."""
     cost = stack.cost
+    bounded = isinstance(cost, LearnedCost) and (interval_ms is None or at_least_plain)
+    if bounded:
+        cost.ceiling = SHAPED_DRAFT
 
     def learned(req: Any) -> float:
-        if cost is None or getattr(cost, "passes", 0) < LEARNED_PASSES:
+        if not bounded or cost.passes < LEARNED_PASSES:
             return DEFAULT_PACE_S
         # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
-        return float(cost(1, max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length())))
+        return cost.step_bound(1 + SHAPED_DRAFT, max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length()))
 
     if interval_ms is None:
         return learned
-    if at_least_plain and cost is not None:  # once a cost is learned (until then, or --fixed-size, the interval)
+    if bounded:  # once a cost is learned (until then, or --fixed-size, the interval)
         return lambda req: max(interval_ms / 1000, learned(req) if cost.passes >= LEARNED_PASSES else 0.0)
     return lambda req: interval_ms / 1000

@@ -10,6 +10,7 @@ where it is kept between runs, a file its caller names.
 from __future__ import annotations
 
 import copy
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from ..kept import Unusable, read_kept_json, set_aside, write_kept_json
 from .curve import LearnedCurve
 from .forward import ForwardCost
 from .guard import DraftGuard
+
+STEP_WINDOW = 512  # the recent steps whose whole time over their pass's says what a step adds to its pass
+STEP_QUANTILE = 0.95  # ... read at this quantile by step_bound
 
 
 class LearnedCost:
@@ -36,6 +40,8 @@ class LearnedCost:
                  key: Mapping[str, Any] | None = None) -> None:
         self.curve = LearnedCurve(prior, say=say, state=state)
         self.guard = DraftGuard(self.curve.shape, say)
+        self.ceiling: int | None = None  # draft nodes a step verifies at most, whatever pays (None: no ceiling)
+        self._steps: deque[float] = deque(maxlen=STEP_WINDOW)  # recent steps' seconds over their pass's
         self.kept_at = kept_at
         self.key = dict(key or {})
 
@@ -62,12 +68,23 @@ class LearnedCost:
         return self.curve.passes
 
     def max_draft(self) -> int | None:
-        return self.guard.max_draft(anchor_due=self.curve.anchor_due())
+        cap = self.guard.max_draft(anchor_due=self.curve.anchor_due())
+        return self.ceiling if cap is None else cap if self.ceiling is None else min(cap, self.ceiling)
+
+    def step_bound(self, n: int, context: int | None = None) -> float:
+        """Seconds a whole step verifying `n` tokens takes at most, but rarely: the pass's learned
+        cost times the STEP_QUANTILE of recent steps' whole time over their pass's (drafting,
+        sampling and the loop's own work; 1 before any step was seen)."""
+        ratios = sorted(self._steps)
+        factor = ratios[min(len(ratios) - 1, int(STEP_QUANTILE * len(ratios)))] if ratios else 1.0
+        return self.curve(n, context) * max(1.0, factor)
 
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
         """A decode step: its pass teaches the curve, then the step tells the guard whether drafts pay."""
         self.curve.observe(num_tokens, context, verify_seconds, tag=tag)
+        if verify_seconds > 0 and step_seconds >= verify_seconds:
+            self._steps.append(step_seconds / verify_seconds)
         self.guard.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
                                 step_seconds=step_seconds, num_out=num_out)
 

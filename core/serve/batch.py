@@ -322,7 +322,8 @@ class BatchCost:
     def max_draft(self) -> int | None:
         if len(self.batcher.members) <= 1:
             return self.base.max_draft()
-        return (self.guard or self.batcher.guard).max_draft()
+        cap, ceiling = (self.guard or self.batcher.guard).max_draft(), getattr(self.base, "ceiling", None)
+        return ceiling if cap is None else cap if ceiling is None else min(cap, ceiling)
 
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
