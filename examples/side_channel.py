@@ -17,6 +17,15 @@ adversaries, each against a fresh store, in each mode:
       history, so the pair is adjacent in the secret; the pairs chain into it (extract's
       docstring says why). Correct digits per second of attack.
 
+  (c) repeat: was b's request asked before? An observer of b's stream classifies it as a repeat
+      (drafted from b's history) or a fresh query by its time per token, at the midpoint of the
+      attacker's own fresh and repeated traces; for text (the gaps between events) and for a tool
+      call (held until whole: the time from the first event to the call over its tokens). Chance 0.5.
+  (d) parking: a batched server (--max-batch 4) once parked a request behind any tenant's prompt in
+      flight that shared its first 64+ tokens: a (the attacker) times its own short prompt that
+      starts like b's long one in flight, against one that does not. Read as the accuracy of telling
+      the two apart by a's latency at their midpoint. Chance 0.5.
+
 Modes: off (one tenant, not shaped: specx before tenants), scopes (--tenant, --no-shape-stream),
 shaped (--tenant, shaped: the default with tenants), shaping-only (one tenant, --shape-stream).
 Every output is checked against plain decoding (--no-speculation) of the same server.
@@ -63,12 +72,12 @@ def free_port() -> int:
 class Server:
     """`specx serve` on a fresh store (quantized engine: no engine trial beside the attack)."""
 
-    def __init__(self, folder: Path, args: list[str]) -> None:
+    def __init__(self, folder: Path, args: list[str], max_batch: int = 1) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = folder / f"serve-{self.port}.log"
-        cmd = [sys.executable, "-m", "specx", "serve", "--port", str(self.port), "--db", str(folder / "store.db"),
-               "--backend", "quantized", "--max-batch", "1", *args]
+        cmd = [sys.executable, "-m", "specx", "serve", "--port", str(self.port), "--db", str(folder / f"store-{max_batch}.db"),
+               "--backend", "quantized", "--max-batch", str(max_batch), *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -155,6 +164,101 @@ def fingerprint(url: str, keys: dict[str, str | None], queries: list[str], token
             "events_per_request": sum(len(p["events"]) for p in profiles) / len(profiles)}
 
 
+def chat_trace(url: str, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed chat answer as the wire shows it: its first content or tool-call event's time, its
+    last one's, and its completion tokens (usage)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    first = last = None
+    tokens, t0 = 0, time.perf_counter()
+    with httpx.stream("POST", url + "/v1/chat/completions", headers=headers, timeout=120,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            d = json.loads(line[6:])
+            if any(c["delta"].get("content") or c["delta"].get("tool_calls") for c in d.get("choices", [])):
+                last = time.perf_counter() - t0
+                first = last if first is None else first
+            tokens = (d.get("usage") or {}).get("completion_tokens", tokens)
+    return {"first": first or 0.0, "last": last or 0.0, "tokens": max(tokens, 1)}
+
+
+def per_token(trace: dict[str, Any]) -> float:
+    return (trace["last"] - trace["first"]) / max(1, trace["tokens"] - 1)
+
+
+def midpoint_accuracy(calibrate: list[tuple[float, bool]], trials: list[tuple[float, bool]]) -> float:
+    """How often a threshold at the midpoint of the calibration classes' means names the trials'
+    class (True: the class of the higher mean)."""
+    yes = [x for x, c in calibrate if c]
+    no = [x for x, c in calibrate if not c]
+    cut, high = (sum(yes) / len(yes) + sum(no) / len(no)) / 2, sum(yes) / len(yes) > sum(no) / len(no)
+    return sum(((x > cut) == high) == c for x, c in trials) / len(trials)
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}]
+
+
+def repeat(url: str, keys: dict[str, str | None], queries: list[str], tokens: int, rng: random.Random) -> dict[str, Any]:
+    """(c): tell b's repeated requests from its fresh ones by their time per token, for text and
+    for tool calls; calibrated on a's own (fresh, then repeated)."""
+    out = {}
+    for kind in ("text", "tool"):
+        def body(q: str) -> dict[str, Any]:
+            if kind == "text":
+                return {"model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": tokens,
+                        "temperature": 0}
+            return {"model": MODEL, "messages": [{"role": "user", "content": f"What is the weather where this is "
+                                                  f"written? {q}"}], "tools": WEATHER, "tool_choice": "required",
+                    "max_tokens": 64, "temperature": 0}
+        calibrate, trials = [], []
+        half = len(queries) // 2
+        for q in queries[:half]:  # the attacker's own: fresh, then repeated
+            calibrate.append((per_token(chat_trace(url, keys["a"], body(q))), False))
+            calibrate.append((per_token(chat_trace(url, keys["a"], body(q))), True))
+        asked = queries[half:]
+        for q in asked[: len(asked) // 2]:  # b asked these before
+            chat_trace(url, keys["b"], body(q))
+        order = list(asked)
+        rng.shuffle(order)
+        for q in order:
+            trials.append((per_token(chat_trace(url, keys["b"], body(q))), asked.index(q) < len(asked) // 2))
+        out[kind] = {"accuracy": round(midpoint_accuracy(calibrate, trials), 3), "trials": len(trials)}
+    return out
+
+
+def parking(url: str, keys: dict[str, str | None], rounds: int, rng: random.Random) -> dict[str, Any]:
+    """(d): b's long prompt in flight; a times its own short one, sharing b's first 100+ tokens or
+    not. Needs a batched server."""
+    import threading
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    samples = []
+    for i in range(rounds):
+        head = " ".join(rng.choice(words) for _ in range(120))  # b's secret prefix, new each round
+        long = {"model": MODEL, "prompt": head + " " + " ".join(rng.choice(words) for _ in range(2500)),
+                "max_tokens": 4, "temperature": 0}
+        victim = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", json=long, timeout=300,
+                                                            headers={"Authorization": f"Bearer {keys['b']}"}
+                                                            if keys["b"] else {}))
+        victim.start()
+        time.sleep(0.3)  # b's prefill is under way
+        match = i % 2 == 0
+        mine = head if match else " ".join(rng.choice(words) for _ in range(120))
+        t0 = time.perf_counter()
+        httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": mine + " and so", "max_tokens": 4,
+                                                  "temperature": 0}, timeout=300,
+                   headers={"Authorization": f"Bearer {keys['a']}"} if keys["a"] else {})
+        samples.append((time.perf_counter() - t0, match))
+        victim.join()
+    half = len(samples) // 2
+    return {"accuracy": round(midpoint_accuracy(samples[:half], samples[half:]), 3), "trials": len(samples) - half,
+            "match_s": round(sum(x for x, m in samples if m) / max(1, sum(m for _, m in samples)), 3),
+            "other_s": round(sum(x for x, m in samples if not m) / max(1, sum(not m for _, m in samples)), 3)}
+
+
 def schema(pattern: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "key", "schema": {
         "type": "object", "properties": {"api_key": {"type": "string", "pattern": pattern}}, "required": ["api_key"],
@@ -225,6 +329,8 @@ def main() -> None:
     parser.add_argument("--digits", type=int, default=6, help="digits of the planted secret (distinct, at most 10)")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds the extraction may take per mode")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
+    parser.add_argument("--more", action="store_true", help="also (c) repeat and (d) parking, on a batched server")
+    parser.add_argument("--parking", type=int, default=16, help="rounds of the parking attack")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     rng = random.Random(7)
@@ -255,6 +361,15 @@ def main() -> None:
             lossless = all(fp["outputs"][q] == plain[q] for q in fp["outputs"])
             del fp["outputs"]
             results["modes"][mode] = {"fingerprint": fp, "extraction": ex, "identical_to_plain": lossless}
+            if args.more:
+                server = Server(folder, MODES[mode], max_batch=4)
+                try:
+                    results["modes"][mode]["repeat"] = repeat(server.url, keys, QUERIES, args.tokens, rng)
+                    results["modes"][mode]["parking"] = parking(server.url, keys, args.parking, rng)
+                finally:
+                    server.stop()
+                print(f"mode {mode}: repeat {results['modes'][mode]['repeat']}, parking "
+                      f"{results['modes'][mode]['parking']}", file=sys.stderr, flush=True)
             print(f"mode {mode}: fingerprint {fp['accuracy']:.2f} (chance {fp['chance']:.2f}), "
                   f"{fp['mean_request_s']:.2f} s a request; extraction {ex['correct_digits']}/{ex['secret_digits']} "
                   f"digits in {ex['seconds']} s ({ex['digits_per_s']} digits/s); identical to plain: {lossless}",
@@ -266,6 +381,12 @@ def main() -> None:
         print(f"{mode:<14} {fp['accuracy']:>11.2f} {fp['chance']:>7.2f} {fp['mean_request_s']:>9.2f} "
               f"{ex['correct_digits']:>4}/{ex['secret_digits']:<4} {ex['digits_per_s']:>8.3f} "
               f"{str(r['identical_to_plain']):>9}")
+    if args.more:
+        print(f"{'mode':<14} {'repeat text':>11} {'repeat tool':>11} {'parking':>8} {'match s':>8} {'other s':>8}")
+        for mode, r in results["modes"].items():
+            rp, pk = r["repeat"], r["parking"]
+            print(f"{mode:<14} {rp['text']['accuracy']:>11.2f} {rp['tool']['accuracy']:>11.2f} {pk['accuracy']:>8.2f} "
+                  f"{pk['match_s']:>8.2f} {pk['other_s']:>8.2f}")
     print(json.dumps(results, indent=1))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
