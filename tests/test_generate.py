@@ -319,6 +319,7 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
     assert all(s.logprobs is None for s in generate(TransformersEngine(model64), prompt, None, max_new_tokens=4))
 
 
+@pytest.mark.slow
 def test_a_sliding_window_model_verifies_linear_drafts_losslessly():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 

@@ -31,7 +31,8 @@ def model(builtin_tokenizer):
     return LlamaForCausalLM(config).to(torch.float64).eval().requires_grad_(False)
 
 
-@pytest.mark.parametrize("make", MAKERS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("make", [pytest.param(m, marks=pytest.mark.slow) if m.__name__ == "all_wrong" else m
+                                  for m in MAKERS], ids=lambda m: m.__name__)  # all_wrong: ~40 s, make test-slow
 def test_speculative_constrained_greedy_equals_constrained_plain(model, builtin_tokenizer, builtin_vocabulary, make):
     grammar = json_schema_grammar(SCHEMA)
     eos = builtin_tokenizer.eos_token_id
@@ -124,6 +125,7 @@ def test_grammar_bit_has_its_own_acceptance_cell():
     assert acceptance.estimates(forced)[1] > 0.9 > 0.1 > acceptance.estimates(other)[0]
 
 
+@pytest.mark.slow
 def test_builtin_model_writes_schema_valid_json_every_time(builtin_model):
     from specx.core.decode.speculate import SuffixDrafter
 

@@ -171,6 +171,7 @@ def test_cli_generate_and_serve_on_llamacpp(tmp_path):
         assert srv.stop() in (0, -15)
 
 
+@pytest.mark.slow
 def test_specx_as_llama_cpp_pythons_draft_model_learns_and_persists(tmp_path, prompts, stock, builtin_tokenizer):
     from llama_cpp import Llama
 
