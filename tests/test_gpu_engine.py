@@ -23,9 +23,12 @@ from specx.core.model.gpu import kernels  # noqa: E402
 from specx.core.model.gpu.engine import GPUEngine, GPUPrefixCache  # noqa: E402
 from specx.core.model.gpu.model import KVCache  # noqa: E402
 
-from test_generate import FakeDrafter, all_right, collect, deep_chain, wide_tree  # noqa: E402
-from test_quantized import T, tiny_gguf  # noqa: E402
+from specx.core.model.random_gguf import tiny_gguf  # noqa: E402
 
+from helpers.decoding import FakeDrafter, all_right, collect, deep_chain, wide_tree  # noqa: E402
+
+gguf = pytest.importorskip("gguf")
+T = gguf.GGMLQuantizationType
 DEVICE = "cuda" if CUDA else "cpu"
 TENSOR_CORES = CUDA
 SHAPE = dict(hidden=64, ffn=128, heads=4, kv_heads=2, vocab=128)  # the interpreter takes ~0.1 s a pass at this size

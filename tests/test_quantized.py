@@ -19,8 +19,7 @@ from specx.core.model.quantized.engine import GGUFError, QuantEngine
 from specx.core.model.quantized.quant import UnsupportedType
 from specx.core.model.random_gguf import random_blocks, tiny_gguf
 
-from test_generate import MAKERS, FakeDrafter, collect
-from test_grammar import SCHEMA
+from helpers.decoding import MAKERS, SCHEMA, FakeDrafter, collect
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
