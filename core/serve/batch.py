@@ -261,7 +261,7 @@ class BatchedEngine:
         for name in ("name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
                      "prompt_lookup", "cost_curve"):
             setattr(self, name, getattr(engine, name))
-        self.hit_tokens = 0
+        self.hit_tokens, self.batches = 0, False  # batches: its passes are already the batcher's
 
     def start(self, tokens: Sequence[int], prefix_cache: Any = None) -> BatchedSession:
         tokens = [int(t) for t in tokens]
@@ -383,8 +383,8 @@ def request_stack(stack: Stack, batcher: Batcher, member: Member, guard: DraftGu
 
 def batchable(engine: Any) -> bool:
     """Whether `engine`'s passes can be batched (the quantized engine's: batch-invariant kernels,
-    a KV cache per session)."""
-    return hasattr(engine, "start_steps") and hasattr(getattr(engine, "model", None), "forward_batch")
+    a KV cache per session): the engine says so (core.model.engine.Engine.batches)."""
+    return engine.batches
 
 
 def default_max_batch(engine: Any, context: int) -> int:
