@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost.guard import DraftGuard
+from ..cost.guard import DraftGuard, tighter
 from ..decode.stack import Stack
 from ..draft import Draft
 from ..model.prefix_cache import free_memory
@@ -322,8 +322,7 @@ class BatchCost:
     def max_draft(self) -> int | None:
         if len(self.batcher.members) <= 1:
             return self.base.max_draft()
-        cap, ceiling = (self.guard or self.batcher.guard).max_draft(), getattr(self.base, "ceiling", None)
-        return ceiling if cap is None else cap if ceiling is None else min(cap, ceiling)
+        return tighter((self.guard or self.batcher.guard).max_draft(), getattr(self.base, "ceiling", None))
 
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
