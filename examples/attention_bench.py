@@ -1,10 +1,9 @@
 """The quantized engine's passes at agents' context lengths: one pass over k rows after N cached
-tokens, a long prefill against a short one, and the attention alone; optionally beside another
-attention.py (an earlier commit's) in the same process, taking turns.
+tokens, a long prefill against a short one, and the attention alone; for each way of keeping the
+keys (`--keys`: int8, the default, and float16) in the same process, taking turns.
 
     python examples/attention_bench.py --contexts 600,6000
-    git show cecdc26:core/model/quantized/attention.py > /tmp/attention_before.py
-    python examples/attention_bench.py --contexts 6000 --compare-attention /tmp/attention_before.py --json
+    python examples/attention_bench.py --contexts 6000 --keys q8,f16 --json
 
 Prints a table per context (ms, median of --repeats) and, with --json, one JSON object. The passes
 run on the engine's own session (a random prompt of N tokens; each pass keeps its pending token, so
@@ -16,21 +15,10 @@ values random, in cache after the first call) and its float32 arithmetic rate.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import time
 
 import numpy as np
-
-
-def load_attention(path: str):  # noqa: ANN201 - a module
-    """An attention.py from a file, as a sibling module of the engine's (its relative imports work)."""
-    spec = importlib.util.spec_from_file_location("specx.core.model.quantized.attention_compared", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def median_ms(run, repeats: int) -> float:
@@ -49,7 +37,8 @@ def main() -> None:
     parser.add_argument("--contexts", default="600,6000", help="cached tokens, comma-separated")
     parser.add_argument("--rows", default="1,2,4,8,16", help="rows of a pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--compare-attention", default=None, help="another attention.py, timed beside this one")
+    parser.add_argument("--keys", default="q8", help="how the cache keeps keys, comma-separated: q8 (int8, the "
+                                                     "default) and f16, timed side by side")
     parser.add_argument("--fill", choices=("prompt", "random"), default="prompt",
                         help="how the cache is filled: a prefilled random prompt (default), or random keys and values "
                              "written in place (a pass's time does not depend on them: minutes saved at 24,000 tokens)")
@@ -60,53 +49,51 @@ def main() -> None:
 
     from specx.core.draft import Draft
     from specx.core.model.load import builtin_gguf
-    from specx.core.model.quantized import forward as qforward
-    from specx.core.model.quantized import kernel as qkernel
     from specx.core.model.quantized.attention import attention
+    from specx.core.model.quantized.keys import key_store
     from specx.core.model.quantized.engine import KVCache, QuantEngine, prefill
 
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
-    engine = QuantEngine(args.model or builtin_gguf("smollm2-135m"), context=max(contexts) + 1200)
-    model, cfg = engine.model, engine.model.config
+    path = args.model or builtin_gguf("smollm2-135m")
+    engines = {keys: QuantEngine(path, context=max(contexts) + 1200, keys=keys) for keys in args.keys.split(",")}
+    first = next(iter(engines.values()))
+    cfg, vocab = first.model.config, first.vocab_size
     group = cfg.heads // cfg.kv_heads
-    kernels = {"now": (model._layers, attention(group, cfg.head_dim))}
-    if args.compare_attention:
-        other = load_attention(args.compare_attention).attention(group, cfg.head_dim)
-        run_any = next(iter(qkernel._ANY.values()))
-        kernels["compared"] = (qforward.build_layers(run_any, other), other)
     rng = np.random.default_rng(0)
-    vocab = engine.vocab_size
-    result = {"model": str(engine.path), "cpu": _cpu(), "threads": numba.get_num_threads(), "fill": args.fill, "contexts": {}}
+    result = {"model": str(first.path), "cpu": _cpu(), "threads": numba.get_num_threads(), "fill": args.fill,
+              "contexts": {}}
     for context in contexts:
-        session = engine.start(rng.integers(0, vocab, size=context if args.fill == "prompt" else 16).tolist())
+        prompt = rng.integers(0, vocab, size=context if args.fill == "prompt" else 16).tolist()
+        sessions = {name: engine.start(prompt) for name, engine in engines.items()}
         if args.fill == "random":
-            _fill_random(session.kv, context, rng)
-        figures: dict[str, dict] = {name: {"pass_ms": {}} for name in kernels}
-        for n in rows:  # the attentions take turns at each size: the machine's load is shared alike
+            for name, session in sessions.items():
+                _fill_random(session.kv, context, np.random.default_rng(context), key_store(name))
+        figures: dict[str, dict] = {name: {"pass_ms": {}} for name in engines}
+        for n in rows:  # the formats take turns at each size: the machine's load is shared alike
             draft = Draft(rng.integers(0, vocab, size=n - 1).tolist(), list(range(-1, n - 2)), [1.0] * (n - 1),
                           float(n - 1), 1)
-
-            def one_pass() -> None:
-                session.score([int(rng.integers(vocab))], draft)
-                session.keep_path([])
-            for name, (layers, _) in kernels.items():
-                model._layers = layers
+            for name, session in sessions.items():
+                def one_pass(session=session) -> None:  # noqa: ANN001
+                    session.score([int(rng.integers(vocab))], draft)
+                    session.keep_path([])
                 figures[name]["pass_ms"][n] = round(median_ms(one_pass, args.repeats), 3)
-        kv, base = session.kv, session.kv.length
         long_tokens, short_tokens = rng.integers(0, vocab, 1000).tolist(), rng.integers(0, vocab, 512).tolist()
+        for name, engine in engines.items():
+            model, kv = engine.model, sessions[name].kv
+            base = kv.length
 
-        def long_prefill() -> None:
-            prefill(model, kv, long_tokens)
-            kv.keep(base, [])
-        for name, (layers, attend) in kernels.items():
-            model._layers = layers
+            def long_prefill(model=model, kv=kv, base=base) -> None:  # noqa: ANN001
+                prefill(model, kv, long_tokens)
+                kv.keep(base, [])
             long_ms = median_ms(long_prefill, max(2, args.repeats // 3)) / 1000
-            short_ms = median_ms(lambda: prefill(model, KVCache(cfg), short_tokens), max(2, args.repeats // 3)) / 512
+            short_ms = median_ms(lambda model=model: prefill(model, KVCache(model.config), short_tokens),
+                                 max(2, args.repeats // 3)) / 512
             figures[name]["prefill_ms_per_token"] = {"1000_after_context": round(long_ms, 3),
                                                      "512_alone": round(short_ms, 3)}
-            figures[name]["attention_alone"] = _attention_alone(attend, cfg, context, rows, args.repeats)
-        model._layers = kernels["now"][0]
+            figures[name]["attention_alone"] = _attention_alone(attention(group, cfg.head_dim, keys=name),
+                                                                key_store(name), model.config, context, rows,
+                                                                args.repeats)
         result["contexts"][context] = figures
     if args.json:
         print(json.dumps(result, indent=1))
@@ -124,24 +111,25 @@ def main() -> None:
                 f"{n} rows {a[n]['ms']:.3f} ms ({a[n]['gflop_s']:.0f} GFLOP/s)" for n in a))
 
 
-def _fill_random(kv, context: int, rng) -> None:  # noqa: ANN001 - the engine's KVCache
-    """`context` cached positions of random float16 keys and values, written in place."""
+def _fill_random(kv, context: int, rng, store_keys) -> None:  # noqa: ANN001 - the engine's KVCache
+    """`context` cached positions of random keys and values, written in place (keys as the cache keeps them)."""
     kv.reserve(context + 64)
-    tiles = -(-context // 16)
     for keys, values in zip(kv.keys, kv.values):
-        keys[:, :tiles] = rng.standard_normal(keys[:, :tiles].shape, dtype=np.float32).astype(np.float16).view(keys.dtype)
+        store_keys(keys, rng.standard_normal((context, keys.shape[0], values.shape[2]), dtype=np.float32), 0, context, 0)
         values[:, :context] = rng.standard_normal(values[:, :context].shape, dtype=np.float32).astype(np.float16).view(values.dtype)
     kv.length = context
 
 
-def _attention_alone(attend, cfg, context: int, rows: list[int], repeats: int) -> dict:  # noqa: ANN001
+def _attention_alone(attend, store_keys, cfg, context: int, rows: list[int], repeats: int) -> dict:  # noqa: ANN001
     import numba
 
+    from specx.core.model.quantized.engine import KVCache
+
     rng = np.random.default_rng(1)
-    kv, dim, heads = cfg.kv_heads, cfg.head_dim, cfg.heads
-    cap = context + max(rows) + 16
-    keys = rng.standard_normal((kv, cap // 16, dim, 16)).astype(np.float16).view(np.uint16)
-    values = rng.standard_normal((kv, cap, dim)).astype(np.float16).view(np.uint16)
+    dim, heads = cfg.head_dim, cfg.heads
+    cache = KVCache(cfg, context + max(rows) + 16)
+    _fill_random(cache, context + max(rows), rng, store_keys)  # the new rows' keys and values too
+    keys, values = cache.keys[0], cache.values[0]
     key_list, value_list = numba.typed.List([numba.typed.List([keys])]), numba.typed.List([numba.typed.List([values])])
     out = {}
     for n in rows:

@@ -1,6 +1,7 @@
 """The quantized engine's attention (core/model/quantized/attention.py) against a float64 reference, and
 its bits: a row's output is the same alone, in a tree, in a prefill, beside other sequences, and
-with its visible keys cached or new, at contexts that span many parts."""
+with its visible keys cached or new, at contexts that span many parts; for both ways of keeping
+keys (int8 with scales, float16)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,64 @@ import numpy as np
 import pytest
 
 from specx.core.model.quantized.attention import attention
+from specx.core.model.quantized.keys import KEYS, Q8_ROWS, key_layout, key_store
+from specx.core.model.quantized import kernel as qkernel
+from specx.core.model.quantized.kernel import quantize_rows
 
 GROUP, DIM, KV_HEADS = 3, 64, 2
 HEADS = GROUP * KV_HEADS
 SCALE = np.float32(1 / 8)
 
 
-def cache(keys: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """float16 keys and values [N, Hkv, D] in the engine's layout (its bits): keys [Hkv, C / 16, D, 16],
-    values [Hkv, C, D]; the rest of the capacity holds garbage, as np.empty would."""
-    n = keys.shape[0]
+def cache(keys: np.ndarray, values: np.ndarray, capacity: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and values [N, Hkv, D] in the engine's layout (the engine's own key store): keys [Hkv,
+    C / 16, rows, 16] (key_layout), values [Hkv, C, D] float16 bits; the rest of the capacity holds
+    garbage, as np.empty would."""
     rng = np.random.default_rng(99)
-    kt = rng.integers(0, 2**16, (KV_HEADS, capacity // 16, DIM, 16), dtype=np.uint16)
+    rows, dtype = key_layout(DIM, fmt)
+    kt = rng.integers(0, np.iinfo(dtype).max, (KV_HEADS, capacity // 16, rows, 16), dtype=dtype)
     vc = rng.integers(0, 2**16, (KV_HEADS, capacity, DIM), dtype=np.uint16)
-    for j in range(n):
-        kt[:, j // 16, :, j % 16] = keys[j].astype(np.float16).view(np.uint16)
-        vc[:, j] = values[j].astype(np.float16).view(np.uint16)
+    key_store(fmt)(kt, np.ascontiguousarray(keys, dtype=np.float32), 0, keys.shape[0], 0)
+    vc[:, : keys.shape[0]] = values.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
     return kt, vc
 
 
-def run(block: int, seqs: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]]) -> np.ndarray:
+def stored_keys(keys: np.ndarray, fmt: str) -> np.ndarray:
+    """What the cache holds of keys [N, Hkv, D], as float64: float16, or int8 times its scale (read
+    back from the packed words: byte i of word r is dimension 4 r + i, plus 128)."""
+    if fmt == "f16":
+        return keys.astype(np.float16).astype(np.float64)
+    kt, _ = cache(keys, keys, -(-keys.shape[0] // 16) * 16, fmt)
+    n, out = keys.shape[0], np.zeros(keys.shape)
+    for j in range(n):
+        for b in range(DIM // 32):
+            words = kt[:, j // 16, Q8_ROWS * b : Q8_ROWS * b + 8, j % 16]  # [Hkv, 8]
+            ints = words.astype("<u4").view(np.uint8).reshape(KV_HEADS, 32).astype(np.int64) - 128
+            scale = kt[:, j // 16, Q8_ROWS * b + 8, j % 16].view(np.float32).astype(np.float64)
+            out[j, :, 32 * b : 32 * b + 32] = ints * scale[:, None]
+    return out
+
+
+def query_as_scored(q: np.ndarray, fmt: str) -> np.ndarray:
+    """Queries [R, H, D] as float64 the way the keys' format scores them: int8 times scale for int8 keys."""
+    if fmt == "f16":
+        return q.astype(np.float64)
+    flat = np.ascontiguousarray(q.reshape(-1, DIM), dtype=np.float32)
+    m = flat.shape[0]
+    q8, dx = np.empty((DIM // 4, m, 4), np.int8), np.empty((DIM // 32, m), np.float32)
+    quantize_rows(flat, q8, dx, np.empty((DIM // 16, m), np.int32), np.empty((DIM // 32, m), np.float32))
+    ints = q8.transpose(1, 0, 2).reshape(m, DIM).astype(np.float64)
+    return (ints * np.repeat(dx.T.astype(np.float64), 32, axis=1)).reshape(q.shape)
+
+
+def run(block: int, seqs: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]], fmt: str = "q8",
+        family: str | None = None) -> np.ndarray:
     """One pass over sequences (keys [N, Hkv, D], values, n_cached, allowed [R, R], q [R, H, D]): out [sum R, H, D]."""
-    attend = attention(GROUP, DIM, block)
+    attend = attention(GROUP, DIM, block, keys=fmt, family=family)
     key_lists, value_lists, n0s, alloweds, qs, starts = [], [], [], [], [], [0]
     for keys, values, n0, allowed, q in seqs:
         capacity = -(-keys.shape[0] // 16) * 16 + 32
-        kt, vc = cache(keys, values, capacity)
+        kt, vc = cache(keys, values, capacity, fmt)
         key_lists.append(numba.typed.List([kt]))
         value_lists.append(numba.typed.List([vc]))
         n0s.append(n0)
@@ -48,16 +81,19 @@ def run(block: int, seqs: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, np
     return out
 
 
-def reference(keys: np.ndarray, values: np.ndarray, n0: int, allowed: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """float64 softmax attention over each row's visible entries, keys and values rounded to float16."""
-    k = keys.astype(np.float16).astype(np.float64)
+def reference(keys: np.ndarray, values: np.ndarray, n0: int, allowed: np.ndarray, q: np.ndarray,
+              fmt: str = "q8") -> np.ndarray:
+    """float64 softmax attention over each row's visible entries, keys as the cache keeps them,
+    queries as they are scored against them, values rounded to float16."""
+    k = stored_keys(keys, fmt)
     v = values.astype(np.float16).astype(np.float64)
+    qf = query_as_scored(q, fmt)
     out = np.zeros(q.shape)
     for s in range(q.shape[0]):
         seen = list(range(n0)) + [n0 + i for i in range(allowed.shape[1]) if allowed[s, i]]
         for h in range(HEADS):
             g = h // GROUP
-            logits = k[seen, g] @ q[s, h].astype(np.float64) * float(SCALE)
+            logits = k[seen, g] @ qf[s, h] * float(SCALE)
             p = np.exp(logits - logits.max())
             out[s, h] = p @ v[seen, g] / p.sum()
     return out
@@ -87,41 +123,61 @@ def tree_mask(parents: list[int], pending: int) -> np.ndarray:
 TREE = [-1, 0, 0, 1, 2, -1, 5, 3]  # two roots, branches: rows see non-contiguous ancestors
 
 
+@pytest.mark.parametrize("fmt", KEYS)
 @pytest.mark.parametrize("block", [16, 48, 512])
 @pytest.mark.parametrize("n0", [0, 5, 47, 48, 130])
-def test_matches_a_float64_reference(block, n0):
+def test_matches_a_float64_reference(block, n0, fmt):
     rng = np.random.default_rng(n0 * 7 + block)
     seq = random_sequence(rng, n0, tree_mask(TREE, 2))
-    got = run(block, [seq])
-    assert np.allclose(got, reference(*seq), rtol=2e-5, atol=2e-6)
+    got = run(block, [seq], fmt)
+    assert np.allclose(got, reference(*seq, fmt), rtol=2e-5, atol=2e-6)
 
 
-def alone(block: int, keys, values, n0, allowed, q, s: int) -> np.ndarray:
+def test_int8_keys_stay_near_float16_keys():
+    """The int8 form is an approximation of float16's: the outputs stay within ~1% of the values' scale."""
+    rng = np.random.default_rng(3)
+    seq = random_sequence(rng, 300, tree_mask([], 4))
+    assert np.abs(run(512, [seq], "q8") - run(512, [seq], "f16")).max() < 0.05
+
+
+@pytest.mark.parametrize("family", [f for f in qkernel.ISAS if f != "generic"])
+def test_every_family_scores_int8_keys_to_the_same_bits(family):
+    """The integer dots are exact in every instruction-set family and the float steps the same."""
+    if not qkernel.runs_here(family):
+        pytest.skip(f"this CPU does not execute {family}")
+    rng = np.random.default_rng(11)
+    seq = random_sequence(rng, 90, tree_mask(TREE, 2))
+    assert np.array_equal(run(48, [seq], "q8", family), run(48, [seq], "q8", "generic"))
+
+
+def alone(block: int, keys, values, n0, allowed, q, s: int, fmt: str) -> np.ndarray:
     """Row s as plain decoding computes it: its visible entries all cached in order, itself the one new row."""
     seen = list(range(n0)) + [n0 + i for i in range(allowed.shape[1]) if allowed[s, i]]
     k, v = keys[seen], values[seen]
-    return run(block, [(k, v, len(seen) - 1, np.ones((1, 1), np.uint8), q[s : s + 1])])[0]
+    return run(block, [(k, v, len(seen) - 1, np.ones((1, 1), np.uint8), q[s : s + 1])], fmt)[0]
 
 
+@pytest.mark.parametrize("fmt", KEYS)
 @pytest.mark.parametrize("block", [16, 512])
 @pytest.mark.parametrize("n0", [3, 40, 44, 200, 507])
-def test_a_row_gets_the_same_bits_alone_as_in_any_pass(block, n0):
+def test_a_row_gets_the_same_bits_alone_as_in_any_pass(block, n0, fmt):
     """44 + 1 pending (block 16) and 507 + 1 (block 512): a branch's gathered ancestors cross a part's edge."""
     rng = np.random.default_rng(n0 + block)
     for allowed in (tree_mask(TREE, 1), tree_mask(TREE, 3), tree_mask([], 37), tree_mask(list(range(-1, 20)), 1)):
         seq = random_sequence(rng, n0, allowed)
-        got = run(block, [seq])
+        got = run(block, [seq], fmt)
         for s in range(allowed.shape[0]):
-            assert np.array_equal(got[s], alone(block, *seq, s)), (allowed.shape, s)
+            assert np.array_equal(got[s], alone(block, *seq, s, fmt)), (allowed.shape, s)
 
 
-def test_sequences_in_one_pass_get_the_bits_of_their_own_passes():
+@pytest.mark.parametrize("fmt", KEYS)
+def test_sequences_in_one_pass_get_the_bits_of_their_own_passes(fmt):
     rng = np.random.default_rng(5)
     seqs = [random_sequence(rng, 70, tree_mask(TREE, 2)), random_sequence(rng, 3, tree_mask([], 20)),
             random_sequence(rng, 500, tree_mask([-1], 1))]
-    together = run(32, seqs)
+    together = run(32, seqs, fmt)
     at = 0
     for seq in seqs:
         rows = seq[3].shape[0]
-        assert np.array_equal(together[at : at + rows], run(32, [seq]))
+        assert np.array_equal(together[at : at + rows], run(32, [seq], fmt))
         at += rows

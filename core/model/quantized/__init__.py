@@ -5,7 +5,8 @@
                    for the CPU's instruction-set family from arch/ (avx512vnni, avxvnni, avx2,
                    generic: the same names in each)
     ir.py          the LLVM-IR pieces the kernels share
-    attention.py   row-exact attention over float16 keys and values, in parts of fixed positions
+    keys.py        how the cache keeps keys (int8 with scales, or float16) and scores a query on them
+    attention.py   row-exact attention over the cached keys and float16 values, in parts of fixed positions
     forward.py     norms, rotary, SiLU and the whole pass as one compiled call
     model.py       a GGUF file's model (llama, qwen2) and its passes
     engine.py      the Engine protocol: KV caches, trees, prefix cache, batches

@@ -4,8 +4,9 @@ A query row attends to the cached entries and to the new entries its `allowed` r
 visible keys are its sequence's positions 0, 1, ... in order (a tree's accepted path is its
 ancestors), so every sum runs over them in one fixed order, whichever pass the row is in.
 
-Keys and values are kept as float16 (their bits, uint16: half the memory traffic of float32,
-llama.cpp's default too) and widened to float32 as they are read.
+Keys are kept as core/model/quantized/keys.py says (int8 with their scales by default, or
+float16) and scored by its kernels; values as float16 (their bits, uint16: half the memory traffic
+of float32, llama.cpp's default too), widened to float32 as they are read.
 
 Positions are cut into parts of BLOCK from position 0 (flash-decoding's split, at fixed places):
 one job per (sequence, key head, part) runs every row of the sequence over that part, so at
@@ -40,76 +41,16 @@ from numba.extending import intrinsic
 
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fixed
+from . import forward as qforward
 from .forward import exp_rows
-from .ir import F32, I64, load_halves, loop_back, splat
+from .ir import F32, I32, I64, counted, load_halves, loop_back, splat
 from .ir import fma as fma16
+from .kernel import isa, quantize_rows
+from .keys import LANES, key_layout, scores_kernel
 
 configure_numba_cache()
 
-LANES = 16  # keys per vector; the softmax's denominator is summed in this many lanes by position
 _V16 = ir.VectorType(F32, LANES)
-
-
-def _scores_kernel(group: int) -> Any:
-    """scores(kt [Hkv, C / 16, D, 16] float16 bits, g, q [G, D], out [G, W], count): out[h, j] = q[h] . key j of
-    head g (kt[g, j // 16, :, j % 16]) for j < count rounded up to 16 (C and W at least that),
-    h < G = `group`. Two tiles of 16 keys at a time (2 G multiply-add chains in flight, each key's
-    own chain over the head dimension in order), then the odd tile alone."""
-
-    @intrinsic
-    def scores(typingctx, kt, g, q, out, count):  # pragma: no cover - compiled
-        def codegen(context, builder, signature, args):
-            kt_a, q_a, out_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 3))
-            g_, count_ = args[1], args[4]
-            tiles = builder.extract_value(kt_a.shape, 1)
-            dim = builder.extract_value(kt_a.shape, 2)
-            width = builder.extract_value(out_a.shape, 1)
-            const = lambda v: ir.Constant(I64, v)  # noqa: E731
-            fma = fma16(builder)
-            blocks = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
-            pairs = builder.mul(builder.udiv(blocks, const(2)), const(2))
-
-            def tiles_loop(span: int, first: Any, limit: Any) -> None:
-                """Tiles first, first + span, ... while below `limit`, `span` tiles an iteration."""
-                entry = builder.block
-                outer, inner, after, done = (builder.append_basic_block(f"{n}{span}")
-                                             for n in ("outer", "inner", "after", "done"))
-                builder.cbranch(builder.icmp_signed("<", first, limit), outer, done)
-                builder.position_at_end(outer)
-                jb = builder.phi(I64)
-                jb.add_incoming(first, entry)
-                outer_block = builder.block
-                builder.branch(inner)
-                builder.position_at_end(inner)
-                d = builder.phi(I64)
-                d.add_incoming(const(0), outer_block)
-                acc = [builder.phi(_V16) for _ in range(span * group)]
-                for a in acc:
-                    a.add_incoming(ir.Constant(_V16, None), outer_block)
-                qs = [splat(builder, builder.load(builder.gep(q_a.data, [builder.add(builder.mul(const(h), dim), d)])),
-                            _V16) for h in range(group)]
-                new = []
-                for t in range(span):
-                    tile = builder.add(builder.mul(g_, tiles), builder.add(jb, const(t)))
-                    keys = load_halves(builder, kt_a.data,
-                                       builder.mul(builder.add(builder.mul(tile, dim), d), const(LANES)))
-                    new += [builder.call(fma, [qs[h], keys, acc[t * group + h]]) for h in range(group)]
-                loop_back(builder, d, const(1), dim, inner, after, zip(acc, new))
-                for t in range(span):
-                    j = builder.mul(builder.add(jb, const(t)), const(LANES))
-                    for h in range(group):
-                        at = builder.add(builder.mul(const(h), width), j)
-                        builder.store(new[t * group + h], builder.bitcast(builder.gep(out_a.data, [at]),
-                                                                          _V16.as_pointer()), align=4)
-                loop_back(builder, jb, const(span), limit, outer, done)
-
-            tiles_loop(2, const(0), pairs)
-            tiles_loop(1, pairs, blocks)
-            return context.get_dummy_value()
-
-        return types.void(kt, g, q, out, count), codegen
-
-    return fixed(scores, f"qattention.scores.{group}")
 
 
 def _weighted_kernel(dim: int, group: int) -> Any:
@@ -163,16 +104,115 @@ def _weighted_kernel(dim: int, group: int) -> Any:
     return fixed(weighted, f"qattention.weighted.{dim}.{group}")
 
 
+def _exp(builder: ir.IRBuilder, v: Any) -> Any:
+    """core.model.quantized.forward.exp_rows on 16 lanes, operation for operation (the same bits)."""
+    vi32 = ir.VectorType(I32, LANES)
+    c = lambda x: ir.Constant(_V16, [float(np.float32(x))] * LANES)  # noqa: E731
+    v = builder.select(builder.fcmp_ordered(">", v, c(-87.0)), v, c(-87.0))
+    v = builder.select(builder.fcmp_ordered("<", v, c(88.0)), v, c(88.0))
+    k = builder.fsub(builder.fadd(builder.fmul(v, c(qforward._LOG2E)), c(qforward.ROUND)), c(qforward.ROUND))
+    r = builder.fsub(builder.fsub(v, builder.fmul(k, c(qforward._LN2_HI))), builder.fmul(k, c(qforward._LN2_LO)))
+    p = builder.fadd(c(qforward._C6), builder.fmul(r, c(qforward._C7)))
+    for term in (qforward._C5, qforward._C4, qforward._C3, qforward._C2, 1.0, 1.0):
+        p = builder.fadd(c(term), builder.fmul(r, p))
+    bits = builder.shl(builder.add(builder.fptosi(k, vi32), ir.Constant(vi32, [127] * LANES)),
+                       ir.Constant(vi32, [23] * LANES))
+    return builder.fmul(p, builder.bitcast(bits, _V16))
+
+
+def _softmax_kernel(group: int) -> Any:
+    """softmax(scores [G, W], count, scale, probs [G, W], tops [G], totals [G]): per head h, over
+    j < count, top = max_j scores[h, j] * scale (the maximum of the raw scores, then scaled:
+    rounding is monotonic), probs[h, j] = exp(scores[h, j] * scale - top) (exp_rows' arithmetic)
+    and total = their sum in 16 lanes by position, the lanes then added in order; 16 at a time in
+    vector registers (probs past count hold garbage, never read)."""
+
+    @intrinsic
+    def softmax(typingctx, scores, count, scale, probs, tops, totals):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            sc, pr, tp, tt = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 4, 5))
+            count_, scale_ = args[1], args[2]
+            width = builder.extract_value(sc.shape, 1)
+            const = lambda v: ir.Constant(I64, v)  # noqa: E731
+            vi32 = ir.VectorType(I32, LANES)
+            whole = builder.mul(builder.udiv(count_, const(LANES)), const(LANES))
+            tail = builder.trunc(builder.sub(count_, whole), I32)
+            mask = builder.icmp_signed("<", ir.Constant(vi32, list(range(LANES))), splat(builder, tail, vi32))
+            vec = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), _V16.as_pointer())  # noqa: E731
+            scale_v = splat(builder, scale_, _V16)
+            zero = ir.Constant(_V16, None)
+
+            def with_tail(value: Any, at: Any, step: Any) -> Any:
+                """step(value, at, mask) when count has a partial tile at `at` (else value)."""
+                entry = builder.block
+                part, after = builder.append_basic_block("tail"), builder.append_basic_block("after")
+                builder.cbranch(builder.icmp_signed(">", tail, ir.Constant(I32, 0)), part, after)
+                builder.position_at_end(part)
+                new = step(value, at)
+                end = builder.block
+                builder.branch(after)
+                builder.position_at_end(after)
+                out = builder.phi(value.type)
+                out.add_incoming(value, entry)
+                out.add_incoming(new, end)
+                return out
+
+            for h in range(group):
+                row = const(h)
+                base = builder.mul(row, width)
+                first = builder.load(builder.gep(sc.data, [base]))
+                top0 = splat(builder, first, _V16)
+
+                def max_tile(i: Any, carried: list[Any]) -> list[Any]:
+                    x = builder.load(vec(sc.data, builder.add(base, i)), align=4)
+                    return [builder.select(builder.fcmp_ordered(">", x, carried[0]), x, carried[0])]
+                (vmax,) = counted(builder, const(0), whole, LANES, [top0], max_tile)
+
+                def max_tail(m: Any, at: Any) -> Any:
+                    x = builder.load(vec(sc.data, builder.add(base, at)), align=4)
+                    return builder.select(builder.and_(mask, builder.fcmp_ordered(">", x, m)), x, m)
+                vmax = with_tail(vmax, whole, max_tail)
+                top = builder.extract_element(vmax, ir.Constant(I32, 0))
+                for j in range(1, LANES):
+                    x = builder.extract_element(vmax, ir.Constant(I32, j))
+                    top = builder.select(builder.fcmp_ordered(">", x, top), x, top)
+                top = builder.fmul(top, scale_)
+                top_v = splat(builder, top, _V16)
+
+                def exp_at(at: Any) -> Any:
+                    x = builder.load(vec(sc.data, builder.add(base, at)), align=4)
+                    e = _exp(builder, builder.fsub(builder.fmul(x, scale_v), top_v))
+                    builder.store(e, vec(pr.data, builder.add(base, at)), align=4)
+                    return e
+
+                (lanes,) = counted(builder, const(0), whole, LANES, [zero],
+                                    lambda i, carried: [builder.fadd(carried[0], exp_at(i))])
+                lanes = with_tail(lanes, whole, lambda acc, at: builder.fadd(acc, builder.select(mask, exp_at(at), zero)))
+                total = builder.extract_element(lanes, ir.Constant(I32, 0))
+                for j in range(1, LANES):
+                    total = builder.fadd(total, builder.extract_element(lanes, ir.Constant(I32, j)))
+                builder.store(top, builder.gep(tp.data, [row]))
+                builder.store(total, builder.gep(tt.data, [row]))
+            return context.get_dummy_value()
+
+        return types.void(scores, count, scale, probs, tops, totals), codegen
+
+    return fixed(softmax, f"qattention.softmax.{group}")
+
+
 JOBS = 16  # jobs a sequence's attention is cut into at least, when its rows allow (a constant: a pass
 # that asked numba for its thread count was not found again in numba's cache by the next process)
 BLOCK = 1024  # positions per part: its keys and values (128 KB each at 64 dims) stay in L2 for every row
 _ATTEND: dict[tuple[int, int, int], Any] = {}
 
 
-def attention(group: int, dim: int, block: int = BLOCK) -> Any:
+def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family: str | None = None) -> Any:
     """attend(q [S, H, D], keys, values, layer, starts [Q + 1], n0s [Q], alloweds, scale, out [S, H, D])
-    for H / Hkv = `group` and D = `dim` (compiled on first use): the rows of Q sequences (sequence
-    q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16, D, 16] and
+    for H / Hkv = `group` and D = `dim`, keys kept as `keys` (KEYS), int8 keys scored by the
+    instruction-set `family`'s dots (default: the target's; every family gives the same bits;
+    compiled on first use): the rows
+    of Q sequences (sequence q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16,
+    rows, 16] (key_layout) and
     values[q][layer] [Hkv, C, D] holding n0s[q] entries then its new rows', their visibility
     alloweds[q] [S_q, S_q]); out[s, h] = softmax(q[s, h] . K * scale) V over the keys row s may
     see (the module's docstring).
@@ -183,30 +223,34 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
     and values come from memory once a pass and from L2 for the other rows. A part gives each
     row-head its maximum m, its sum l and its unnormalised values a (as one two-pass softmax over
     the part); the parts are combined in order: out = sum_p e^(m_p - M) a_p / sum_p e^(m_p - M) l_p."""
-    key = (group, dim, block)
+    key_layout(dim, keys)  # a known format
+    family = family or isa()
+    key = (group, dim, block, keys, family)
     if key in _ATTEND:
         return _ATTEND[key]
-    scores_fn, weighted_fn = _scores_kernel(group), _weighted_kernel(dim, group)
+    quantized = keys == "q8"
+    scores_fn = scores_kernel(keys, group, dim, family)
+    weighted_fn, softmax_fn = _weighted_kernel(dim, group), _softmax_kernel(group)
 
     @njit(nogil=True)
-    def part(q, keys, values, n_cached, allowed, lead, fresh, first, row0, row1, g, p, scale, pm, pl,
+    def part(q, qw, qd, qs, keys, values, n_cached, allowed, lead, fresh, first, row0, row1, g, p, scale, pm, pl,
              pacc):  # pragma: no cover - compiled
         """Part p (positions p * block ..) of kv head g for the rows row0..row1-1 of one sequence that
         see it (rows first.., their leading run of visible new entries lead[s] and count fresh[s]).
         A row's visible positions: its cache's first n_cached + lead[s] entries as they lie,
-        then its other visible new entries, gathered."""
-        rows = allowed.shape[0]
+        then its other visible new entries, gathered. qw, qd, qs: every query head's int8 form
+        (int8 keys), column (row, head)."""
+        rows, heads = allowed.shape[0], q.shape[1]
         a = p * block
         qg = np.empty((group, dim), dtype=np.float32)
         cached = np.empty((group, block), dtype=np.float32)
         new = np.empty((group, block), dtype=np.float32)
-        row = np.empty(block, dtype=np.float32)
         probs = np.empty((group, block), dtype=np.float32)
-        ibuf = np.empty(block, dtype=np.int32)
-        lanes = np.empty(LANES, dtype=np.float32)
+        tops, totals = np.empty(group, dtype=np.float32), np.empty(group, dtype=np.float32)
         acc = np.empty((group, dim), dtype=np.float32)
-        new_keys = np.empty((1, 0, dim, LANES), dtype=np.uint16)  # made when a row first gathers (a tree's branch)
-        new_values = np.empty((1, 0, dim), dtype=np.uint16)
+        key_rows = keys.shape[2]
+        new_keys = np.empty((1, 0, key_rows, LANES), dtype=keys.dtype)  # made when a row first gathers (a tree's branch)
+        new_values = np.empty((1, 0, dim), dtype=values.dtype)
         key_part, value_part = keys[g:g + 1, a // LANES:], values[g:g + 1, a:]
         for s in range(row0, row1):
             contiguous = n_cached + lead[first + s]
@@ -217,8 +261,8 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
             num_in_place = max(min(end, contiguous) - a, 0)
             num_gathered = end - a - num_in_place
             if num_gathered > 0 and new_keys.shape[1] == 0:  # unused lanes of a tile are scored and never read
-                new_keys = np.empty((1, block // LANES, dim, LANES), dtype=np.uint16)
-                new_values = np.empty((1, block, dim), dtype=np.uint16)
+                new_keys = np.empty((1, block // LANES, key_rows, LANES), dtype=keys.dtype)
+                new_values = np.empty((1, block, dim), dtype=values.dtype)
             if num_gathered > 0:  # the row's visible new entries past its leading run, from position max(a, contiguous)
                 skip = max(a, contiguous) - contiguous
                 f = 0
@@ -226,52 +270,27 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
                     if allowed[s, i]:
                         if f >= skip and f < skip + num_gathered:
                             at, src = f - skip, n_cached + i
+                            for r in range(key_rows):
+                                new_keys[0, at // LANES, r, at % LANES] = keys[g, src // LANES, r, src % LANES]
                             for d in range(dim):
-                                new_keys[0, at // LANES, d, at % LANES] = keys[g, src // LANES, d, src % LANES]
                                 new_values[0, at, d] = values[g, src, d]
                         f += 1
             for h in range(group):
                 for d in range(dim):
                     qg[h, d] = q[first + s, g * group + h, d]
+            col0 = np.int64((first + s) * heads + g * group)
             count = num_in_place + num_gathered
             if num_in_place > 0:
-                scores_fn(key_part, np.int64(0), qg, cached, np.int64(num_in_place))
+                scores_fn(key_part, np.int64(0), qg, qw, qd, qs, col0, cached, np.int64(num_in_place))
             if num_gathered > 0:
-                scores_fn(new_keys, np.int64(0), qg, new, np.int64(num_gathered))
+                scores_fn(new_keys, np.int64(0), qg, qw, qd, qs, col0, new, np.int64(num_gathered))
+                for h in range(group):  # beside the row's scores in place (over a tile's unused lanes)
+                    for j in range(num_gathered):
+                        cached[h, num_in_place + j] = new[h, j]
+            softmax_fn(cached, np.int64(count), scale, probs, tops, totals)
             for h in range(group):
-                # the maximum of the raw scores (in any order, the same), then scaled: rounding is
-                # monotonic, so it is the maximum of the scaled scores, one pass sooner
-                top = cached[h, 0] if num_in_place > 0 else new[h, 0]
-                for j in range(LANES):
-                    lanes[j] = top
-                for jb in range(0, num_in_place // LANES * LANES, LANES):
-                    for j in range(LANES):
-                        lanes[j] = max(lanes[j], cached[h, jb + j])
-                for j in range(num_in_place // LANES * LANES, num_in_place):
-                    lanes[0] = max(lanes[0], cached[h, j])
-                for j in range(num_gathered):
-                    lanes[0] = max(lanes[0], new[h, j])
-                for j in range(LANES):
-                    top = max(top, lanes[j])
-                top = top * scale
-                for j in range(num_in_place):
-                    row[j] = cached[h, j] * scale - top
-                for j in range(num_gathered):
-                    row[num_in_place + j] = new[h, j] * scale - top
-                whole = count // LANES * LANES
-                exp_rows(row[:count], probs[h], ibuf)
-                for j in range(LANES):
-                    lanes[j] = np.float32(0.0)
-                for jb in range(0, whole, LANES):  # the sum: lane j % 16 by position, then the lanes in order
-                    for j in range(LANES):
-                        lanes[j] += probs[h, jb + j]
-                for j in range(whole, count):
-                    lanes[j - whole] += probs[h, j]
-                total = lanes[0]
-                for j in range(1, LANES):
-                    total += lanes[j]
-                pm[first + s, g * group + h, p] = top
-                pl[first + s, g * group + h, p] = total
+                pm[first + s, g * group + h, p] = tops[h]
+                pl[first + s, g * group + h, p] = totals[h]
                 for d in range(dim):
                     acc[h, d] = np.float32(0.0)
             weighted_fn(value_part, np.int64(0), probs, np.int64(0), np.int64(num_in_place), acc)
@@ -324,6 +343,13 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
             # arithmetic is the same in any job; the part's keys are then read once per chunk)
             chunks[sq] = min(allowed.shape[0], max(1, -(-JOBS // (kv_heads * nparts[sq]))))
             jobs[sq + 1] = jobs[sq] + kv_heads * nparts[sq] * chunks[sq]
+        nq = total_rows * heads if quantized else 1  # every query head in int8 (int8 keys), once a pass
+        q8 = np.empty((dim // 4, nq, 4), dtype=np.int8)
+        qd, qx = np.empty((dim // 32, nq), dtype=np.float32), np.empty((dim // 32, nq), dtype=np.float32)
+        qs = np.empty((dim // 16, nq), dtype=np.int32)
+        if quantized:
+            quantize_rows(np.ascontiguousarray(q).reshape((nq, dim)), q8, qd, qs, qx)
+        qw = q8.view(np.int32).reshape((dim // 4, nq))
         pm = np.empty((total_rows, heads, most), dtype=np.float32)
         pl = np.empty((total_rows, heads, most), dtype=np.float32)
         pacc = np.empty((total_rows, heads, most, q.shape[2]), dtype=np.float32)
@@ -333,7 +359,7 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
                 sq += 1
             local, per_head = job - jobs[sq], nparts[sq] * chunks[sq]
             rows, chunk = starts[sq + 1] - starts[sq], local % per_head % chunks[sq]
-            part(q, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], lead, fresh, starts[sq],
+            part(q, qw, qd, qs, keys[sq][layer], values[sq][layer], n0s[sq], alloweds[sq], lead, fresh, starts[sq],
                  chunk * rows // chunks[sq], (chunk + 1) * rows // chunks[sq], local // per_head,
                  local % per_head // chunks[sq], scale, pm, pl, pacc)
         shifted, weights, ibuf = np.empty(most, np.float32), np.empty(most, np.float32), np.empty(most, np.int32)
@@ -343,7 +369,8 @@ def attention(group: int, dim: int, block: int = BLOCK) -> Any:
                 for h in range(heads):
                     combine(s, h, num, pm, pl, pacc, out, shifted, weights, ibuf)
 
-    fixed(part, f"qattention.part.{group}.{dim}.{block}")
-    fixed(combine, f"qattention.combine.{group}.{dim}.{block}")
-    _ATTEND[key] = fixed(attend, f"qattention.attend.{group}.{dim}.{block}")
+    name = ".".join(str(k) for k in key)
+    fixed(part, f"qattention.part.{name}")
+    fixed(combine, f"qattention.combine.{name}")
+    _ATTEND[key] = fixed(attend, f"qattention.attend.{name}")
     return attend

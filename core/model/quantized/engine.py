@@ -29,29 +29,31 @@ import numpy as np
 from ...draft import Draft, check_draft
 from ..prefix_cache import PrefixCache
 from .attention import BLOCK
+from .keys import key_layout
 from .kernel import ISA_NAMES, isa
 from .model import Config, GGUFError, QuantModel
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
-KV_DTYPE = np.uint16  # keys and values as float16 bits (core/model/quantized/attention.py widens them as it reads)
+VALUE_DTYPE = np.uint16  # values as float16 bits (core/model/quantized/attention.py widens them as it reads)
 
 
 class KVCache:
-    """One sequence's keys and values per layer, `length` entries used, as float16 (their bits,
-    uint16: core/model/quantized/attention.py widens them as it reads them): keys in tiles of sixteen
-    positions [Hkv, C / 16, D, 16] (attention reads a tile's keys as one vector per dimension,
-    core/model/quantized/attention.py), values [Hkv, C, D]; the buffers double when full."""
+    """One sequence's keys and values per layer, `length` entries used: keys in tiles of sixteen
+    positions [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.attention.key_layout:
+    int8 with their scales by default, or float16; attention reads a tile's keys as one vector per
+    row), values [Hkv, C, D] as float16 (their bits, uint16: attention widens them as it reads
+    them); the buffers double when full."""
 
     def __init__(self, config: Config, capacity: int = 256) -> None:
         self.config = config
         self.length = 0
         self.reused = 0  # entries copied from a prefix cache when it was made (the rest were prefilled)
         capacity = -(-capacity // 16) * 16
-        self.keys = [np.empty((config.kv_heads, capacity // 16, config.head_dim, 16), dtype=KV_DTYPE)
-                     for _ in range(config.layers)]
-        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=KV_DTYPE)
+        rows, dtype = key_layout(config.head_dim, config.keys)
+        self.keys = [np.empty((config.kv_heads, capacity // 16, rows, 16), dtype=dtype) for _ in range(config.layers)]
+        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=VALUE_DTYPE)
                        for _ in range(config.layers)]
         self._lists()
 
@@ -63,7 +65,9 @@ class KVCache:
     @staticmethod
     def bytes_per_token(config: Config) -> int:
         """What one position's keys and values take, over all layers."""
-        return config.layers * 2 * config.kv_heads * config.head_dim * np.dtype(KV_DTYPE).itemsize
+        rows, dtype = key_layout(config.head_dim, config.keys)
+        per_head = rows * np.dtype(dtype).itemsize + config.head_dim * np.dtype(VALUE_DTYPE).itemsize
+        return config.layers * config.kv_heads * per_head
 
     @property
     def capacity(self) -> int:
@@ -75,8 +79,8 @@ class KVCache:
         size = -(-max(n, 2 * self.capacity) // 16) * 16
         tiles = -(-self.length // 16)
         for i in range(len(self.keys)):
-            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=KV_DTYPE)
-            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=KV_DTYPE)
+            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=self.keys[i].dtype)
+            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=VALUE_DTYPE)
             keys[:, :tiles] = self.keys[i][:, :tiles]
             values[:, : self.length] = self.values[i][:, : self.length]
             self.keys[i], self.values[i] = keys, values
@@ -229,16 +233,18 @@ class QuantEngine:
     device = "cpu"
     prefix_cache_type = QuantPrefixCache
 
-    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None) -> None:
+    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None,
+                 keys: str = "q8") -> None:
         # the shape its passes' cost starts from: its kernels' family's (a row costs twice as much on AVX2 as on AVX-512)
         self.cost_curve = f"quantized-{isa() if isa() != 'generic' else 'avx2'}"
-        self.model = QuantModel(path, context, say)
+        self.model = QuantModel(path, context, say, keys)
         self.path = self.model.path
         self.vocab_size = self.model.config.vocab
         self.context_length = self.model.context_length
         self.precision = self.model.precision
         self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.config)
-        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})", f"attention in parts of {BLOCK} positions"]
+        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})",
+                        f"attention in parts of {BLOCK} positions, {self.model.config.keys} keys"]
         self.hit_tokens = 0
         started = time.perf_counter()
         say(f"quantized engine: {ISA_NAMES[isa()]} kernels for this model (compiled once per CPU and formats, "

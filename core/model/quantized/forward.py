@@ -114,10 +114,10 @@ def silu_mul(gate_up, width, out, scratch, ibuf):  # pragma: no cover - compiled
 _LAYERS: dict[tuple[int, int], object] = {}
 
 
-def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled function
-    """The transformer's layers as one compiled function over `run_any` (core.model.quantized.kernel.any_driver)
-    and `attend` (core.model.quantized.attention.attention): a pass costs one call from Python, not dozens
-    per layer.
+def build_layers(run_any, attend, store_keys):  # noqa: ANN001, ANN201 - returns a compiled function
+    """The transformer's layers as one compiled function over `run_any` (core.model.quantized.kernel.any_driver),
+    `attend` (core.model.quantized.attention.attention) and `store_keys` (its key_store, the same
+    key format): a pass costs one call from Python, not dozens per layer.
 
     layers(x [S, E], positions [S], starts [Q + 1], alloweds, n0s [Q], mats, groups [L, 4, 2],
     norms [L, 2, E], biases [L, Wqkv] (has_bias), keys, values, cos, sin, neox, eps, scale, heads,
@@ -127,7 +127,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
     alloweds[q]; their keys and values are written at n0s[q] on. The linear layers read every
     row in one pass; attention never mixes sequences. mats: (values, scales, mins, kd, kdmin, format index, n) per
     matrix; groups[i]: layer i's [start, end) in mats of qkv, output, gate+up and down."""
-    key = (id(run_any), id(attend))  # both are kept for the process (qkernel._ANY, qattention._ATTEND)
+    key = (id(run_any), id(attend), id(store_keys))  # all kept for the process (qkernel._ANY, qattention._ATTEND)
     if key in _LAYERS:
         return _LAYERS[key]
 
@@ -183,11 +183,11 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
             rope(k, positions, cos, sin, neox)
             for sq in range(len(n0s)):  # each sequence's rows: its own cache, its own attention
                 kc, vc, n0 = keys[sq][i], values[sq][i], n0s[sq]
+                store_keys(kc, k, starts[sq], starts[sq + 1], n0)
                 for s in range(starts[sq], starts[sq + 1]):
                     at = n0 + s - starts[sq]
                     for hh in range(kv_heads):
                         for d in range(head_dim):
-                            kc[hh, at // 16, d, at % 16] = to_half(k[s, hh, d])
                             vc[hh, at, d] = to_half(qkv[s, qw + kvw + hh * head_dim + d])
             attend(q, keys, values, i, starts, n0s, alloweds, scale, att)
             project(att.reshape((rows, qw)), mats, groups[i, 1, 0], groups[i, 1, 1], proj)
@@ -205,7 +205,7 @@ def build_layers(run_any, attend):  # noqa: ANN001, ANN201 - returns a compiled 
 
     # named by what they call, so that numba's cache finds them again in the next process
     fixed(project, f"qforward.project.{run_any._uuid}")
-    _LAYERS[key] = fixed(layers, f"qforward.layers.{run_any._uuid}.{attend._uuid}")
+    _LAYERS[key] = fixed(layers, f"qforward.layers.{run_any._uuid}.{attend._uuid}.{store_keys._uuid}")
     return layers
 
 

@@ -43,6 +43,27 @@ def loop_back(builder: ir.IRBuilder, counter: Any, step: Any, limit: Any, body: 
     builder.position_at_end(exit_block)
 
 
+def counted(builder: ir.IRBuilder, start: Any, limit: Any, step: int, init: list[Any], body: Any) -> list[Any]:
+    """IR of `for i in range(start, limit, step): carried = body(i, carried)`; the carried values after."""
+    entry = builder.block
+    loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
+    builder.cbranch(builder.icmp_signed("<", start, limit), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(I64)
+    i.add_incoming(start, entry)
+    carried = [builder.phi(v.type) for v in init]
+    for phi, v in zip(carried, init):
+        phi.add_incoming(v, entry)
+    new = body(i, carried)
+    latch = builder.block
+    loop_back(builder, i, ir.Constant(I64, step), limit, loop, done, zip(carried, new))
+    final = [builder.phi(v.type) for v in init]
+    for phi, a, b in zip(final, init, new):
+        phi.add_incoming(a, entry)
+        phi.add_incoming(b, latch)
+    return final
+
+
 def prefetch(builder: ir.IRBuilder, address: Any) -> None:
     """Ask for the cache line at `address` (any pointer; past an array's end is harmless: a
     prefetch never faults) to be brought into L1 for reading."""
@@ -66,6 +87,15 @@ def to_half(typingctx, x):  # pragma: no cover - compiled
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):  # pragma: no cover - compiled
+    """A float32's bits as a uint32 (how int8 keys keep their scales beside them)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
 
 
 fix_module(globals())

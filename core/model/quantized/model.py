@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from . import forward as qforward
 from .attention import attention
+from .keys import key_layout, key_store
 from .kernel import Inputs, any_driver, qmatmul
 from .quant import (FLOAT_TYPES, FORMATS, PANEL, TYPES, Packed, UnsupportedType, concat, dequantize, pack_tensor,
                     type_name, unpack, unpack_rows)
@@ -68,6 +69,7 @@ class Config:
     eps: float
     context: int
     vocab: int
+    keys: str = "q8"  # how the cache keeps keys (core.model.quantized.attention.KEYS)
 
 
 @dataclass
@@ -121,7 +123,8 @@ def read_config(reader: Any) -> Config:
 class QuantModel:
     """A GGUF model's weights, packed, and its forward pass (`forward`)."""
 
-    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None) -> None:
+    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None,
+                 keys: str = "q8") -> None:
         import gguf
 
         self.path = Path(path)
@@ -168,7 +171,10 @@ class QuantModel:
             return np.array(t.data, dtype=np.float32).reshape(size)
 
         try:
-            self.config = cfg = read_config(reader)
+            cfg = read_config(reader)
+            key_layout(32, keys)  # a known format
+            # int8 keys are quantized per 32 dimensions: other head sizes keep float16 keys
+            self.config = cfg = replace(cfg, keys=keys if cfg.head_dim % 32 == 0 else "f16")
             self.context_length = min(context, cfg.context)
             h, kvw, qw = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.heads * cfg.head_dim
             self.layers = []
@@ -226,7 +232,8 @@ class QuantModel:
         self._has_bias = any(layer.bias is not None for layer in self.layers)
         self._biases = np.stack([layer.bias if layer.bias is not None else np.zeros(width, dtype=np.float32)
                                  for layer in self.layers]).astype(np.float32)
-        self._layers = qforward.build_layers(any_driver(formats), attention(cfg.heads // cfg.kv_heads, cfg.head_dim))
+        self._layers = qforward.build_layers(any_driver(formats), attention(cfg.heads // cfg.kv_heads, cfg.head_dim,
+                                                                            keys=cfg.keys), key_store(cfg.keys))
 
     @property
     def precision(self) -> str:
