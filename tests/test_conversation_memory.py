@@ -11,7 +11,9 @@ import pytest
 from helpers.servers import MODEL, Server, specx_home
 
 KEY = "memory-key"
-PER_TOKEN = 30 * 2 * 3 * 64 * 2  # the built-in model's float16 keys and values: 30 layers, 3 key heads of 64
+# the built-in model's cache a token: 30 layers, 3 key heads of 64 dimensions, int8 keys (two 32-dimension
+# blocks of 32 bytes and a float32 scale each) and float16 values
+PER_TOKEN = 30 * 3 * (2 * (32 + 4) + 64 * 2)
 BUDGET_TOKENS = 600
 
 
