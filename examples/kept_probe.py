@@ -96,7 +96,7 @@ def huge_header(home: Path) -> Path:
 def engine_file(kind: str, doc: object) -> Callable[[Path], None]:
     """Write `doc` as every kept engine file of `kind` the built-in model's start reads."""
     def setup(home: Path) -> None:
-        from specx.cli import engines
+        from specx import backends as engines
         from specx.core.model.load import builtin_gguf
 
         os.environ["SPECX_HOME"] = str(home)

@@ -288,8 +288,8 @@ DAMAGED = {  # how a kept cost file can be damaged, and how to damage it
 
 
 def _model_cost(net, said, timeout=60.0):
-    """cli.options.model_cost in a thread that must end within `timeout` s (a FIFO once hung it)."""
-    from specx.cli.options import model_cost
+    """specx.home.model_cost in a thread that must end within `timeout` s (a FIFO once hung it)."""
+    from specx.home import model_cost
 
     out = []
     thread = threading.Thread(target=lambda: out.append(model_cost(net, "tiny", said.append)), daemon=True)
@@ -305,7 +305,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     """Issue 39, cases 2-4: whatever stands where the learned cost is kept, a start goes on from
     the shipped curve, sets the thing aside under a name that says so (one line naming it and
     why), and the next keep writes a good file in its place."""
-    from specx.cli.options import keep_cost
+    from specx.home import keep_cost
     from specx.core.model.hf_engine import TransformersEngine
     from test_verify import tiny_model
 
@@ -339,7 +339,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
 
 def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monkeypatch):
     """Issue 39, case 2: a directory where the cost is kept left a learned-*.PID.tmp behind."""
-    from specx.cli.options import keep_cost
+    from specx.home import keep_cost
     from specx.core.model.hf_engine import TransformersEngine
     from test_verify import tiny_model
 
