@@ -6,8 +6,9 @@
 - `index/`: the suffix index (suffix arrays, sealed segments, live sequences, the compiled drafting
   kernel, its file format), what serving engines drive (`suffix_cache`, `engine_step`) and the
   successor table (`successors`).
-- `model/`: the engine interface and its two engines (transformers with specx's CPU kernels,
-  llama.cpp), loading models and tokenizers, the KV and prefix caches, thread counts.
+- `model/`: the engine interface and its four engines (transformers with specx's CPU kernels,
+  llama.cpp, `quantized/` on GGUF weights with numba kernels, `gpu/` in torch on a GPU), loading
+  models and tokenizers, the KV and prefix caches, thread counts.
 - `cost/`: what a pass costs (shipped and learned curves), what a draft node is worth, how much
   draft pays, the guard.
 - `decode/`: the one decode loop (draft -> verify -> accept), drafters (the hybrid one included),

@@ -51,11 +51,13 @@ def builtin_gguf() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def write_random(shape: str, quant: str, target: Path) -> None:
-    """A GGUF of `shape` with random weights: 2-D weights in `quant` when gguf-py writes it, else F16."""
+def write_random(shape: str, quant: str, target: Path, context: int | None = None) -> None:
+    """A GGUF of `shape` with random weights: 2-D weights in `quant` when gguf-py writes it, else F16;
+    its context length `context` (default: the shape's)."""
     import gguf
 
-    layers, hidden, ffn, heads, kv_heads, vocab, base, tied, context = SHAPES[shape]
+    layers, hidden, ffn, heads, kv_heads, vocab, base, tied, default_context = SHAPES[shape]
+    context = context or default_context
     head_dim = hidden // heads
     source = gguf.GGUFReader(builtin_gguf())
     writer = gguf.GGUFWriter(str(target), "llama")
@@ -157,22 +159,25 @@ def main() -> None:
                                                           "type such as Q4_K_M (default)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the GGUF files (kept and reused)")
     parser.add_argument("--quantizer", help="path of llama-quantize (default: build it once)")
+    parser.add_argument("--context", type=int, default=None,
+                        help="the file's context length (default: the shape's, 8,192); it bounds an engine's cache")
     args = parser.parse_args()
     quant = args.quant.upper()
     args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"random-{args.shape}-{quant}.gguf"
+    size = "" if args.context is None else f"-{args.context // 1024}k"
+    target = args.out / f"random-{args.shape}{size}-{quant}.gguf"
     if not target.is_file():
         if quant in GGUFPY_QUANTS:
             say(f"writing {target} (random weights: timing only)")
             partial = target.with_suffix(".part")
-            write_random(args.shape, quant, partial)
+            write_random(args.shape, quant, partial, args.context)
             partial.replace(target)
         else:
-            f16 = args.out / f"random-{args.shape}-F16.gguf"
+            f16 = args.out / f"random-{args.shape}{size}-F16.gguf"
             if not f16.is_file():
                 say(f"writing {f16} (random weights: timing only)")
                 partial = f16.with_suffix(".part")
-                write_random(args.shape, "F16", partial)
+                write_random(args.shape, "F16", partial, args.context)
                 partial.replace(f16)
             tool = quantizer(args.quantizer)
             say(f"quantizing to {quant} with {tool}")

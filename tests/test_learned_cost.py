@@ -417,3 +417,24 @@ def test_a_right_curve_under_noise_is_never_forgotten():
     busy_passes(cost, STEEP, passes=3000, seed=11)
     assert not any("contradict" in line for line in said)
     assert cost.shape(16, 200) == pytest.approx(STEEP(16) / STEEP(1), rel=0.35)
+
+
+def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_verify():
+    """cli.live.stream_pace: a shaped server's drafts are capped at SHAPED_DRAFT nodes (whatever the
+    guard would allow), and a slot is never shorter than a pass with them times the high quantile of
+    what steps added to their passes; an interval asked below that is raised with tenants."""
+    from types import SimpleNamespace
+
+    from specx.cli.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
+
+    cost = LearnedCost(ForwardCost((1, 8, 16), (0.01, 0.02, 0.03)))
+    for i in range(LEARNED_PASSES + 40):  # steps 1.1x their pass, one in ten 1.5x; drafts all accepted
+        cost.observe_step(num_tokens=1 + i % 3, context=300, verify_seconds=0.01 * (1 + 0.2 * (i % 3)),
+                          step_seconds=0.01 * (1 + 0.2 * (i % 3)) * (1.5 if i % 10 == 0 else 1.1), num_out=1 + i % 3)
+    stack = SimpleNamespace(cost=cost)
+    req = SimpleNamespace(prompt_ids=list(range(200)), max_tokens=50)
+    pace = stream_pace(stack, None)(req)
+    assert cost.max_draft() == SHAPED_DRAFT
+    assert pace >= cost(1 + SHAPED_DRAFT, 256) * 1.1 and pace == cost.step_bound(1 + SHAPED_DRAFT, 256)
+    assert stream_pace(stack, 0.001, at_least_plain=True)(req) == pace  # with tenants: never below the bound
+    assert stream_pace(stack, 1000.0, at_least_plain=True)(req) == 1.0  # above it: the interval asked
