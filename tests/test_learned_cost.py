@@ -420,12 +420,12 @@ def test_a_right_curve_under_noise_is_never_forgotten():
 
 
 def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_verify():
-    """cli.live.stream_pace: a shaped server's drafts are capped at SHAPED_DRAFT nodes (whatever the
+    """specx.live.stream_pace: a shaped server's drafts are capped at SHAPED_DRAFT nodes (whatever the
     guard would allow), and a slot is never shorter than a pass with them times the high quantile of
     what steps added to their passes; an interval asked below that is raised with tenants."""
     from types import SimpleNamespace
 
-    from specx.cli.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
+    from specx.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
 
     cost = LearnedCost(ForwardCost((1, 8, 16), (0.01, 0.02, 0.03)))
     for i in range(LEARNED_PASSES + 40):  # steps 1.1x their pass, one in ten 1.5x; drafts all accepted
