@@ -139,6 +139,14 @@ def test_towers_import_one_way(graph):
     assert not wrong, "imports against the towers' direction:\n" + "\n".join(wrong)
 
 
+def test_setup_finds_the_folders_pyproject_maps():
+    """setup.py finds the packages in the folders pyproject.toml's package-dir maps (one mapping, two files)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assignments = [n for n in ast.parse((ROOT / "setup.py").read_text()).body if isinstance(n, ast.Assign)]
+    folders = next(ast.literal_eval(n.value) for n in assignments if n.targets[0].id == "FOLDERS")
+    assert folders == config == {"specx": "cli", "specx.core": "core", "specx.store": "store"}
+
+
 def test_floors_import_down(graph):
     wrong = against_floors(graph[0])
     assert not wrong, "imports up a floor (core <- store <- cli):\n" + "\n".join(wrong)

@@ -15,15 +15,15 @@ from typing import Annotated, Optional
 import typer
 
 from .. import output
+from ..home import specx_home, store_path
 from .check import check_cmd
+from .engines import engines_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
 from .options import DbOpt, JsonOpt, existing_store, tenant_option
-from ..home import specx_home, store_path
 from .replay import replay_cmd
 from .serve import serve_cmd
-from .engines import engines_cmd
 
 app = typer.Typer(
     name="specx",
