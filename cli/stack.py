@@ -70,7 +70,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
                                      dtype=dtype)
     say(f"backend: {engine.name}" + (f" ({engine.precision}; kernels ready in {engine.compile_seconds:.0f} s)"
-                                     if hasattr(engine, "compile_seconds") else ""))
+                                     if engine.compile_seconds is not None else ""))
     drafter = drafter or default_drafter(engine)
     if check_template or chat_template is not None:
         use_chat_template(tokenizer, chat_template, model)

@@ -57,7 +57,21 @@ def configure() -> pathlib.Path:
         _folder = _base() / (_prefix() + digest.hexdigest()[:16])
         config.CACHE_DIR = str(_folder)
         _pickle_llvm_types_without_caches()
+        _parallel_loops_named_per_process()
     return _folder
+
+
+def _parallel_loops_named_per_process() -> None:
+    """numba names the function it makes of a parallel loop by hash(parfor), which is id(): a memory
+    address. Processes that allocate alike give different loops the same name, and two cached
+    libraries written by two processes, loaded into a third, then share a symbol for different
+    code: a call lands in the other library's loop (seen here: the built-in model's logits wrong
+    after an AVX2 kernel test had loaded its own cached driver). A random salt per process keeps
+    every process's names apart; within a process hash stays one-to-one with id."""
+    from numba.parfors import parfor
+
+    salt = int.from_bytes(os.urandom(7), "little") << 8
+    parfor.Parfor.__hash__ = lambda self: id(self) ^ salt
 
 
 def _rebuild_llvm_type(cls: type, state: dict):  # noqa: ANN205 - an llvmlite type

@@ -31,6 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SAMPLED = dict(temperature=0.8, top_p=0.95, top_k=0)
+TINY = dict(hidden=64, ffn=128, heads=4, kv_heads=2, vocab=128)  # the dry run's random model (F32, no tokenizer)
 
 
 class OracleDrafter:
@@ -211,38 +212,6 @@ def speeds(engine: object, path: Path, prompts: list[list[int]], n: int, eos: in
     return report
 
 
-def tiny_gguf(path: Path) -> Path:
-    """A tiny random llama GGUF for the dry run (no tokenizer: prompts are ids)."""
-    import gguf
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    hidden, ffn, heads, kv_heads, vocab = 64, 128, 4, 2, 128
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for add, value in ((writer.add_block_count, 2), (writer.add_context_length, 1024), (writer.add_embedding_length,
-                       hidden), (writer.add_feed_forward_length, ffn), (writer.add_head_count, heads),
-                       (writer.add_head_count_kv, kv_heads), (writer.add_vocab_size, vocab)):
-        add(value)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    w = lambda rows, width: rng.standard_normal((rows, width), dtype=np.float32) * np.float32(0.5)  # noqa: E731
-    writer.add_tensor("token_embd.weight", w(vocab, hidden))
-    for i in range(2):
-        p = f"blk.{i}."
-        for name in ("attn_norm", "ffn_norm"):
-            writer.add_tensor(p + name + ".weight", np.ones(hidden, dtype=np.float32))
-        for name, rows, width in (("attn_q", hidden, hidden), ("attn_k", hidden // 2, hidden), ("attn_v", hidden // 2,
-                                  hidden), ("attn_output", hidden, hidden), ("ffn_gate", ffn, hidden),
-                                  ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
-            writer.add_tensor(p + name + ".weight", w(rows, width))
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def model_file(name: str, folder: Path) -> tuple[Path, bool]:
     """(GGUF path, real weights?) of `name`: "builtin" (its package's file when it holds weights,
     else a random 135M-shape file) or a model_ladder shape, written in F16 (no quantizer needed)."""
@@ -279,8 +248,10 @@ def main() -> None:
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton defines the kernels
     import torch
+    from gguf import GGMLQuantizationType
 
     from specx.core.model.gpu.engine import GPUEngine
+    from specx.core.model.random_gguf import tiny_gguf
 
     started = time.perf_counter()
     result: dict = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -308,7 +279,7 @@ def main() -> None:
     for name in names:
         if args.dry_run:
             args.folder.mkdir(parents=True, exist_ok=True)
-            path, real = tiny_gguf(args.folder / "tiny.gguf"), False
+            path, real = tiny_gguf(args.folder / "tiny.gguf", GGMLQuantizationType.F32, **TINY), False
             prompts, eos = [[1, 2, 3, 4], [9, 8, 7]], None
         else:
             path, real = model_file(name, args.folder)

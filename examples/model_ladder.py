@@ -56,69 +56,45 @@ def write_random(shape: str, quant: str, target: Path, context: int | None = Non
     its context length `context` (default: the shape's)."""
     import gguf
 
+    from specx.core.model.random_gguf import Shape, write_gguf
+
     layers, hidden, ffn, heads, kv_heads, vocab, base, tied, default_context = SHAPES[shape]
     context = context or default_context
-    head_dim = hidden // heads
     source = gguf.GGUFReader(builtin_gguf())
-    writer = gguf.GGUFWriter(str(target), "llama")
-    writer.add_name(f"specx random-weight {shape} (Llama shape; timing only)")
-    writer.add_block_count(layers)
-    writer.add_context_length(context)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(base)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(vocab)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    # the built-in tokenizer, its vocabulary padded with unused tokens to the shape's size
-    tokens = [bytes(source.fields["tokenizer.ggml.tokens"].parts[i]).decode("utf-8", "replace")
-              for i in source.fields["tokenizer.ggml.tokens"].data]
-    types = [int(source.fields["tokenizer.ggml.token_type"].parts[i][0]) for i in source.fields["tokenizer.ggml.token_type"].data]
-    merges = [bytes(source.fields["tokenizer.ggml.merges"].parts[i]).decode("utf-8", "replace")
-              for i in source.fields["tokenizer.ggml.merges"].data]
-    pad = max(0, vocab - len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(str(source.fields["tokenizer.ggml.pre"].contents()))
-    writer.add_token_list(tokens + [f"<|unused_{i}|>" for i in range(pad)])
-    writer.add_token_types(types + [gguf.TokenType.UNUSED] * pad)
-    writer.add_token_merges(merges)
-    for key, add in (("tokenizer.ggml.bos_token_id", writer.add_bos_token_id),
-                     ("tokenizer.ggml.eos_token_id", writer.add_eos_token_id)):
-        add(int(source.fields[key].contents()))
-    writer.add_chat_template(str(source.fields["tokenizer.chat_template"].contents()))
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        writer.add_name(f"specx random-weight {shape} (Llama shape; timing only)")
+        writer.add_rope_dimension_count(hidden // heads)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        # the built-in tokenizer, its vocabulary padded with unused tokens to the shape's size
+        tokens = [bytes(source.fields["tokenizer.ggml.tokens"].parts[i]).decode("utf-8", "replace")
+                  for i in source.fields["tokenizer.ggml.tokens"].data]
+        types = [int(source.fields["tokenizer.ggml.token_type"].parts[i][0])
+                 for i in source.fields["tokenizer.ggml.token_type"].data]
+        merges = [bytes(source.fields["tokenizer.ggml.merges"].parts[i]).decode("utf-8", "replace")
+                  for i in source.fields["tokenizer.ggml.merges"].data]
+        pad = max(0, vocab - len(tokens))
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(str(source.fields["tokenizer.ggml.pre"].contents()))
+        writer.add_token_list(tokens + [f"<|unused_{i}|>" for i in range(pad)])
+        writer.add_token_types(types + [gguf.TokenType.UNUSED] * pad)
+        writer.add_token_merges(merges)
+        for key, add in (("tokenizer.ggml.bos_token_id", writer.add_bos_token_id),
+                         ("tokenizer.ggml.eos_token_id", writer.add_eos_token_id)):
+            add(int(source.fields[key].contents()))
+        writer.add_chat_template(str(source.fields["tokenizer.chat_template"].contents()))
+
     rng = np.random.default_rng(0)
     qtype = getattr(gguf.GGMLQuantizationType, quant) if quant in GGUFPY_QUANTS else gguf.GGMLQuantizationType.F16
 
-    def add(name: str, rows: int, width: int) -> None:
+    def matrix(rows: int, width: int) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
         w = (rng.standard_normal((rows, width), dtype=np.float32) * np.float32(0.02))
         if qtype == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor(name, w.astype(np.float16))
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+            return w.astype(np.float16), None
+        return gguf.quants.quantize(w, qtype), qtype
 
-    add("token_embd.weight", vocab, hidden)
-    for i in range(layers):
-        say(f"layer {i + 1}/{layers}")
-        p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        writer.add_tensor(p + "ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        add(p + "attn_q.weight", heads * head_dim, hidden)
-        add(p + "attn_k.weight", kv_heads * head_dim, hidden)
-        add(p + "attn_v.weight", kv_heads * head_dim, hidden)
-        add(p + "attn_output.weight", hidden, heads * head_dim)
-        add(p + "ffn_gate.weight", ffn, hidden)
-        add(p + "ffn_up.weight", ffn, hidden)
-        add(p + "ffn_down.weight", hidden, ffn)
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    if not tied:
-        add("output.weight", vocab, hidden)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file(progress=False)
-    writer.close()
+    write_gguf(target, Shape(layers, hidden, ffn, heads, kv_heads, vocab, context, base, tied), matrix,
+               metadata=metadata, on_layer=lambda i: say(f"layer {i + 1}/{layers}"))
 
 
 def quantizer(given: str | None) -> Path:

@@ -317,8 +317,10 @@ def extract(url: str, keys: dict[str, str | None], secret: str, rng: random.Rand
     seconds = time.perf_counter() - t0
     known = chain(pairs)
     right = len(os.path.commonprefix([known, secret]))
+    true = {(a, b) for a, b in zip(secret, secret[1:])}
     return {"secret_digits": len(secret), "extracted": known, "correct_digits": right, "probes": probes,
-            "pairs_seen": len(pairs), "seconds": round(seconds, 2),
+            "pairs_seen": len(pairs), "secret_pairs_seen": len(true & set(pairs)), "false_pairs": len(set(pairs) - true),
+            "seconds": round(seconds, 2),
             "digits_per_s": round(right / seconds, 3) if seconds else 0.0}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import specx_in_process
+from helpers.cli import specx_in_process
 from specx.bench import chat_stream, task_bench, task_runs
 from specx.bench.chat_stream import Answer
 from specx.bench.tasks import Task, Turn, cut, group_calls, iter_log_tasks, iter_store_tasks, median, percentile, select

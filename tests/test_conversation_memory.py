@@ -8,7 +8,7 @@ import urllib.request
 import openai
 import pytest
 
-from test_serve import MODEL, Server, _specx_home
+from helpers.servers import MODEL, Server, specx_home
 
 KEY = "memory-key"
 PER_TOKEN = 30 * 2 * 3 * 64 * 2  # the built-in model's float16 keys and values: 30 layers, 3 key heads of 64
@@ -17,7 +17,7 @@ BUDGET_TOKENS = 600
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("memory") / "memory.db", "--api-key", KEY,
+    srv = Server(specx_home(tmp_path_factory), tmp_path_factory.mktemp("memory") / "memory.db", "--api-key", KEY,
                  "--backend", "quantized", "--kv-memory", str(BUDGET_TOKENS * PER_TOKEN), "--max-batch", "1")
     yield srv
     srv.stop()

@@ -11,8 +11,8 @@ from specx.core.decode.generate import generate, greedy_decode
 from specx.core.draft import Draft, subtree
 from specx.core.model.hf_engine import TransformersEngine
 
-from test_generate import FakeDrafter, all_right, wide_tree
-from test_verify import tiny_model
+from helpers.decoding import FakeDrafter, all_right, wide_tree
+from helpers.models import tiny_model
 
 
 def tree_with_probs(rng, n):

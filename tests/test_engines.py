@@ -15,7 +15,7 @@ from specx.core.model import cpu
 from specx.core.model.probe import prove
 from specx.core.predict.engines import REFERENCE, Figures, Request, choose, trial
 
-from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
+from helpers.logs import good_logs
 
 SIGILL_CHILD = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"]
 AMX_XEON = frozenset("sse4_2 avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16 avx_vnni amx_tile "

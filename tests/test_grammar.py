@@ -12,12 +12,8 @@ from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_gram
 from specx.core.draft import GRAMMAR, Draft
 from specx.core.model.hf_engine import TransformersEngine
 
-from conftest import specx_in_process
-from test_generate import MAKERS, FakeDrafter, collect
-
-SCHEMA = {"type": "object", "properties": {"sql": {"type": "string"}, "tables": {"type": "array",
-          "items": {"type": "string"}}, "n": {"type": "integer"}}, "required": ["sql", "tables", "n"],
-          "additionalProperties": False}
+from helpers.cli import specx_in_process
+from helpers.decoding import MAKERS, SCHEMA, FakeDrafter, collect
 
 
 @pytest.fixture(scope="module")

@@ -13,41 +13,13 @@ import numpy as np
 import pytest
 
 import brute
-from conftest import AGENT_DATA, specx_in_process
+from helpers.cli import AGENT_DATA, specx_in_process
+from helpers.logs import FIXTURES, good_logs, write_pairs
 from specx.core.index.suffix_index import SuffixIndex
-from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.store.db import Store
 from specx.store.formats import Call, read_calls
 from specx.store.index import load_index
-from specx.store.ingest import Tokenizer, ingest
-
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "specx-home" / "models"
-    return Tokenizer("smollm2-135m", lambda: load_tokenizer("smollm2-135m", cache), tokenizer_fingerprint)
-
-
-def write_pairs(path: Path, n: int = 6) -> Path:
-    with path.open("w") as f:
-        for i in range(n):
-            f.write(json.dumps({"prompt": f"How many rows in table t{i}?", "completion": f"SELECT count(*) FROM t{i};"}) + "\n")
-    return path
-
-
-def good_logs(tmp_path: Path) -> Path:
-    """Fixture logs without bad records, one per format family, plus a pairs file."""
-    root = tmp_path / "logs"
-    (root / "swe_agent").mkdir(parents=True)
-    for name in ["aider.chat.history.md", "claude_code.jsonl", "mmsql_multiagent.json", "openai_conversation.json",
-                 "opendevin_output.jsonl"]:
-        shutil.copy(FIXTURES / name, root / name)
-    for name in ["demo__repo-1.traj", "metadata.yaml"]:
-        shutil.copy(FIXTURES / "swe_agent" / name, root / "swe_agent" / name)
-    write_pairs(root / "pairs.jsonl")
-    return root
+from specx.store.ingest import ingest
 
 
 def expected_calls(root: Path) -> int:

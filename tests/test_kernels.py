@@ -14,8 +14,8 @@ from specx.core.model import attention, kernels, kv_cache, matmul
 from specx.core.model.hf_engine import TransformersEngine
 from specx.core.model.tree import keep_accepted, tree_logits
 
-from test_generate import MAKERS, FakeDrafter, collect
-from test_verify import VOCAB, prefilled, random_tree, tiny_model
+from helpers.decoding import FakeDrafter, MAKERS, collect
+from helpers.models import VOCAB, prefilled, random_tree, tiny_model
 
 
 @pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (5, 37, 19), (16, 96, 576), (3, 3, 7), (24, 200, 1536)])

@@ -182,8 +182,8 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
     from specx.core.decode.generate import generate, greedy_decode
     from specx.core.model.hf_engine import TransformersEngine
     from specx.core.model.threads import set_threads
-    from test_generate import FakeDrafter, all_right, deep_chain, wide_tree
-    from test_verify import tiny_model
+    from helpers.decoding import FakeDrafter, all_right, deep_chain, wide_tree
+    from helpers.models import tiny_model
 
     model = tiny_model()
     engine = TransformersEngine(model)
@@ -307,7 +307,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     why), and the next keep writes a good file in its place."""
     from specx.home import keep_cost
     from specx.core.model.hf_engine import TransformersEngine
-    from test_verify import tiny_model
+    from helpers.models import tiny_model
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))
     net = TransformersEngine(tiny_model())
@@ -341,7 +341,7 @@ def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monke
     """Issue 39, case 2: a directory where the cost is kept left a learned-*.PID.tmp behind."""
     from specx.home import keep_cost
     from specx.core.model.hf_engine import TransformersEngine
-    from test_verify import tiny_model
+    from helpers.models import tiny_model
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))
     cost = _model_cost(TransformersEngine(tiny_model()), [])

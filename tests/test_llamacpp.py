@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup installs it)")
 
-from conftest import specx_in_process  # noqa: E402
+from helpers.cli import specx_in_process  # noqa: E402
 from specx.core.model.llamacpp import LlamaModel, greedy  # noqa: E402
 from specx.core.model.load import builtin_gguf  # noqa: E402
 
@@ -145,7 +145,7 @@ def test_cli_generate_and_serve_on_llamacpp(tmp_path):
     result = json.loads(run.stdout)
     assert result["identical"] is True and "backend: llama.cpp" in run.stderr
 
-    from test_serve import KEY, MODEL, Server
+    from helpers.servers import KEY, MODEL, Server
 
     srv = Server(tmp_path / "home", tmp_path / "served.db", "--api-key", KEY, "--backend", "llama.cpp")
     try:

@@ -12,7 +12,7 @@ from specx.store.ingest import ingest
 from specx.store.merge import merge
 from specx.store.served import record_served
 
-from test_ingest import good_logs, tokenizer, write_pairs  # noqa: F401  (fixture)
+from helpers.logs import good_logs, write_pairs
 
 
 def contents(store: Store) -> dict[bytes, tuple]:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import AGENT_DATA, specx_in_process
+from helpers.cli import AGENT_DATA, specx_in_process
 from specx.core.cost.forward import ForwardCost
 from specx.core.cost.shipped import FOLDER
 from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
@@ -16,7 +16,7 @@ from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.predict.replay import replay
 from specx.core.predict.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
 
-from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
+from helpers.logs import good_logs
 
 
 def arr(*tokens):

@@ -12,8 +12,8 @@ from specx.core.model.hf_engine import TransformersEngine, hf_generate
 from specx.core.model.kv_cache import cache_kwarg, new_cache
 from specx.core.model.prefix_cache import PrefixCache
 
-from test_generate import MAKERS, FakeDrafter
-from test_verify import VOCAB, tiny_model
+from helpers.decoding import FakeDrafter, MAKERS
+from helpers.models import VOCAB, tiny_model
 
 SHARED = [5, 9, 17, 33, 2, 71, 40, 8, 61, 23, 19, 88, 3, 54]  # a system prompt every request starts with
 

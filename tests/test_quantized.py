@@ -17,29 +17,13 @@ from specx.core.decode.grammar import json_schema_grammar
 from specx.core.model.quantized import kernel as qkernel, quant
 from specx.core.model.quantized.engine import GGUFError, QuantEngine
 from specx.core.model.quantized.quant import UnsupportedType
+from specx.core.model.random_gguf import random_blocks, tiny_gguf
 
-from test_generate import MAKERS, FakeDrafter, collect
-from test_grammar import SCHEMA
+from helpers.decoding import MAKERS, SCHEMA, FakeDrafter, collect
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
-ON_GGUF_PY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # types gguf-py quantizes (K-quants: random blocks)
-
-
-def random_blocks(rng: np.random.Generator, qtype: int, rows: int, width: int) -> np.ndarray:
-    """Raw rows of random blocks of `qtype`: random bits, with sane float16 scales and mins."""
-    name, size, per = quant.TYPES[int(qtype)]
-    raw = rng.integers(0, 256, size=(rows, width // per, size), dtype=np.uint8)
-    f16 = lambda: rng.uniform(-0.05, 0.05, size=(rows, width // per)).astype(np.float16).view(np.uint8).reshape(
-        rows, width // per, 2)  # noqa: E731
-    if name == "Q6_K":
-        raw[..., 208:210] = f16()
-    else:
-        raw[..., 0:2] = f16()
-        if name in ("Q4_1", "Q5_1", "Q4_K"):
-            raw[..., 2:4] = f16()
-    return raw.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -153,52 +137,6 @@ print("ok")
     env = {**os.environ, "NUMBA_CPU_NAME": cpu_name, "NUMBA_CPU_FEATURES": "", "NUMBA_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
-
-
-def tiny_gguf(path: Path, qtype, *, hidden: int = 256, ffn: int = 512, layers: int = 2, heads: int = 4,
-              kv_heads: int = 2, vocab: int = 49152, seed: int = 0, arch: str = "llama") -> Path:
-    """A tiny random GGUF model (`arch`) with 2-D weights of `qtype` (the output layer tied)."""
-    rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(layers)
-    writer.add_context_length(1024)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(vocab)
-
-    def add(name: str, rows: int, width: int) -> None:
-        if qtype in ON_GGUF_PY:
-            w = rng.standard_normal((rows, width)).astype(np.float32) * np.float32(0.5)
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, random_blocks(rng, qtype, rows, width), raw_dtype=qtype)
-
-    add("token_embd.weight", vocab, hidden)
-    head_dim = hidden // heads
-    for i in range(layers):
-        p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
-        writer.add_tensor(p + "ffn_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
-        add(p + "attn_q.weight", heads * head_dim, hidden)
-        add(p + "attn_k.weight", kv_heads * head_dim, hidden)
-        add(p + "attn_v.weight", kv_heads * head_dim, hidden)
-        if arch == "qwen2":
-            for n, size in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
-                writer.add_tensor(p + f"attn_{n}.bias", rng.standard_normal(size).astype(np.float32))
-        add(p + "attn_output.weight", hidden, heads * head_dim)
-        add(p + "ffn_gate.weight", ffn, hidden)
-        add(p + "ffn_up.weight", ffn, hidden)
-        add(p + "ffn_down.weight", hidden, ffn)
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import AGENT_DATA, specx_in_process
+from helpers.cli import AGENT_DATA, specx_in_process
 from specx.core.cost.forward import ForwardCost
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.decode.verifiers.recorded import ReplayMismatch
@@ -16,7 +16,7 @@ from specx.core.draft import Draft
 from specx.core.index.suffix_index import SuffixIndex
 from specx.core.predict.replay import replay, replay_call
 
-from test_ingest import good_logs, tokenizer  # noqa: F401  (fixture)
+from helpers.logs import good_logs
 
 
 def arr(*tokens):

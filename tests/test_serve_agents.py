@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from conftest import specx_in_process, specx_test_home
-from test_serve import KEY, MODEL, Server
+from helpers.cli import specx_in_process, specx_test_home
+from helpers.servers import KEY, MODEL, Server
 
 SQL_SYSTEM = ("Tables: singer(singer_id, name, country, age), concert(concert_id, year, stadium_id), "
               "stadium(stadium_id, name, capacity). Answer with JSON: the SQL query and the tables it reads, "
@@ -31,7 +31,7 @@ def reference(builtin_model):
 
 
 def tokenize(server, messages):
-    from test_serve import post
+    from helpers.servers import post
 
     status, body = post(server.url + "/tokenize", json.dumps({"messages": messages}).encode())
     assert status == 200, body

@@ -241,9 +241,9 @@ def test_a_real_server_batches_concurrent_openai_clients(tmp_path, tmp_path_fact
     /metrics shows the passes they shared."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from test_serve import Server
+    from helpers.servers import Server
 
-    from conftest import specx_test_home
+    from helpers.cli import specx_test_home
 
     questions = ["How many singers are there?", "List all concert names.", "What is the oldest age?",
                  "Show the themes of 2014 concerts.", "Count concerts per stadium.", "Name singers from France."]

@@ -1,6 +1,6 @@
 """`specx serve` servers started for one test each: a restart that drafts from what was served,
 start options (/tokenize, CORS, --max-model-len) and refusals in the log, SIGTERM mid-stream, the
-port open while loading. The shared helpers (Server, post, ask) are test_serve.py's."""
+port open while loading. The shared helpers (Server, post, ask) are tests/helpers/servers.py's."""
 
 import json
 import os
@@ -16,12 +16,12 @@ import pytest
 
 from specx.store.db import Store
 
-from test_serve import COUNTING, MODEL, Server, _free_port, _specx_home, ask, post
+from helpers.servers import COUNTING, MODEL, Server, ask, free_port, post, specx_home
 
 
 @pytest.mark.slow
 def test_restarted_server_drafts_from_what_it_served(tmp_path, tmp_path_factory):
-    home = _specx_home(tmp_path_factory)
+    home = specx_home(tmp_path_factory)
     db = tmp_path / "warm.db"
     question = "Write a SQL query that lists every singer older than 30, ordered by name."
     first = Server(home, db, "--fixed-size", "--max-spec-tokens", "8")  # no calibration: quick start
@@ -55,7 +55,7 @@ def store_output(db: Path, call_id: int) -> str:
 
 @pytest.mark.slow
 def test_tokenize_detokenize_cors_max_model_len_and_refusals_logged(tmp_path, tmp_path_factory):
-    srv = Server(_specx_home(tmp_path_factory), tmp_path / "t.db", "--no-speculation", "--max-model-len", "256",
+    srv = Server(specx_home(tmp_path_factory), tmp_path / "t.db", "--no-speculation", "--max-model-len", "256",
                  "--allowed-origins", "http://agent.example")
     try:
         status, body = post(srv.url + "/tokenize", json.dumps({"model": MODEL, "prompt": "SELECT name FROM singer"}).encode())
@@ -91,9 +91,9 @@ def test_tokenize_detokenize_cors_max_model_len_and_refusals_logged(tmp_path, tm
         assert "refused detokenize: 400 invalid_value (param tokens)" in log and "Traceback" not in log
     finally:
         srv.stop()
-    too_long = subprocess.run([sys.executable, "-m", "specx", "serve", "--no-speculation", "--port", str(_free_port()),
+    too_long = subprocess.run([sys.executable, "-m", "specx", "serve", "--no-speculation", "--port", str(free_port()),
                                "--db", str(tmp_path / "u.db"), "--max-model-len", "100000"], capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "SPECX_HOME": _specx_home(tmp_path_factory)})
+                              text=True, timeout=300, env={**os.environ, "SPECX_HOME": specx_home(tmp_path_factory)})
     assert too_long.returncode == 2 and "--max-model-len" in too_long.stderr and "Traceback" not in too_long.stderr
 
 
@@ -101,7 +101,7 @@ def test_tokenize_detokenize_cors_max_model_len_and_refusals_logged(tmp_path, tm
 def test_sigterm_ends_the_stream_in_flight_properly_and_persists(tmp_path, tmp_path_factory):
     import http.client
 
-    srv = Server(_specx_home(tmp_path_factory), tmp_path / "s.db", "--no-speculation")
+    srv = Server(specx_home(tmp_path_factory), tmp_path / "s.db", "--no-speculation")
     try:
         ask(srv.client(), "Name a fruit.", 4)  # one stored answer: the index has something to persist
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
@@ -128,8 +128,8 @@ def test_sigterm_ends_the_stream_in_flight_properly_and_persists(tmp_path, tmp_p
 
 @pytest.mark.slow
 def test_the_port_opens_at_once_and_health_says_loading_until_ready(tmp_path, tmp_path_factory):
-    port = _free_port()
-    env = {**os.environ, "SPECX_HOME": _specx_home(tmp_path_factory)}
+    port = free_port()
+    env = {**os.environ, "SPECX_HOME": specx_home(tmp_path_factory)}
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "specx", "serve", "--port", str(port), "--db",
@@ -158,7 +158,7 @@ def test_the_port_opens_at_once_and_health_says_loading_until_ready(tmp_path, tm
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    bad = subprocess.run([sys.executable, "-m", "specx", "serve", "--port", str(_free_port()), "--db",
+    bad = subprocess.run([sys.executable, "-m", "specx", "serve", "--port", str(free_port()), "--db",
                           str(tmp_path / "b.db"), "--model", str(tmp_path / "no-such-model")], capture_output=True,
                          text=True, timeout=300, env=env)
     assert bad.returncode == 1 and "no-such-model" in bad.stderr and "Traceback" not in bad.stderr

@@ -16,9 +16,9 @@ import urllib.request
 import httpx
 import pytest
 
-from conftest import specx_in_process
+from helpers.cli import specx_in_process
 from specx.store.db import Store
-from test_serve import MODEL, Server, _specx_home
+from helpers.servers import MODEL, Server, specx_home
 
 KEYS = {"a": "key-a", "b": "key-b", "c": "key-c"}
 TENANT_TOKENS = 5_000
@@ -30,7 +30,7 @@ PROMPT = "Write a short poem about a lighthouse keeper and the sea."
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory):
     # --fixed-size: whole drafts, so that steps depend on the history alone (not on a learned cost)
-    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("tenants") / "tenants.db",
+    srv = Server(specx_home(tmp_path_factory), tmp_path_factory.mktemp("tenants") / "tenants.db",
                  "--tenant", f"a:{KEYS['a']}", "--tenant", f"b:{KEYS['b']}", "--tenant", f"c:{KEYS['c']}",
                  "--api-key", OPERATOR, "--fixed-size", "--tenant-tokens", str(TENANT_TOKENS),
                  "--stream-interval", str(INTERVAL_MS))
@@ -272,7 +272,7 @@ def test_a_server_killed_while_following_an_ingest_loses_nothing(tmp_path_factor
     reads it then), and the next start drafts from every stored output."""
     from pathlib import Path
 
-    home, db = _specx_home(tmp_path_factory), tmp_path / "killed.db"
+    home, db = specx_home(tmp_path_factory), tmp_path / "killed.db"
     srv = Server(home, db)
     srv.client().completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=8, temperature=0)
     logs = Path(__file__).parent / "fixtures" / "formats"

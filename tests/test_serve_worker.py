@@ -11,7 +11,7 @@ from specx.store.db import Store
 from specx.store.formats import Call
 from specx.store.index import load_index
 from specx.store.served import record_served
-from test_serve import MODEL
+from helpers.servers import MODEL
 
 def test_record_served_stores_a_session_and_its_tokens(tmp_path):
     path = tmp_path / "s.db"
@@ -59,7 +59,7 @@ def tiny_worker(recorder=None):
     from specx.core.decode.stack import Stack
     from specx.core.model.hf_engine import TransformersEngine
     from specx.core.serve.worker import Worker
-    from test_verify import tiny_model
+    from helpers.models import tiny_model
 
     return Worker(Stack(TransformersEngine(tiny_model()), CharTokenizer(), "chars", IndexSize()), recorder=recorder)
 
@@ -97,7 +97,7 @@ def test_a_request_the_store_cannot_take_is_answered_and_the_worker_goes_on(tmp_
     """Issue 39, case 1: a stop string holding a lone surrogate made ServedRecorder.record raise
     UnicodeEncodeError, which ended the worker thread: that request and every later one hung."""
     from specx.store.served import ServedRecorder
-    from test_verify import VOCAB
+    from helpers.models import VOCAB
 
     worker = tiny_worker(ServedRecorder(tmp_path / "s.db", MODEL, "fp", VOCAB, False))
     worker.start()
@@ -193,7 +193,7 @@ def test_a_tenants_losing_drafts_leave_another_tenants_drafting_as_it_was():
     from specx.core.model.hf_engine import TransformersEngine
     from specx.core.serve.scopes import Scopes
     from specx.core.serve.worker import Worker
-    from test_verify import tiny_model
+    from helpers.models import tiny_model
 
     indexes = {"a": SuffixIndex(), "b": SuffixIndex()}
     cost = LearnedCost(ForwardCost((1, 4, 16), (0.01, 0.011, 0.013)))

@@ -1,7 +1,7 @@
 """Damage and hostility a probe found past SQLite's own checks (issue 31): a compressed block
 damaged inside, a block that would expand to gigabytes, JSON nested thousands deep, a lone
 surrogate escape, a record too large to tokenize, two ingests creating one store at once. Each
-runs the command line's entry point (test_store_hostile.specx: in this process, or a real process
+runs the command line's entry point (helpers.stores.specx: in this process, or a real process
 for the deep JSON and the lone surrogate, and the two ingests at once) and checks what is stored."""
 
 import json
@@ -16,7 +16,12 @@ import zstandard
 from specx.store import codec
 from specx.store.db import Store
 
-from test_store_hostile import a_store, one_line_error, sha256, specx, tokenizer, write_pairs  # noqa: F401
+from helpers.stores import a_store, loaded_tokenizer, sha256, specx, write_pairs
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return loaded_tokenizer(tmp_path_factory)
 
 
 def damage_pack(db: Path, pack_id: int = 1) -> None:

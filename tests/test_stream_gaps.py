@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from test_serve import MODEL, Server, _specx_home
+from helpers.servers import MODEL, Server, specx_home
 
 KEYS = {"a": "gaps-key-a", "b": "gaps-key-b"}
 PAIRS = 16
@@ -51,7 +51,7 @@ def sign_test(below: int, above: int) -> float:
 
 @pytest.mark.slow
 def test_a_drafted_answers_gaps_come_from_the_fresh_answers_distribution(tmp_path_factory):
-    srv = Server(_specx_home(tmp_path_factory), tmp_path_factory.mktemp("gaps") / "gaps.db",
+    srv = Server(specx_home(tmp_path_factory), tmp_path_factory.mktemp("gaps") / "gaps.db",
                  "--tenant", f"a:{KEYS['a']}", "--tenant", f"b:{KEYS['b']}", "--backend", "quantized")
     try:
         _gaps(srv, "Name three colors.")  # the learned cost sees its first passes: the pace is learned after

@@ -272,7 +272,7 @@ def test_table_drafts_are_lossless_greedy_and_sampled(alone):
     from specx.core.decode.generate import generate, greedy_decode
     from specx.core.decode.loop import collect
     from specx.core.model.hf_engine import TransformersEngine
-    from test_verify import VOCAB, tiny_model
+    from helpers.models import VOCAB, tiny_model
 
     model = tiny_model(torch.float64)
     engine = TransformersEngine(model)
@@ -351,7 +351,7 @@ def test_generate_keeps_the_table_and_starts_warm_from_it(tmp_path):
     loads it (warm), and its output stays plain decoding's (--compare)."""
     import json
 
-    from conftest import specx_in_process
+    from helpers.cli import specx_in_process
     from specx.store.db import Store
 
     db = tmp_path / "s.db"
@@ -374,7 +374,7 @@ def test_generate_keeps_the_table_and_starts_warm_from_it(tmp_path):
 def test_drafter_choices_the_engines_and_replays_cannot_run_are_refused(tmp_path):
     """--drafter: vLLM drafts from the suffix index only, as does the model-free replay; both refuse the
     table by name (their default is suffix), before any model loads."""
-    from conftest import specx_in_process
+    from helpers.cli import specx_in_process
     from specx.store.db import Store
 
     with Store(tmp_path / "s.db"):
@@ -392,7 +392,7 @@ def test_the_hybrid_is_the_default_only_where_trees_are_verified_on_an_accelerat
     from specx.stack import default_drafter
     from specx.core.model.hf_engine import TransformersEngine
     from specx.core.model.llamacpp import LlamaModel
-    from test_verify import tiny_model
+    from helpers.models import tiny_model
 
     assert default_drafter(SimpleNamespace(tree_unsupported=None, device="cuda")) == "hybrid"
     assert default_drafter(SimpleNamespace(tree_unsupported="linear drafts only", device="cuda")) == "suffix"

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import specx_in_process
+from helpers.cli import specx_in_process
 from specx.store.db import Store, content_key
 from specx.store.ingest import ingest
 from specx.store.merge import merge
 from specx.store.selection import outside_sessions, select_calls
 from specx.store.tenants import PUBLIC, source_key, tenants_in
 
-from test_ingest import tokenizer, write_pairs  # noqa: F401  (fixture)
+from helpers.logs import write_pairs
 
 
 def secrets(path: Path, n: int = 6, seed: int = 0, grow: int = 0) -> Path:

@@ -3,7 +3,8 @@
 package, cli/, imports the store and core; store/ imports core; core neither), the package's
 modules name each other relatively, the product never imports the measuring package, no product
 file passes 400 lines, and nothing outside core/model asks which engine runs a model (issue 40:
-the engine answers, core.model.engine). Read from the sources with `ast`."""
+the engine answers, core.model.engine), by its class, its name or what it has (`hasattr`, issue
+60). Read from the sources with `ast`."""
 
 import ast
 import tomllib
@@ -174,14 +175,21 @@ def test_no_product_file_over_400_lines(graph):
     assert not long, long
 
 
-# the engines (core.model.engine.Engine's implementations), and the test of which one runs that they replaced
-ENGINE_CLASSES = {"LlamaModel", "TransformersEngine", "TransformersSession"}
+# the engines (core.model.engine.Engine's implementations) and their sessions, and the test of which
+# one runs that they replaced; test_every_engine_class_is_known finds them in core/model
+ENGINE_CLASSES = {"LlamaModel", "TransformersEngine", "TransformersSession", "QuantEngine", "QuantSession",
+                  "GPUEngine"}
 ENGINE_CHECKS = {"on_llamacpp"}
+# what only an engine, its session or its model has: `hasattr(x, one)` asks which engine x is
+ENGINE_ATTRIBUTES = {"start", "start_steps", "score_batch", "forward_batch", "keep_path", "new_prefix_cache",
+                     "thread_tuner", "cost_key", "tree_unsupported", "compile_seconds", "weight_bytes",
+                     "multiply_adds"}
 
 
 def engine_tests(source: str) -> list[int]:
     """Lines of `source` that ask which engine they have: isinstance/issubclass or `type(x) is`
-    against an engine class, or an engine check by name."""
+    against an engine class, an engine check by name, or `hasattr` of an engine (a name or
+    attribute `engine`, e.g. `self.engine`, `engine.model`) or of what only an engine has."""
 
     def names(node: ast.AST) -> set[str]:
         return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
@@ -192,6 +200,10 @@ def engine_tests(source: str) -> list[int]:
         call = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
         if call in ("isinstance", "issubclass"):
             if len(node.args) == 2 and names(node.args[1]) & ENGINE_CLASSES:
+                lines.append(node.lineno)
+        elif call == "hasattr" and len(node.args) == 2:
+            asked = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+            if any("engine" in n.lower() for n in names(node.args[0])) or asked in ENGINE_ATTRIBUTES:
                 lines.append(node.lineno)
         elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.Eq)) for op in node.ops):
             sides = [node.left, *node.comparators]
@@ -204,9 +216,28 @@ def engine_tests(source: str) -> list[int]:
     return sorted(set(lines))
 
 
+def engine_classes(path: Path) -> set[str]:
+    """Classes of `path` that are engines or sessions (core.model.engine's Engine: `start` and
+    `plain`; Session: `score` and `keep_path`), methods defined or assigned."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            members |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
+                        if isinstance(t, ast.Name)}
+            if {"start", "plain"} <= members or {"score", "keep_path"} <= members:
+                found.add(node.name)
+    return found
+
+
 def test_no_engine_test_outside_the_engines(graph):
     """What differs between engines is the engine's to answer (core.model.engine.Engine): no module
-    outside core/model, product or example, tests which engine it has."""
+    outside core/model, product or example, tests which engine it has. ENGINE_CLASSES names every
+    engine and session class of core/model (the protocol's own aside): a new engine is checked for
+    as soon as it lands."""
+    model = ROOT / "core" / "model"
+    classes = set().union(*(engine_classes(p) for p in sorted(model.rglob("*.py")) if p != model / "engine.py"))
+    assert classes == ENGINE_CLASSES
     _, found = graph
     paths = {name: path for name, path in found.items() if not name.startswith("specx.core.model")}
     paths |= {f"examples/{p.name}": p for p in sorted((ROOT / "examples").glob("*.py"))}
@@ -230,3 +261,7 @@ def test_the_checks_can_fail(graph):
     planted_tests = ("x = isinstance(model, LlamaModel)\nif on_llamacpp(model): pass\n"
                      "y = type(engine) is llamacpp.LlamaModel\nz = isinstance(model, (int, str))\n")
     assert engine_tests(planted_tests) == [1, 2, 3]
+    planted_sniffs = ("a = hasattr(engine, 'compile_seconds')\nb = hasattr(self.engine, 'anything')\n"
+                      "c = hasattr(model, 'forward_batch')\nd = hasattr(getattr(engine, 'model', None), 'x')\n"
+                      "e = isinstance(x, (QuantEngine, GPUEngine))\nf = hasattr(value, 'tolist')\n")
+    assert engine_tests(planted_sniffs) == [1, 2, 3, 4, 5]

@@ -33,7 +33,7 @@ def calibrate(model: Any, sizes: Sequence[int] = SIZES, *, repeats: int = 3, con
     more than 1 + max draft tokens)."""
     if max_size is not None:
         sizes = [n for n in sizes if n <= max_size] or [1]
-    if hasattr(model, "start"):  # an Engine (core.model.engine): any engine, through its sessions
+    if not isinstance(model, torch.nn.Module):  # an Engine (core.model.engine): any engine, through its sessions
         short = _time_engine_passes(model, sizes, repeats, context)
         long = _time_engine_passes(model, sizes, repeats, long_context) if long_context else None
         return ForwardCost(tuple(int(s) for s in sizes), short, context, long, long_context or 0)
@@ -96,9 +96,6 @@ def pass_bytes(engine: Any) -> tuple[int, int]:
     """(bytes of weights one pass reads, multiply-adds per token) of an Engine: specx's engines count
     their own (the quantized engine's packed weights, the GPU engine's bfloat16 ones), transformers'
     linear layers (their packed float copy), llama.cpp's file."""
-    model = getattr(engine, "model", None)
-    if hasattr(model, "weight_bytes"):
-        return model.weight_bytes, model.multiply_adds
     if getattr(engine, "name", "") == "llama.cpp":
         import gguf
 
@@ -107,6 +104,8 @@ def pass_bytes(engine: Any) -> tuple[int, int]:
         tied = not any(t.name == "output.weight" for t in weights)
         read = [t for t in weights if t.name != "token_embd.weight" or tied]
         return sum(int(t.n_bytes) for t in read), sum(int(t.n_elements) for t in read)
+    if not isinstance(engine.model, torch.nn.Module):  # specx's own engines' models count their weights
+        return engine.model.weight_bytes, engine.model.multiply_adds
     linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
     return (sum(m.weight.numel() * m.weight.element_size() for m in linears),
             sum(m.weight.numel() for m in linears))

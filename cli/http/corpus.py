@@ -158,11 +158,12 @@ class Corpora:
             if name not in held and len(held) >= MAX_CORPORA:
                 raise ApiError(400, f"Your tenant has {len(held)} corpora, the most it may keep: delete one first.",
                                "name")
-            total = sum(n for other, n in held.items() if other != name) + sum(len(t) for t in tokens)
+            adding = sum(len(t) for t in tokens)
+            total = sum(n for other, n in held.items() if other != name) + adding
             if total > self.tenant_tokens:
                 raise ApiError(400, f"Your tenant's corpora would hold {total:,} tokens; it may keep "
                                     f"{self.tenant_tokens:,}: delete one first.", "texts")
-            self._rate(tenant, sum(len(t) for t in tokens))  # (a removal is not charged: each needs a write first)
+            self._rate(tenant, adding)  # (a removal is not charged: each needs a write first)
             tok = self.api.tokenizers
             return add_corpus(store, tenant, name, texts, tokens, (self.fingerprint, self.api.model_names[0],
                                                                    tok.vocab_size))

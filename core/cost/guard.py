@@ -25,6 +25,16 @@ PLAIN_FRESH_S = 2.0  # plain steps this recent tell the guard what plain decodin
 RECENT_WEIGHT = 0.3  # the weight of the latest plain step in their running mean
 
 
+
+def tighter(cap: int | None, ceiling: int | None) -> int | None:
+    """The smaller of two caps on draft nodes, None being no cap.
+
+    >>> tighter(None, 4), tighter(8, None), tighter(8, 1), tighter(None, None)
+    (4, 8, 1, None)
+    """
+    return ceiling if cap is None else cap if ceiling is None else min(cap, ceiling)
+
+
 class DraftGuard:
     """Caps drafts when they stop paying: `max_draft` before a step, `observe_step` after it.
     `shape(n, context)` is the cost curve's seconds(n) / seconds(1) (core.cost.curve.LearnedCurve.shape)."""

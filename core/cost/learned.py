@@ -18,7 +18,7 @@ from typing import Any
 from ..kept import Unusable, read_kept_json, set_aside, write_kept_json
 from .curve import LearnedCurve
 from .forward import ForwardCost
-from .guard import DraftGuard
+from .guard import DraftGuard, tighter
 
 STEP_WINDOW = 512  # the recent steps whose whole time over their pass's says what a step adds to its pass
 STEP_QUANTILE = 0.95  # ... read at this quantile by step_bound
@@ -68,8 +68,7 @@ class LearnedCost:
         return self.curve.passes
 
     def max_draft(self) -> int | None:
-        cap = self.guard.max_draft(anchor_due=self.curve.anchor_due())
-        return self.ceiling if cap is None else cap if self.ceiling is None else min(cap, self.ceiling)
+        return tighter(self.guard.max_draft(anchor_due=self.curve.anchor_due()), self.ceiling)
 
     def step_bound(self, n: int, context: int | None = None) -> float:
         """Seconds a whole step verifying `n` tokens takes at most, but rarely: the pass's learned

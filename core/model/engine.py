@@ -51,7 +51,10 @@ class Engine(Protocol):
     `prompt_lookup`: whether transformers' prompt lookup decoding runs on it (a baseline `plain`
     can run); `cost_curve`: the shipped cost curve (core.cost.shipped, by name) whose shape its
     passes' cost starts from; `hit_tokens`: prompt tokens `start` found already
-    cached, over the engine's life (the server reports each request's share)."""
+    cached, over the engine's life (the server reports each request's share); `batches`: whether
+    several requests' passes run as one (core.serve.batch: batch-invariant kernels, a KV cache per
+    session, `start_steps` and its model's `forward_batch`); `compile_seconds`: how long its
+    kernels took to compile at load (None where it compiles none)."""
 
     name: str
     vocab_size: int
@@ -63,6 +66,8 @@ class Engine(Protocol):
     prompt_lookup: bool
     cost_curve: str
     hit_tokens: int
+    batches: bool
+    compile_seconds: float | None
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> Session:
         """A request's sequence holding `tokens` (a prompt but its last token): its longest cached

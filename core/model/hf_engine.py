@@ -45,6 +45,8 @@ class TransformersEngine:
     """A transformers model (`model`, in eval mode) as an Engine; core.model.load.load_backend makes one."""
 
     name = "transformers"
+    batches = False
+    compile_seconds = None
     prompt_lookup = True
     cost_curve = "cpu"  # the built-in model's passes on a CPU
 

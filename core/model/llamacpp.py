@@ -77,6 +77,8 @@ class LlamaModel:
     """
 
     name = "llama.cpp"
+    batches = False
+    compile_seconds = None
     tree_unsupported = "on llama.cpp a pass costs nearly in proportion to its tokens (core/model/llamacpp.py)"
     prompt_lookup = False  # transformers' prompt lookup does not run here (llama.cpp's own: examples/llamacpp_bench.py)
     kernels = ()  # specx's kernels are transformers'

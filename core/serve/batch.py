@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost.guard import DraftGuard
+from ..cost.guard import DraftGuard, tighter
 from ..decode.stack import Stack
 from ..draft import Draft
 from ..model.prefix_cache import free_memory
@@ -261,7 +261,7 @@ class BatchedEngine:
         for name in ("name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
                      "prompt_lookup", "cost_curve"):
             setattr(self, name, getattr(engine, name))
-        self.hit_tokens = 0
+        self.hit_tokens, self.batches = 0, False  # batches: its passes are already the batcher's
 
     def start(self, tokens: Sequence[int], prefix_cache: Any = None) -> BatchedSession:
         tokens = [int(t) for t in tokens]
@@ -322,8 +322,7 @@ class BatchCost:
     def max_draft(self) -> int | None:
         if len(self.batcher.members) <= 1:
             return self.base.max_draft()
-        cap, ceiling = (self.guard or self.batcher.guard).max_draft(), getattr(self.base, "ceiling", None)
-        return ceiling if cap is None else cap if ceiling is None else min(cap, ceiling)
+        return tighter((self.guard or self.batcher.guard).max_draft(), getattr(self.base, "ceiling", None))
 
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
@@ -383,8 +382,8 @@ def request_stack(stack: Stack, batcher: Batcher, member: Member, guard: DraftGu
 
 def batchable(engine: Any) -> bool:
     """Whether `engine`'s passes can be batched (the quantized engine's: batch-invariant kernels,
-    a KV cache per session)."""
-    return hasattr(engine, "start_steps") and hasattr(getattr(engine, "model", None), "forward_batch")
+    a KV cache per session): the engine says so (core.model.engine.Engine.batches)."""
+    return engine.batches
 
 
 def default_max_batch(engine: Any, context: int) -> int:

@@ -69,6 +69,7 @@ class GPUEngine:
     """core.model.engine.Engine over a GPUModel."""
 
     name = "gpu"
+    batches = True
     prompt_lookup = False
     tree_unsupported = None
     cost_curve = "cpu"  # the shape a pass's cost starts from; learned on the device from the first passes

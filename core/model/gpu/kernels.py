@@ -68,8 +68,9 @@ def _matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_x, stride_w,
                     other=0.0)  # [BK, BN] bfloat16
         if TENSOR_CORES:
             acc = tl.dot(a.to(tl.bfloat16), b, acc)
-        else:
-            acc = tl.dot(a, b.to(tl.float32), acc, input_precision="ieee")
+        else:  # products and sums in one order for every row of the tile: tl.dot in the interpreter is numpy's BLAS,
+            # whose micro-kernels sum a row differently by its place in the tile (seen on AMD Zen 5)
+            acc += tl.sum(a[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0)[None, :]
     tl.store(out_ptr + rm[:, None] * stride_out + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))

@@ -223,6 +223,7 @@ class QuantEngine:
     """core.model.engine.Engine over a QuantModel."""
 
     name = "quantized"
+    batches = True
     prompt_lookup = False
     tree_unsupported = None
     device = "cpu"
