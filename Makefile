@@ -31,7 +31,7 @@ ONE_AT_A_TIME := $(if $(shell command -v flock),flock pyproject.toml,)
 
 .PHONY: setup demo test test-slow test-vllm bench-vllm bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(FIND_LINKS) "$(TORCH_SPEC)"
@@ -62,7 +62,7 @@ demo: setup
 			--methods "llama.cpp,llama.cpp prompt lookup,quantized plain,specx auto"; \
 	else $(VENV)/bin/specx replay --db $(DEMO_DB) --model smollm2-135m --limit 4 --max-tokens 32; fi
 
-$(VLLM_VENV)/.installed: pyproject.toml Makefile
+$(VLLM_VENV)/.installed: pyproject.toml setup.py Makefile
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q $(FIND_LINKS) "$(TORCH_SPEC)"

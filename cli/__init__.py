@@ -1,9 +1,22 @@
-"""specx command-line interface: a thin typer client of specx.core and specx.store.
+"""specx: speculative decoding drafted from a suffix index over your agents' past outputs.
 
-The commands (`app`: ingest, ls, replay and the app itself; `entropy`, `generate`, `serve`, `check`,
-`merge`, `trial`: `specx engines`), what they share (`options`, `output`), the engine choice of
-`--backend auto` (`engines`), the predictor behind entropy and replay (`predict`), the one assembly
-of what decoding with a model needs (`assemble`), and the HTTP API `specx serve` runs (`http/`).
-`ns/` is the `specx` package itself (the vLLM plugin, llama-cpp-python's draft model, the
-measuring package specx.bench).
+The package is this folder; its logic is specx.core (core/) and its store specx.store (store/):
+cli -> store -> core, each importing only the next ones down.
+
+The library face, which the commands, the examples and the bench use:
+    stack       the one assembly of what decoding with a model needs (engine, tokenizer, index,
+                cost, drafter, prefix cache): a core.decode.stack.Stack
+    backends    the engine `--backend auto` runs (the trial's kept choice, else a prior); kept verdicts
+    trial       the engine trial `specx engines` runs (and `specx serve` in the background)
+    home        $SPECX_HOME: the default store, the learned forward-pass cost kept per model and machine
+    predict     the predictor behind `specx entropy` and the projection behind `specx replay`
+    live        a served store watched for new outputs; a shaped stream's pace
+    http/       the OpenAI-compatible HTTP API `specx serve` runs
+    output      tables, JSON, progress and one-line notes on the terminal
+
+The command line, `commands/`: app (the typer app, `ingest`, `ls`, main()), one module per other
+command (entropy, replay, generate, serve, check, merge, engines), options (what they share).
+
+Beside the product: vllm (the vLLM plugin), llama_draft (llama-cpp-python's draft model), and
+bench/ (the measuring package: `specx bench`, added by an entry point; the product never imports it).
 """

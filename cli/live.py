@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specx.core.cost.learned import LearnedCost
+from .core.cost.learned import LearnedCost
 
 DEFAULT_PACE_S = 0.05  # a shaped stream's seconds per token until a pass cost is learned (or with --fixed-size)
 LEARNED_PASSES = 16  # passes the cost must have seen (this run's or kept ones) before it sets the pace
@@ -22,10 +22,10 @@ def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], No
     """(scopes, watcher): each tenant's index built from the store (its rows and the public ones), or
     without tenants one scope over the stack's global index (every stored output); the watcher
     started from what they hold."""
-    from specx.core.serve.scopes import Scopes
-    from specx.store.db import Store
-    from specx.store.tenants import PUBLIC, tenants_in
-    from specx.store.watch import StoreWatcher, load_scopes
+    from .core.serve.scopes import Scopes
+    from .store.db import Store
+    from .store.tenants import PUBLIC, tenants_in
+    from .store.watch import StoreWatcher, load_scopes
 
     with Store(db, readonly="auto") as store:
         held = tenants_in(store)

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import typer
 
-from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
-                                         predict_groups, projected_speedup, replay_sample)
-from specx.core.predict.sampling import draw_stratified
-from specx.store.prompts import iter_prompt_tokens
-from specx.store.selection import PromptMessages
+from .core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
+                                    predict_groups, projected_speedup, replay_sample)
+from .core.predict.sampling import draw_stratified
+from .store.prompts import iter_prompt_tokens
+from .store.selection import PromptMessages
 
 from . import output
 
 if TYPE_CHECKING:
-    from specx.core.predict.methods import MethodReplays
+    from .core.predict.methods import MethodReplays
 
 # `specx replay`'s defaults (model-free): what the prediction predicts (tests check they agree).
 REPLAY_DEFAULTS = {"max_spec_tokens": 32, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_depth": 64,
@@ -81,7 +81,7 @@ def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list
                       on_sample: Callable[[int], None] = lambda calls: None) -> dict[str, Any]:
     """{"overall": {...}, "groups": {key: {...}}, "sample": {...}} for `calls` (stored order);
     `on_sample(n)` once the n calls to replay are drawn, `on_call()` after each is replayed."""
-    from specx.core.predict import methods as replay_lib
+    from .core.predict import methods as replay_lib
 
     params = params or REPLAY_DEFAULTS
     started = time.perf_counter()
@@ -189,7 +189,7 @@ def project_replay(calls: list, prompts: list[np.ndarray], outputs: list[np.ndar
     """`specx replay`'s projected speedups from its own replay of every call: {"overall": {curve:
     {...}}, "groups": {key: {curve: {...}}}}. Uses the replay's measured steps (specx and, when
     replayed, prompt lookup) for flat curves; replays with drafts cut to what pays for the others."""
-    from specx.core.predict import methods as replay_lib
+    from .core.predict import methods as replay_lib
 
     curve_steps = {m: r.curve for m, r in result.results.items()}  # a core.predict.methods.MethodReplays
     specx_steps = [s for _, s in curve_steps["specx"]] if "specx" in curve_steps else None

@@ -1,6 +1,6 @@
-"""`specx engines`: a trial of specx on each engine that can run the model, on the store's own
-prompts, side by side with llama.cpp's plain decoding (core.predict.engines); the choice is kept for
-`--backend auto` (cli/engines.py)."""
+"""The engine trial (`specx engines`, and `specx serve` in the background): specx on each engine
+that can run the model, on the store's own prompts, side by side with llama.cpp's plain decoding
+(core.predict.engines); the choice is kept for `--backend auto` (specx.backends)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,14 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Any
 
-import typer
+from .core.model import cpu
 
-from specx.core.model import cpu
-
-from . import output
-from .engines import (choice_key, gguf_file, gpu_runs, kept_path, llama_verdict, quantized_runs, transformers_fits,
-                      trial_lock, write_kept)
-from .options import DbOpt, JsonOpt, keep_cost, model_cost, specx_home, store_path
+from .backends import (choice_key, gguf_file, gpu_runs, kept_path, llama_verdict, quantized_runs, transformers_fits,
+                       trial_lock, write_kept)
+from .home import keep_cost, model_cost, specx_home, store_path
 
 TRIAL_PROMPT_TOKENS = 768  # a conversation's first prompt: its last tokens (later calls keep the same start)
 TRIAL_PROMPT_LIMIT = 2048  # a conversation's calls are replayed while their prompts stay within this
@@ -40,40 +38,33 @@ PROMPTS = tuple(f"{_SCHEMA}{_SHOTS}-- {q}\nAnswer with one SQL query." for q in 
     'Answer with JSON only, {"name": "search", "arguments": {"query": ...}}, to look up who wrote Hamlet.',)
 
 
-def engines_cmd(
-    model: Annotated[str, typer.Option(help="Model: built-in name or .gguf file (an HF folder has one engine).",
-                                       envvar="SPECX_MODEL")] = "smollm2-135m",
-    db: DbOpt = None,
-    requests: Annotated[int, typer.Option(min=2, help="Prompts of the trial (the store's latest; the first "
-                                                      "untimed).")] = TRIAL_REQUESTS,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per request.")] = TRIAL_MAX_TOKENS,
-    json_out: JsonOpt = False,
-) -> None:
-    """Measure which engine runs specx fastest for this model on this machine, and keep the choice.
+@dataclass
+class Trial:
+    """A trial's outcome: `data` (what --json prints), each method's figures (core.predict.engines),
+    the choice, whether it was kept, and the trial lock (held while this is: until the command ends)."""
+    data: dict[str, Any]
+    figures: dict[str, Any]
+    choice: Any
+    kept: bool
+    lock: Any = None
 
-    Proves llama.cpp in a child process first (a native crash never takes specx down), then replays
-    the store's latest conversations as an agent sends them: consecutive calls of one conversation
-    (up to 3 each, the first prompt cut to its last 768 tokens and the later ones from the same
-    start, up to 2048), each engine with the prefix cache `specx serve` keeps (llama.cpp reusing
-    its last prompt's start), through specx on each engine that can hold the model and through
-    llama.cpp's plain decoding, taking turns request by request, whole requests timed (prefill
-    included; built-in agent-like prompts when the store has none).
-    `--backend auto` in serve, generate and replay uses the choice from then on; `specx serve`
-    runs this in the background when no choice was made here.
 
-    Example: [bold]specx engines[/]   (the built-in model: llama.cpp against transformers)
-    Example: [bold]specx engines --model path/to/model.gguf --db agents.db --json[/]
-    """
-    from specx.core.decode.generate import generate
-    from specx.core.decode.loop import collect
-    from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.model import llamacpp
-    from specx.core.model.load import ModelError, load_backend, load_tokenizer
-    from specx.core.predict.engines import REFERENCE, choose, specx_method, timed, trial
+def run_trial(model: str, db: Path | None, requests: int, max_tokens: int, say: Callable[[str], None],
+              progress: Callable[[], Any]) -> Trial:
+    """`specx engines`' trial (its help says what it does): each engine that can run `model` here,
+    timed on the store's latest conversations (`db`; built-in prompts without one), the choice kept
+    for `--backend auto` unless the machine was disturbed. `say` hears what happens; `progress`
+    makes the bar the requests advance (the CLI's output.progress)."""
+    from .core.decode.generate import generate
+    from .core.decode.loop import collect
+    from .core.decode.speculate import SuffixDrafter
+    from .core.model import llamacpp
+    from .core.model.load import ModelError, load_backend, load_tokenizer
+    from .core.predict.engines import REFERENCE, choose, specx_method, timed, trial
 
-    from specx.core.predict.disturbance import others_share, sample
+    from .core.predict.disturbance import others_share, sample
 
-    lock = trial_lock(output.note)  # held until this process ends
+    lock = trial_lock(say)  # held while the Trial returned is
     if lock is None:
         raise ModelError("another engine trial is running on this machine (`specx serve` starts one in the background "
                          "when no choice was made): try again when it ends")
@@ -84,7 +75,6 @@ def engines_cmd(
         raise ModelError(f"{model!r} is not a GGUF model: it runs on transformers only, there is nothing to choose")
     if not path.is_file():
         raise ModelError(f"no such GGUF file: {path}")
-    say = output.note
     engines = []
     verdict = None
     if llamacpp.available():
@@ -121,7 +111,7 @@ def engines_cmd(
             learn=False, prefix_cache=cache), collect))(net, drafter, cost, threads, cache)
     if "llama.cpp" in engines:
         runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
-    with output.progress() as bar:
+    with progress() as bar:
         task = bar.add_task("trial: requests x methods", total=len(prompts) * len(runners))
         before = sample()
         figures = trial(runners, prompts, warmup=1, on_request=lambda: bar.advance(task))
@@ -137,32 +127,14 @@ def engines_cmd(
             "probe": verdict.to_json() if verdict else None, "prompts": source, "choice": choice.to_json(),
             "identical_llama_cpp": identical, "requests_timed": len(prompts) - 1, "kept": kept,
             "others_cpu_share": disturbed}
-    say(choice.line())
-    if json_out:
-        output.print_json(data)
-        if not kept:
-            raise typer.Exit(1)
-        return
-    ref = figures.get(REFERENCE)
-    rows = [[name, f.tokens_per_s, f.tokens_per_s / ref.tokens_per_s if ref and ref.tokens_per_s else None,
-             f.tokens_per_step, f.decode_tokens_per_s, f.prefill_ms_per_token, f.tokens]
-            for name, f in figures.items()]
-    output.print_table(f"specx on each engine, {cpu.model_name()} ({' '.join(cpu.instruction_sets())}): "
-                       f"{len(prompts) - 1} timed requests", ["method", "tokens/s", f"x {REFERENCE}", "tokens/step",
-                                                              "decode tokens/s", "prefill ms/token", "tokens"],
-                       rows, caption=f"tokens/s: whole requests, prefill included; higher is better. "
-                                     f"Chosen: {choice.engine}"
-                                     + (f"; specx on llama.cpp identical to llama.cpp plain on {identical}/"
-                                        f"{len(prompts) - 1}" if identical is not None else ""))
-    if not kept:
-        raise typer.Exit(1)
+    return Trial(data, figures, choice, kept, lock)
 
 
 def keep_choice(choice: Any, key: dict[str, Any], disturbed: float | None, say: Callable[[str], None]) -> bool:
     """Keep a trial's choice for `--backend auto`, unless other processes held more than
     DISTURBED_SHARE of the cores while it ran (`disturbed`, core.predict.disturbance): then say
     so and keep nothing, and the next start measures again. Whether it was kept."""
-    from specx.core.predict.disturbance import DISTURBED_SHARE
+    from .core.predict.disturbance import DISTURBED_SHARE
 
     if disturbed is not None and disturbed > DISTURBED_SHARE:
         say(f"the trial was disturbed: other processes held {disturbed:.0%} of this machine's {os.cpu_count()} cores "
@@ -177,7 +149,7 @@ def trial_store(db: Path) -> None:
     """Refuse, in one line (StoreError), a `--db` that is not an existing specx store: a trial on
     a missing path, a folder or /dev/null would run on the built-in prompts and keep that choice as
     the workload's, and an empty file would become a store."""
-    from specx.store.db import Store, StoreError
+    from .store.db import Store, StoreError
 
     if not db.exists():
         raise StoreError(f"{db}: no such store (pass the store the workload was ingested into)")
@@ -190,14 +162,14 @@ def trial_store(db: Path) -> None:
 def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[int]], str]:
     """The global index and the trial's prompts: the store's latest conversations for this
     tokenizer (`_conversations`), else the built-in prompts."""
-    from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.model.load import render_prompt, tokenizer_fingerprint
+    from .core.index.suffix_index import SuffixIndex
+    from .core.model.load import render_prompt, tokenizer_fingerprint
 
     if db.is_file():
-        from specx.store.db import Store
-        from specx.store.index import index_for
-        from specx.store.prompts import model_prompts
-        from specx.store.selection import select_calls
+        from .store.db import Store
+        from .store.index import index_for
+        from .store.prompts import model_prompts
+        from .store.selection import select_calls
 
         with Store(db, readonly="auto") as store:
             fingerprint = tokenizer_fingerprint(tok)
@@ -273,8 +245,8 @@ def _stock_llama_runner(path: Path, max_tokens: int, eos: int) -> Callable[[list
     cache specx uses (Q8_0: the same tokens), timed as core.predict.engines.Request."""
     from llama_cpp import Llama
 
-    from specx.core.model.llamacpp import CACHE_TYPES
-    from specx.core.predict.engines import Request
+    from .core.model.llamacpp import CACHE_TYPES
+    from .core.predict.engines import Request
 
     threads = os.cpu_count() or 1
     llm = Llama(model_path=str(path), n_ctx=4096, n_threads=threads, n_threads_batch=threads, flash_attn=True,

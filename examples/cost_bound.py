@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.cli.options import specx_home
+from specx.home import specx_home
 from specx.bench.calibrate import calibrate
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.cost.forward import ForwardCost

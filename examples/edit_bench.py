@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specx.cli.assemble import assemble
+from specx.stack import assemble
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect

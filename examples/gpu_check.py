@@ -283,7 +283,7 @@ def main() -> None:
             prompts, eos = [[1, 2, 3, 4], [9, 8, 7]], None
         else:
             path, real = model_file(name, args.folder)
-            from specx.cli.trial import PROMPTS
+            from specx.trial import PROMPTS
             from specx.core.model.load import load_tokenizer
 
             tok = load_tokenizer("smollm2-135m", Path("/tmp/specx-gpu-check-models"))

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from specx.cli.assemble import assemble
-from specx.cli.options import keep_cost, specx_home
-from specx.cli.output import progress
+from specx.stack import assemble
+from specx.home import keep_cost, specx_home
+from specx.output import progress
 from specx.core.decode.hybrid import TAU, HybridDrafter, table_nodes
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.index.successors import TABLE_K, SuccessorTable

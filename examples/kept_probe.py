@@ -96,13 +96,13 @@ def huge_header(home: Path) -> Path:
 def engine_file(kind: str, doc: object) -> Callable[[Path], None]:
     """Write `doc` as every kept engine file of `kind` the built-in model's start reads."""
     def setup(home: Path) -> None:
-        from specx.cli import engines
+        from specx import backends
         from specx.core.model.load import builtin_gguf
 
         os.environ["SPECX_HOME"] = str(home)
         path = builtin_gguf("smollm2-135m")
-        key = engines._probe_key(path) if kind == "probe" else engines.choice_key("smollm2-135m", path)
-        at = engines.kept_path(kind, key)
+        key = backends._probe_key(path) if kind == "probe" else backends.choice_key("smollm2-135m", path)
+        at = backends.kept_path(kind, key)
         at.parent.mkdir(parents=True, exist_ok=True)
         at.write_text(json.dumps(doc))
     return setup

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.cli.options import specx_home
+from specx.home import specx_home
 from specx.bench.calibrate import calibrate
 from specx.core.model import matmul
 from specx.core.model.load import load_model

@@ -13,7 +13,7 @@ weighs on all alike), greedy, at most --max-new-tokens each:
   decoding one token per pass: what `specx serve --backend quantized --no-speculation` runs.
 - `specx quantized`: specx on the quantized engine (suffix drafts verified as trees).
 - `specx auto`: specx on the engine `--backend auto` picks here (`specx engines`' kept choice, else
-  the prior: cli/engines.py), with caches of its own: what `specx serve` with no option runs.
+  the prior: cli/backends.py), with caches of its own: what `specx serve` with no option runs.
 
 The header names the CPU and its instruction sets: which engine wins depends on them (docs/llamacpp.md).
 "identical" compares each specx method with its own engine's plain decoding (llama.cpp's for specx
@@ -48,9 +48,9 @@ sys.path.insert(0, str(HERE))
 
 from text2sql_bench import DEFAULT_SPIDER, spider_prompts  # noqa: E402
 
-from specx.cli.engines import llama_build, resolve_backend  # noqa: E402
-from specx.cli.options import keep_cost, model_cost, specx_home  # noqa: E402
-from specx.cli.output import progress  # noqa: E402
+from specx.backends import llama_build, resolve_backend  # noqa: E402
+from specx.home import keep_cost, model_cost, specx_home  # noqa: E402
+from specx.output import progress  # noqa: E402
 from specx.core.cost.acceptance import AcceptanceModel  # noqa: E402
 from specx.core.decode.generate import generate  # noqa: E402
 from specx.core.decode.loop import collect  # noqa: E402

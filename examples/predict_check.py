@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from specx.cli import predict as predict_lib
-from specx.cli.options import specx_home
+from specx import predict as predict_lib
+from specx.home import specx_home
 from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
 from specx.core.predict import methods as replay_lib
 from specx.core.predict.entropy import empirical_entropy

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specx.cli.assemble import assemble
-from specx.cli.options import keep_cost, specx_home
-from specx.cli.output import progress
+from specx.stack import assemble
+from specx.home import keep_cost, specx_home
+from specx.output import progress
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import collect

@@ -274,7 +274,7 @@ def main() -> None:
 
 def builtin_model_folder() -> Path:
     """The built-in model as an HF folder (converted once from its GGUF, as specx does)."""
-    from specx.cli.options import specx_home
+    from specx.home import specx_home
     from specx.core.model.load import DEFAULT_MODEL, load_model
 
     folder = specx_home() / "models" / DEFAULT_MODEL

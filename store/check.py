@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from specx.core.index.suffix_array import build_suffix_array
-from specx.core.index.tokens import SuffixIndexError
+from ..core.index.suffix_array import build_suffix_array
+from ..core.index.tokens import SuffixIndexError
 
 from .db import IndexState, Store, StoreError, connect_readonly
 from .index import load_persisted

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from specx.core.index.suffix_index import SuffixIndex
+from ..core.index.suffix_index import SuffixIndex
 
 from .db import IndexState, Store
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from specx.core.index.successors import SuccessorTable
+from ..core.index.successors import SuccessorTable
 
 from .calls import ids_without_tokens, insert_calls, insert_tokens
 from .db import Store, StoreError, content_key

@@ -4,7 +4,7 @@ server and its replicas draft from a warm table."""
 
 from __future__ import annotations
 
-from specx.core.index.successors import SuccessorTable, SuccessorTableError
+from ..core.index.successors import SuccessorTable, SuccessorTableError
 
 from . import codec
 from .db import Store, StoreError

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specx.core.index.suffix_index import SuffixIndex
+from ..core.index.suffix_index import SuffixIndex
 
 from .db import Store, StoreError
 from .index import MAX_DEPTH
@@ -36,7 +36,7 @@ def scope_index(tenants: list[str] | None, rows: list[Row], max_depth: int = MAX
 def load_scopes(store: Store, fingerprint: str, tenants: list[str], max_depth: int = MAX_DEPTH) -> tuple[Any, int, int]:
     """The scopes of a server with `tenants` (each its own rows and the public ones), built from the
     store, and (count, last rowid) of the token rows they hold, for the watcher to go on from."""
-    from specx.core.serve.scopes import Scopes, drafts_from
+    from ..core.serve.scopes import Scopes, drafts_from
 
     tokenizer_id = store.tokenizer_id(fingerprint)
     count, last = store.token_rows(tokenizer_id) if tokenizer_id is not None else (0, 0)

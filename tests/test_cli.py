@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer.main
 
-from specx.cli.app import app
+from specx.commands.app import app
 
 
 def run(*args, env=None):

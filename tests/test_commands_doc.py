@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from specx.cli.app import app
+from specx.commands.app import app
 
 DOC = Path(os.environ.get("SPECX_COMMANDS_DOC") or Path(__file__).resolve().parents[1] / "docs" / "commands.md")
 

@@ -17,9 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # pyproject.toml's package-dir: source folder -> package (the longest folder that holds a file wins)
 PACKAGE_DIRS = {
-    "cli/ns/bench": "specx.bench",
-    "cli/ns": "specx",
-    "cli": "specx.cli",
+    "cli": "specx",
     "core": "specx.core",
     "store": "specx.store",
 }
@@ -34,7 +32,7 @@ OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 def module_name(path: Path) -> str:
     """The module a source file installs as: core/cost/forward.py -> specx.core.cost.forward,
-    cli/ns/vllm.py -> specx.vllm, store/formats/__init__.py -> specx.store.formats."""
+    cli/vllm.py -> specx.vllm, store/formats/__init__.py -> specx.store.formats."""
     relative = path.relative_to(ROOT).with_suffix("")
     parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
     for folder in sorted(PACKAGE_DIRS, key=lambda f: -len(Path(f).parts)):
@@ -64,9 +62,9 @@ MODULES = modules_with_examples()
 def test_module_names_follow_the_package_mapping():
     assert module_name(ROOT / "core/cost/forward.py") == "specx.core.cost.forward"
     assert module_name(ROOT / "store/formats/_chat.py") == "specx.store.formats._chat"
-    assert module_name(ROOT / "cli/ns/vllm.py") == "specx.vllm"
-    assert module_name(ROOT / "cli/ns/bench/command.py") == "specx.bench.command"
-    assert module_name(ROOT / "cli/app.py") == "specx.cli.app"
+    assert module_name(ROOT / "cli/vllm.py") == "specx.vllm"
+    assert module_name(ROOT / "cli/bench/command.py") == "specx.bench.command"
+    assert module_name(ROOT / "cli/commands/app.py") == "specx.commands.app"
     assert module_name(ROOT / "core/index/__init__.py") == "specx.core.index"
 
 

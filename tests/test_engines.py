@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specx.cli import engines
+from specx import backends as engines
 from specx.core.model import cpu
 from specx.core.model.probe import prove
 from specx.core.predict.engines import REFERENCE, Figures, Request, choose, trial
@@ -257,7 +257,7 @@ def test_a_fifo_or_folder_at_the_trial_lock_is_set_aside(damage):
     a folder there was a bare [Errno 21]."""
     import signal
 
-    from specx.cli.options import specx_home
+    from specx.home import specx_home
 
     path = specx_home() / "engines" / "trial.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -284,7 +284,7 @@ def test_a_disturbed_trial_is_said_and_not_kept(tmp_path):
     """Issue 47, case 10: beside a second trial one recorded 1.91x llama.cpp plain for specx on
     llama.cpp (0.88-0.92x undisturbed), and it was kept. Now the share of the cores other processes
     held is measured over the trial; past DISTURBED_SHARE the choice is said and not kept."""
-    from specx.cli.trial import keep_choice
+    from specx.trial import keep_choice
     from specx.core.predict.disturbance import CpuSample, others_share, sample
     from specx.core.predict.engines import Choice
 
@@ -310,7 +310,7 @@ def test_the_trial_replays_stored_conversations_call_after_call(tmp_path, tokeni
     """The trial's prompts are the store's conversations as an agent sends them: consecutive calls
     of one conversation, each starting as the one before (what the prefix caches reuse), the first
     cut to its last TRIAL_PROMPT_TOKENS, none past TRIAL_PROMPT_LIMIT."""
-    from specx.cli.trial import TRIAL_PROMPT_LIMIT, TRIAL_PROMPT_TOKENS, _common, _trial_prompts
+    from specx.trial import TRIAL_PROMPT_LIMIT, TRIAL_PROMPT_TOKENS, _common, _trial_prompts
     from specx.store.db import Store
     from specx.store.ingest import ingest
 

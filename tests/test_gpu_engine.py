@@ -256,7 +256,7 @@ def test_the_backend_is_refused_in_one_line_without_cuda(monkeypatch, tmp_path):
 def test_auto_takes_the_gpu_once_a_trial_here_chose_it(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from specx.cli import engines
+    from specx import backends as engines
     from specx.core.model.gpu import engine as gpu_engine
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path / "home"))

@@ -4,9 +4,9 @@ a fake tokenizer (characters as tokens) stands in for the model's, so these run 
 
 import pytest
 
-from specx.cli.http.errors import ApiError
-from specx.cli.http.requests import parse_request
-from specx.cli.http.tokens import Tokenizers
+from specx.http.errors import ApiError
+from specx.http.requests import parse_request
+from specx.http.tokens import Tokenizers
 
 MODEL = "smollm2-135m"
 
@@ -214,7 +214,7 @@ def test_parse_prediction():
 def test_kept_fields_and_predictions_are_bounded():
     """What a request stores or holds in memory has a bound, refused with a 400 naming the param
     (a probe sent 250 KB names in 100 messages, 1 MB stop strings and a 10 MB prediction)."""
-    from specx.cli.http.requests import MAX_MESSAGES_FIELDS_CHARS, MAX_NAME_CHARS, MAX_STOP_CHARS
+    from specx.http.requests import MAX_MESSAGES_FIELDS_CHARS, MAX_NAME_CHARS, MAX_STOP_CHARS
 
     def refused(body, context=10_000):
         with pytest.raises(ApiError) as err:
@@ -281,7 +281,7 @@ def test_lone_surrogates_anywhere_are_refused_naming_the_param(body, endpoint, p
 
 
 def test_tokenize_refuses_lone_surrogates_and_text_that_cannot_fit():
-    from specx.cli.http.requests import parse_detokenize, parse_tokenize
+    from specx.http.requests import parse_detokenize, parse_tokenize
 
     tokenizers = Tokenizers(FakeTokenizer(), 1000)
     for body, param in (({"prompt": "\ud800"}, "prompt"), ({"model": "\ud800", "prompt": "x"}, "model"),
@@ -334,7 +334,7 @@ def test_an_api_key_no_client_can_send_is_refused():
     it (an HTTP header carries visible ASCII only): every request got 401."""
     import typer
 
-    from specx.cli.http.app import Api
+    from specx.http.app import Api
 
     bad, good = ("clé", "ключ", "two words", "tab\tkey", "nul\x00"), (None, "", "sk-Abc_123.~!")
     for key in bad:
@@ -342,7 +342,7 @@ def test_an_api_key_no_client_can_send_is_refused():
             Api(None, [MODEL], key)
     for key in good:
         Api(None, [MODEL], key)
-    from specx.cli.options import check_api_key  # what `specx serve` calls: one line naming --api-key
+    from specx.commands.options import check_api_key  # what `specx serve` calls: one line naming --api-key
 
     for key in bad:
         with pytest.raises(typer.BadParameter) as err:
@@ -355,7 +355,7 @@ def test_an_api_key_no_client_can_send_is_refused():
 def test_detokenize_is_bounded_by_the_context_before_anything_is_checked_or_decoded():
     """Issue 47, case 2: 15,000,000 ids in a 30 MB body were decoded (a 180 MB answer, the server
     from 0.76 to 4.5 GB, /health held for 11.8 s). More ids than the context is a 400 naming `tokens`."""
-    from specx.cli.http.requests import parse_detokenize
+    from specx.http.requests import parse_detokenize
 
     assert parse_detokenize({"tokens": [1] * 64}, [MODEL], 1000, 64) == [1] * 64
     for tokens in ([1] * 65, ["not an id"] * 15_000_000):  # refused by their count, before each is looked at

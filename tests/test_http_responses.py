@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specx.cli.http.responses import HeldText
+from specx.http.responses import HeldText
 from specx.core.serve.tools import parse_tool_calls
 from specx.core.serve.job import GenerationRequest
 

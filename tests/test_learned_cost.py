@@ -288,8 +288,8 @@ DAMAGED = {  # how a kept cost file can be damaged, and how to damage it
 
 
 def _model_cost(net, said, timeout=60.0):
-    """cli.options.model_cost in a thread that must end within `timeout` s (a FIFO once hung it)."""
-    from specx.cli.options import model_cost
+    """specx.home.model_cost in a thread that must end within `timeout` s (a FIFO once hung it)."""
+    from specx.home import model_cost
 
     out = []
     thread = threading.Thread(target=lambda: out.append(model_cost(net, "tiny", said.append)), daemon=True)
@@ -305,7 +305,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     """Issue 39, cases 2-4: whatever stands where the learned cost is kept, a start goes on from
     the shipped curve, sets the thing aside under a name that says so (one line naming it and
     why), and the next keep writes a good file in its place."""
-    from specx.cli.options import keep_cost
+    from specx.home import keep_cost
     from specx.core.model.hf_engine import TransformersEngine
     from helpers.models import tiny_model
 
@@ -339,7 +339,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
 
 def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monkeypatch):
     """Issue 39, case 2: a directory where the cost is kept left a learned-*.PID.tmp behind."""
-    from specx.cli.options import keep_cost
+    from specx.home import keep_cost
     from specx.core.model.hf_engine import TransformersEngine
     from helpers.models import tiny_model
 
@@ -420,12 +420,12 @@ def test_a_right_curve_under_noise_is_never_forgotten():
 
 
 def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_verify():
-    """cli.live.stream_pace: a shaped server's drafts are capped at SHAPED_DRAFT nodes (whatever the
+    """specx.live.stream_pace: a shaped server's drafts are capped at SHAPED_DRAFT nodes (whatever the
     guard would allow), and a slot is never shorter than a pass with them times the high quantile of
     what steps added to their passes; an interval asked below that is raised with tenants."""
     from types import SimpleNamespace
 
-    from specx.cli.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
+    from specx.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
 
     cost = LearnedCost(ForwardCost((1, 8, 16), (0.01, 0.02, 0.03)))
     for i in range(LEARNED_PASSES + 40):  # steps 1.1x their pass, one in ten 1.5x; drafts all accepted

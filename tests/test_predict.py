@@ -235,7 +235,7 @@ def _store_calls(tmp_path, tokenizer):  # noqa: F811
 
 
 def test_a_sampled_call_measures_what_the_full_replay_measures(tmp_path, tokenizer):  # noqa: F811
-    from specx.cli.predict import REPLAY_DEFAULTS
+    from specx.predict import REPLAY_DEFAULTS
     from specx.core.predict.methods import make_drafter
 
     calls, prompts, outputs = _store_calls(tmp_path, tokenizer)
@@ -273,7 +273,7 @@ def test_prompts_tokenized_in_a_thread_from_a_snapshot_equal_prompt_tokens(tmp_p
     """What the prediction's walk reads (PromptMessages read once, iter_prompt_tokens in small
     chunks, in a thread) is prompt_tokens' result, item for item, and the thread's error reaches
     the reader."""
-    from specx.cli.predict import Prefetched
+    from specx.predict import Prefetched
     from specx.store.db import Store
     from specx.store.ingest import ingest
     from specx.store.prompts import iter_prompt_tokens, prompt_tokens
@@ -316,7 +316,7 @@ def db(tmp_path_factory, tokenizer):  # noqa: F811
 
 
 def test_entropy_predicts_what_replay_measures(db):
-    from specx.cli.predict import REPLAY_DEFAULTS
+    from specx.predict import REPLAY_DEFAULTS
 
     replayed = run("replay", "--db", db, "--json", "--no-baselines")
     assert replayed.returncode == 0, replayed.stderr

@@ -108,7 +108,7 @@ def test_budget_least_recently_used_first_out_and_extensions_replace():
 
 
 def test_kv_memory_is_sized_from_the_models_bytes_per_token():
-    from specx.cli.assemble import kv_budget_tokens
+    from specx.stack import kv_budget_tokens
     from specx.core.model.prefix_cache import kv_bytes_per_token, parse_bytes
 
     engine = TransformersEngine(tiny_model(torch.float64))

@@ -27,7 +27,7 @@ SYSTEM = ("You write SQLite queries for this schema.\nCREATE TABLE singer (singe
 
 @pytest.fixture(scope="module")
 def stack():
-    from specx.cli.assemble import assemble
+    from specx.stack import assemble
 
     return assemble("smollm2-135m", backend="quantized", dtype=None, say=lambda m: None, prefix_cache_tokens=8192)
 

@@ -87,7 +87,7 @@ def test_keys_name_tenants_and_the_operator_alone_reads_the_metrics(tenants):
 
 
 def test_tenant_keys_from_a_private_file_or_the_environment_and_an_unpaced_stream_refused(tmp_path):
-    from specx.cli.http.auth import read_tenant_file
+    from specx.http.auth import read_tenant_file
 
     path = tmp_path / "tenants"
     path.write_text("# team keys\na:key-from-file-a\n\nb:key-from-file-b\n")

@@ -156,7 +156,7 @@ def test_health_is_503_with_the_reason_when_the_worker_is_gone(monkeypatch):
     for ever. Now /health is 503 with the reason, the request that ended it and later ones get a 503."""
     import asyncio
 
-    from specx.cli.http.app import Api
+    from specx.http.app import Api
     from specx.core.serve.metrics import Metrics
 
     class Bug(BaseException):  # what nothing catches: only a bug in the worker itself

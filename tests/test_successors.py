@@ -198,7 +198,7 @@ def test_a_hostile_kept_table_is_refused_before_anything_is_allocated():
 def test_a_damaged_table_row_is_said_and_a_new_table_started(tmp_path, damage):
     """Issue 47, case 3: a `blob` stored as TEXT or INTEGER was a TypeError traceback in generate,
     serve and merge; now it is "damaged", a new table starts, and merge goes on."""
-    from specx.cli.assemble import kept_table
+    from specx.stack import kept_table
     from specx.store import codec
     from specx.store.db import Store
     from specx.store.merge import merge
@@ -389,7 +389,7 @@ def test_drafter_choices_the_engines_and_replays_cannot_run_are_refused(tmp_path
 def test_the_hybrid_is_the_default_only_where_trees_are_verified_on_an_accelerator():
     from types import SimpleNamespace
 
-    from specx.cli.options import default_drafter
+    from specx.stack import default_drafter
     from specx.core.model.hf_engine import TransformersEngine
     from specx.core.model.llamacpp import LlamaModel
     from helpers.models import tiny_model

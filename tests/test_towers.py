@@ -1,8 +1,10 @@
 """The package's structure (issue 32): core/'s towers import one way, nothing imports in a cycle
-(imports inside functions and under TYPE_CHECKING included), the product never imports the
-measuring package, no product file passes 400 lines, and nothing outside core/model asks which
-engine runs a model (issue 40: the engine answers, core.model.engine), by its class, its name or
-what it has (`hasattr`, issue 60). Read from the sources with `ast`."""
+(imports inside functions and under TYPE_CHECKING included), the floors too (issue 60: the
+package, cli/, imports the store and core; store/ imports core; core neither), the package's
+modules name each other relatively, the product never imports the measuring package, no product
+file passes 400 lines, and nothing outside core/model asks which engine runs a model (issue 40:
+the engine answers, core.model.engine), by its class, its name or what it has (`hasattr`, issue
+60). Read from the sources with `ast`."""
 
 import ast
 import tomllib
@@ -103,6 +105,31 @@ def against_towers(edges: dict[str, set[str]]) -> list[str]:
     return sorted(wrong)
 
 
+FLOORS = ["specx.core", "specx.store", "specx"]  # bottom up: core/, store/, cli/ (the rest of specx)
+
+
+def floor(name: str) -> int:
+    return next(i for i, prefix in enumerate(FLOORS) if name == prefix or name.startswith(prefix + "."))
+
+
+def against_floors(edges: dict[str, set[str]]) -> list[str]:
+    """Imports that point up a floor: core importing the store or cli/, the store importing cli/."""
+    return sorted(f"{name} -> {target}" for name, targets in edges.items() for target in targets
+                  if target.startswith("specx") and floor(target) > floor(name))
+
+
+def absolute_imports(source: str) -> list[int]:
+    """Lines of `source` that import the package by its absolute name (`from specx.core.x import y`,
+    `import specx.store`) rather than relatively (`from .core.x import y`)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "specx":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "specx" for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
 def test_no_import_cycle(graph):
     cycle = find_cycle(graph[0])
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -111,6 +138,27 @@ def test_no_import_cycle(graph):
 def test_towers_import_one_way(graph):
     wrong = against_towers(graph[0])
     assert not wrong, "imports against the towers' direction:\n" + "\n".join(wrong)
+
+
+def test_setup_finds_the_folders_pyproject_maps():
+    """setup.py finds the packages in the folders pyproject.toml's package-dir maps (one mapping, two files)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assignments = [n for n in ast.parse((ROOT / "setup.py").read_text()).body if isinstance(n, ast.Assign)]
+    folders = next(ast.literal_eval(n.value) for n in assignments if n.targets[0].id == "FOLDERS")
+    assert folders == config == {"specx": "cli", "specx.core": "core", "specx.store": "store"}
+
+
+def test_floors_import_down(graph):
+    wrong = against_floors(graph[0])
+    assert not wrong, "imports up a floor (core <- store <- cli):\n" + "\n".join(wrong)
+
+
+def test_the_package_imports_itself_relatively(graph):
+    """The package's modules (cli/, store/, core/) import each other relatively, so a drawing of the
+    folders' imports connects them; tests and examples use the absolute names."""
+    _, found = graph
+    wrong = [f"{name}:{line}" for name, path in found.items() for line in absolute_imports(path.read_text())]
+    assert not wrong, "absolute imports of specx in the package:\n" + "\n".join(wrong)
 
 
 def test_the_product_never_imports_the_bench(graph):
@@ -205,6 +253,11 @@ def test_the_checks_can_fail(graph):
     planted["specx.core.index.suffix_index"].add("specx.core.decode.loop")
     assert against_towers(planted) == ["specx.core.index.suffix_index -> specx.core.decode.loop"]
     assert find_cycle(planted) is not None
+    planted["specx.store.db"].add("specx.stack")
+    planted["specx.core.draft"].add("specx.store.db")
+    assert against_floors(planted) == ["specx.core.draft -> specx.store.db", "specx.store.db -> specx.stack"]
+    assert absolute_imports("from specx.core.draft import Draft\nimport specx.store\nfrom .core import draft\n"
+                            "from specxy import z\n") == [1, 2]
     planted_tests = ("x = isinstance(model, LlamaModel)\nif on_llamacpp(model): pass\n"
                      "y = type(engine) is llamacpp.LlamaModel\nz = isinstance(model, (int, str))\n")
     assert engine_tests(planted_tests) == [1, 2, 3]

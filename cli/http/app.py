@@ -29,10 +29,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specx.core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
-from specx.core.serve.job import Job
-from specx.core.serve.worker import Worker
-from .auth import Keys, api_key_problem  # noqa: F401 - api_key_problem: cli/options.py's
+from ..core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
+from ..core.serve.job import Job
+from ..core.serve.worker import Worker
+from .auth import Keys, api_key_problem  # noqa: F401 - api_key_problem: cli/commands/options.py's
 from .errors import ApiError
 from .requests import parse_detokenize, parse_request, parse_tokenize
 from .responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json

@@ -37,7 +37,7 @@ def api_key_problem(api_key: str | None) -> str | None:
 def parse_tenants(values: list[str] | None, api_key: str | None = None) -> dict[str, str]:
     """`--tenant NAME:KEY` values as {name: key}; ValueError naming the bad one (a name twice, a key
     twice or equal to the operator's --api-key, a key no client could send)."""
-    from specx.store.tenants import PUBLIC, check_tenant
+    from ..store.tenants import PUBLIC, check_tenant
 
     tenants: dict[str, str] = {}
     for value in values or []:

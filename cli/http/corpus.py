@@ -99,7 +99,7 @@ class Corpora:
     # ---- off the event loop
 
     def _parse(self, body: Any) -> tuple[str, list[str], list[Any]]:
-        from specx.store.tenants import check_tenant
+        from ..store.tenants import check_tenant
 
         if not isinstance(body, dict):
             raise ApiError(400, "The body must be a JSON object: {\"name\": ..., \"texts\": [...]}.", None)
@@ -127,7 +127,7 @@ class Corpora:
             chars = sum(len(text) for text in items)
             if chars > MAX_CHARS:  # before tokenizing: a huge body must not hold a core for seconds to be refused
                 raise ApiError(400, f"The corpus has {chars:,} characters; at most {MAX_CHARS:,} are taken.", field)
-            from specx.store.ingest import encode_texts
+            from ..store.ingest import encode_texts
 
             with self._tokenizer_lock:  # a tokenizer of its own: the decoding thread's streams never wait on it
                 if self._tokenizer is None:
@@ -150,8 +150,8 @@ class Corpora:
         return name, texts, tokens
 
     def _store(self, tenant: str, name: str, texts: list[str], tokens: list[Any]) -> dict[str, Any]:
-        from specx.store.db import Store
-        from specx.store.tenants import add_corpus, list_corpora
+        from ..store.db import Store
+        from ..store.tenants import add_corpus, list_corpora
 
         with Store(self.db) as store:
             held = {c["name"]: c["tokens"] for c in list_corpora(store, tenant)}
@@ -169,15 +169,15 @@ class Corpora:
                                                                    tok.vocab_size))
 
     def _list(self, tenant: str) -> list[dict[str, Any]]:
-        from specx.store.db import Store
-        from specx.store.tenants import list_corpora
+        from ..store.db import Store
+        from ..store.tenants import list_corpora
 
         with Store(self.db, readonly=True) as store:
             return list_corpora(store, tenant)
 
     def _remove(self, tenant: str, name: str) -> bool:
-        from specx.store.db import Store
-        from specx.store.tenants import remove_corpus
+        from ..store.db import Store
+        from ..store.tenants import remove_corpus
 
         with Store(self.db) as store:
             return remove_corpus(store, tenant, name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
-from specx.core.serve.events import Failed
+from ..core.serve.events import Failed
 
 
 class ApiError(Exception):

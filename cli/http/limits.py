@@ -25,7 +25,7 @@ def refuse_lone_surrogates(body: Any) -> None:
     >>> refuse_lone_surrogates({"stop": ["ok", "\\ud800"]})
     Traceback (most recent call last):
     ...
-    specx.cli.http.errors.ApiError: Invalid 'stop.[1]': it holds a lone surrogate (U+D800), which is not text
+    specx.http.errors.ApiError: Invalid 'stop.[1]': it holds a lone surrogate (U+D800), which is not text
     """
     stack: list[tuple[Any, str | None]] = [(body, None)]
     while stack:

@@ -11,9 +11,9 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from specx.core.decode.grammar import GrammarError, json_schema_grammar
-from specx.core.serve.tools import call_grammar
-from specx.core.serve.job import GenerationRequest
+from ..core.decode.grammar import GrammarError, json_schema_grammar
+from ..core.serve.tools import call_grammar
+from ..core.serve.job import GenerationRequest
 
 from .errors import ApiError
 from .limits import PREDICTION_CHARS_PER_TOKEN, bound_chars, bound_ids, bound_prompt_chars, refuse_lone_surrogates

@@ -10,11 +10,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from specx.core.decode.loop import TokenLogprob
-from specx.core.serve.events import Choice
-from specx.core.serve.metrics import Stats
-from specx.core.serve.tools import ToolCall, call_marker, parse_tool_calls
-from specx.core.serve.job import GenerationRequest
+from ..core.decode.loop import TokenLogprob
+from ..core.serve.events import Choice
+from ..core.serve.metrics import Stats
+from ..core.serve.tools import ToolCall, call_marker, parse_tool_calls
+from ..core.serve.job import GenerationRequest
 
 Decode = Callable[[int], str]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from specx.core.decode.grammar import GrammarError
-from specx.core.model.load import chat_tokens
-from specx.core.serve.job import LockedTokenizer
-from specx.core.serve.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
-                                    parser_for_template)
+from ..core.decode.grammar import GrammarError
+from ..core.model.load import chat_tokens
+from ..core.serve.job import LockedTokenizer
+from ..core.serve.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
+                                parser_for_template)
 
 from .errors import ApiError
 

@@ -1,5 +1,5 @@
 """What decoding with a model needs besides a request, built once per run and shared by its
-requests: the Stack (the command line's `assemble`, cli/assemble.py, builds it from options)."""
+requests: the Stack (the command line's `assemble`, cli/stack.py, builds it from options)."""
 
 from __future__ import annotations
 

@@ -338,7 +338,7 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
     anything through load_model (core.model.hf_engine.TransformersEngine); "quantized" a GGUF on
     specx's engine (core.model.quantized.engine.QuantEngine), "gpu" in bfloat16 on CUDA
     (core.model.gpu.engine.GPUEngine); "auto" llama.cpp for a GGUF when llama-cpp-python is
-    installed, else transformers (cli/engines.py resolves auto first). The tokenizer is transformers'."""
+    installed, else transformers (cli/backends.py resolves auto first). The tokenizer is transformers'."""
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"

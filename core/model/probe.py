@@ -4,7 +4,7 @@ A native library built for another CPU, or one with a bug on this one, does not 
 process (llama.cpp's AMX path dies with SIGILL on Sapphire Rapids Xeons: core/model/cpu.py). So
 before specx first runs llama.cpp on a machine and build, a child process loads the model and
 decodes a few tokens; if the child dies, the verdict names the signal and specx runs on the other
-engine. The caller keeps the verdict (per machine, build and model: cli/engines.py), so the child
+engine. The caller keeps the verdict (per machine, build and model: cli/backends.py), so the child
 runs once.
 
     verdict = prove("llama.cpp", Path("model.gguf"))

@@ -19,8 +19,8 @@ def specx_test_home(tmp_path_factory) -> Path:
 
 
 def specx_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`specx ARGS` run in this process by the console script's own entry point (cli.app.main: its
-    exit status, errors as one line, stdout and stderr captured), as `python -m specx ARGS` would
+    """`specx ARGS` run in this process by the console script's own entry point (specx.commands.app.main:
+    its exit status, errors as one line, stdout and stderr captured), as `python -m specx ARGS` would
     run it, without a fresh interpreter's imports and the model kernel's compile (a few seconds
     each). `env` is set for the call only; torch's and numba's thread counts, which a command's
     thread tuner may change, are restored after. Tests about the process itself (signals, a child
@@ -28,7 +28,7 @@ def specx_in_process(*args: str, env: dict[str, str] | None = None) -> subproces
     import numba
     import torch
 
-    from specx.cli.app import main
+    from specx.commands.app import main
 
     saved_env = {k: os.environ.get(k) for k in (env or {})}
     saved_argv, saved_main = sys.argv, sys.modules["__main__"]

@@ -9,12 +9,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .options import DRAFTERS, default_drafter, model_cost, specx_home
+from .home import model_cost, specx_home
 
 if TYPE_CHECKING:
-    from specx.core.decode.stack import Stack
-    from specx.core.index.successors import SuccessorTable
-    from specx.store.db import Store
+    from .core.decode.stack import Stack
+    from .core.index.successors import SuccessorTable
+    from .store.db import Store
+
+
+DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices (assemble builds them)
+
+
+def default_drafter(engine: Any) -> str:
+    """What serve, generate and replay --model draft with unless told on `engine` (a
+    core.model.engine.Engine): the hybrid where it verifies trees on an accelerator (an H200: 1.23x
+    the suffix index's tokens/s on text-to-SQL 0-shot, 1.03x 3-shot, 1.00x chat answers), else the
+    suffix index. On a CPU the learned cost keeps few table nodes and the table's own work is not
+    repaid: on the 2-core AVX-512 Xeon 0.96-1.00x the suffix index's tokens/s on text-to-SQL 0-shot
+    in five runs, 0.99-1.04x on chat answers in four; on llama.cpp, whose passes cost in proportion
+    to their tokens, 0.983x on average over ten runs (docs/benchmarks.md, sessions 35 and 36)."""
+    return "hybrid" if engine.tree_unsupported is None and engine.device != "cpu" else "suffix"
 
 
 def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str], None],
@@ -23,7 +37,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
              relearn: bool = False, max_spec_tokens: int = 32, max_spec_factor: float = 4.0,
              prefix_cache_tokens: int = 0, kv_memory: int | None = None, cache_dir: Path | None = None,
              drafter: str | None = None, stage: Callable[[str], None] = lambda what: None) -> Stack:
-    """Load `model` on `backend` (auto: the engine chosen for this machine, cli.engines) in `dtype`,
+    """Load `model` on `backend` (auto: the engine chosen for this machine, specx.backends) in `dtype`,
     then build the chain in order, `say` hearing what was chosen:
 
     - the chat template: `chat_template` (a file or the template itself) given to the tokenizer,
@@ -35,21 +49,21 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
       earlier runs kept), the engine's thread tuner, and with `speculation` a SuffixDrafter of
       `max_spec_tokens` and `max_spec_factor` over the global index (`drafter`: suffix; table: the
       model's successor table alone, hybrid: both, core.decode.hybrid; None: the engine's default,
-      cli.options.default_drafter; the table is the store's, kept per model, else a new one);
+      specx.stack.default_drafter; the table is the store's, kept per model, else a new one);
     - a prefix cache where the engine takes one: `kv_memory` bytes of KV entries (said in tokens at
       the model's size; see kv_budget_tokens), else `prefix_cache_tokens` tokens.
 
     Converted models are kept in `cache_dir` (default $SPECX_HOME/models). `stage` hears each long
     step as it begins (the server's /health shows it)."""
-    from specx.core.decode.hybrid import HybridDrafter, table_nodes
-    from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.decode.stack import Stack
-    from specx.core.index.successors import SuccessorTable
-    from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
-    from specx.store.successors import table_key
+    from .core.decode.hybrid import HybridDrafter, table_nodes
+    from .core.decode.speculate import SuffixDrafter
+    from .core.decode.stack import Stack
+    from .core.index.successors import SuccessorTable
+    from .core.index.suffix_index import SuffixIndex
+    from .core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from .store.successors import table_key
 
-    from .engines import resolve_backend
+    from .backends import resolve_backend
 
     if drafter is not None and drafter not in DRAFTERS:
         raise ValueError(f"unknown drafter {drafter!r}: choose from {', '.join(DRAFTERS)}")
@@ -64,8 +78,8 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
         say(f"linear drafts (each tree's best path), not trees: {engine.tree_unsupported}")
     fingerprint, global_index, successors = tokenizer_fingerprint(tokenizer), SuffixIndex(), None
     if db is not None and (create_store or db.exists()):
-        from specx.store.db import Store
-        from specx.store.index import index_for
+        from .store.db import Store
+        from .store.index import index_for
 
         stage("loading the global index")
         with Store(db, readonly="auto") as store:  # created when missing; read-only where it cannot be written
@@ -96,7 +110,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
 def kv_budget_tokens(engine: Any, memory: int, say: Callable[[str], None]) -> int:
     """The tokens `memory` bytes of the engine's KV entries hold (each tenant gets its share), said
     in a line; 0 where the engine keeps its own cache (llama.cpp: its one sequence)."""
-    from specx.core.model.prefix_cache import kv_bytes_per_token
+    from .core.model.prefix_cache import kv_bytes_per_token
 
     per_token = kv_bytes_per_token(engine)
     if per_token <= 0:
@@ -110,7 +124,7 @@ def kv_budget_tokens(engine: Any, memory: int, say: Callable[[str], None]) -> in
 def default_kv_memory() -> int:
     """A quarter of this machine's free memory (the live requests' caches are sized from half:
     core.serve.batch.default_max_batch); 2 GiB where it cannot be read."""
-    from specx.core.model.prefix_cache import free_memory
+    from .core.model.prefix_cache import free_memory
 
     free = free_memory()
     return 2 << 30 if free is None else free // 4
@@ -119,8 +133,8 @@ def default_kv_memory() -> int:
 def kept_table(store: Store, key: str, vocab_size: int, say: Callable[[str], None]) -> SuccessorTable | None:
     """The successor table the store keeps for this model, or None (none kept, or a damaged one: said,
     and a new table replaces it at the next save)."""
-    from specx.store.db import StoreError
-    from specx.store.successors import load_table
+    from .store.db import StoreError
+    from .store.successors import load_table
 
     try:
         return load_table(store, key, vocab_size)
@@ -134,8 +148,8 @@ def keep_successors(stack: Stack, db: Path | None, say: Callable[[str], None]) -
     the next run starts warm; a failure is said, not raised (the answer is out already)."""
     if stack.successors is None or stack.successors_key is None or db is None or not db.exists():
         return
-    from specx.store.db import Store, StoreError
-    from specx.store.successors import save_table
+    from .store.db import Store, StoreError
+    from .store.successors import save_table
 
     try:
         with Store(db) as store:

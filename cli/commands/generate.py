@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from . import output
-from .options import BackendOpt, DbOpt, DrafterOpt, JsonOpt, check_drafters, keep_cost, store_path
+from .. import output
+from .options import BackendOpt, DbOpt, DrafterOpt, JsonOpt, check_drafters
+from ..home import keep_cost, store_path
 
 
 def generate_cmd(
@@ -63,16 +64,16 @@ def generate_cmd(
     import statistics
     import time
 
-    from specx.core.decode.generate import generate
-    from specx.core.decode.grammar import GrammarError, Vocabulary
-    from specx.core.decode.loop import collect
-    from specx.core.decode.hybrid import HybridDrafter
-    from specx.core.decode.speculate import SuffixDrafter
-    from specx.core.decode.text import TextStream
-    from specx.core.model.load import chat_tokens
-    from specx.core.predict.compare import busy_note, steady
+    from ..core.decode.generate import generate
+    from ..core.decode.grammar import GrammarError, Vocabulary
+    from ..core.decode.loop import collect
+    from ..core.decode.hybrid import HybridDrafter
+    from ..core.decode.speculate import SuffixDrafter
+    from ..core.decode.text import TextStream
+    from ..core.model.load import chat_tokens
+    from ..core.predict.compare import busy_note, steady
 
-    from .assemble import assemble, keep_successors
+    from ..stack import assemble, keep_successors
 
     check_drafters(drafter_name)
     output.note(f"loading {model} (the first run converts the built-in model, ~30 s) ...")
@@ -173,7 +174,7 @@ def _schema_grammar(value: str) -> str:
     import json
     from pathlib import Path
 
-    from specx.core.decode.grammar import json_schema_grammar
+    from ..core.decode.grammar import json_schema_grammar
 
     path = Path(value).expanduser()
     try:

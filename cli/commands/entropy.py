@@ -7,9 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import output
-from .options import DbOpt, JsonOpt, ListOpt, existing_store, specx_home, stored_calls, tenant_option
-from .predict import DEFAULT_SAMPLE_CALLS, SAMPLINGS
+from .. import output
+from .options import DbOpt, JsonOpt, ListOpt, existing_store, stored_calls, tenant_option
+from ..home import specx_home
+from ..predict import DEFAULT_SAMPLE_CALLS, SAMPLINGS
 
 
 def entropy_cmd(
@@ -65,11 +66,11 @@ def entropy_cmd(
     """
     import numpy as np
 
-    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
-    from specx.core.predict.entropy import empirical_entropy
-    from specx.store.db import Store
-    from specx.store.selection import GROUPS
-    from . import predict as predict_lib
+    from ..core.model.load import load_tokenizer, tokenizer_fingerprint
+    from ..core.predict.entropy import empirical_entropy
+    from ..store.db import Store
+    from ..store.selection import GROUPS
+    from .. import predict as predict_lib
 
     if by not in GROUPS:
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")

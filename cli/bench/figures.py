@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specx.core.draft import Draft
-from specx.core.index.suffix_index import SuffixIndex
-from specx.core.predict.methods import reference_available, reference_module
+from ..core.draft import Draft
+from ..core.index.suffix_index import SuffixIndex
+from ..core.predict.methods import reference_available, reference_module
 
 from .synthetic import synthetic_corpus
 
@@ -169,7 +169,7 @@ def synthetic_docs(num_tokens: int, seed: int) -> list[np.ndarray]:
 
 def agent_log_docs(root: Path, tokenizer: Any) -> tuple[list[np.ndarray], dict[str, int]]:
     """Outputs of every call in the logs under `root`, tokenized; and calls per format."""
-    from specx.store.formats import Call, find_logs, read_calls
+    from ..store.formats import Call, find_logs, read_calls
 
     texts: list[str] = []
     by_format: dict[str, int] = {}
@@ -205,9 +205,9 @@ def check_targets(figures: dict[str, Any]) -> dict[str, bool]:
 
 def bench_ingest(root: Path, workdir: Path, tokenizer: Any, on_step: Callable[[str], None] = lambda s: None) -> dict:
     """Ingest `root` into a new store, then again; sizes and the index load time."""
-    from specx.store.db import Store
-    from specx.store.index import load_index
-    from specx.store.ingest import ingest
+    from ..store.db import Store
+    from ..store.index import load_index
+    from ..store.ingest import ingest
 
     db = workdir / "bench-ingest.db"
     for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):

@@ -1,5 +1,5 @@
 """`python -m specx`: the same as the `specx` console script."""
 
-from specx.cli.app import main
+from .commands.app import main
 
 main()

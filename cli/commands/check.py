@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import output
+from .. import output
 from .options import DbOpt, JsonOpt, existing_store
 
 
@@ -18,7 +18,7 @@ def check_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
 
     Example: [bold]specx check --db ~/.local/share/specx/specx.db --json[/]
     """
-    from specx.store.check import check_store
+    from ..store.check import check_store
 
     path = existing_store(db)
     report = check_store(path)

@@ -15,7 +15,6 @@
 The replays `specx replay` reports and the decoding comparisons are the product's
 (core.predict.methods, core.predict.compare).
 
-It sits beside the product (core/ the logic, store/ the store, cli/ the commands), not in it: it
-drives them and times them. Its folder is cli/ns/bench because cli/ns is the `specx` package
-itself (the top-level folders of this repository are fixed; specx.vllm lives there too).
+It sits beside the product (specx.core the logic, specx.store the store, specx.commands the
+commands), not in it: it drives them and times them.
 """

@@ -40,18 +40,18 @@ class SpecxDraft(LlamaDraftModel):
 
     def __init__(self, db: str | Path | None = None, tokenizer: str = "smollm2-135m", max_draft: int = 8,
                  learn: bool = True) -> None:
-        from specx.core.decode.loop import best_path
-        from specx.core.decode.speculate import SuffixDrafter
-        from specx.core.index.suffix_index import SuffixIndex
-        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
+        from .core.decode.loop import best_path
+        from .core.decode.speculate import SuffixDrafter
+        from .core.index.suffix_index import SuffixIndex
+        from .core.model.load import load_tokenizer, tokenizer_fingerprint
 
         self._best_path = best_path
         tok = load_tokenizer(tokenizer)
         index, self.writer = SuffixIndex(), None
         if db is not None:
-            from specx.store.db import Store
-            from specx.store.index import index_for
-            from specx.store.served import ServedWriter
+            from .store.db import Store
+            from .store.index import index_for
+            from .store.served import ServedWriter
 
             fingerprint = tokenizer_fingerprint(tok)
             with Store(Path(db)) as store:
@@ -87,7 +87,7 @@ class SpecxDraft(LlamaDraftModel):
             return
         self.drafter.finish_request(self.learn)
         if self.writer is not None:
-            from specx.store.served import ServedRequest
+            from .store.served import ServedRequest
 
             prompt, output = self._seq[: self._prompt_len], self._seq[self._prompt_len :]
             self.writer.put(ServedRequest(f"r{self.requests}", np.array(prompt, dtype=np.int32),

@@ -43,7 +43,7 @@ def llama_server_binary(given: Path | None = None) -> Path | None:
 
 def model_gguf(model: str) -> Path | None:
     """The GGUF file llama-server runs for `model`: the file itself, or a built-in model's; None otherwise."""
-    from specx.core.model.load import BUILTIN, ModelError, builtin_gguf
+    from ..core.model.load import BUILTIN, ModelError, builtin_gguf
 
     if model in BUILTIN:
         try:

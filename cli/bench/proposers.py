@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specx.vllm import after_import
+from ..vllm import after_import
 
 
 def register() -> None:

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from specx.core.serve.tools import PARSERS
-from .options import (BackendOpt, DbOpt, DrafterOpt, check_api_key, check_drafters, keep_cost,
-                      specx_home, store_path)
+from ..core.serve.tools import PARSERS
+from .options import BackendOpt, DbOpt, DrafterOpt, check_api_key, check_drafters
+from ..home import keep_cost, specx_home, store_path
 
 
 def serve_cmd(
@@ -130,14 +130,14 @@ def serve_cmd(
     if check_drafters(drafter_name) not in ([], ["suffix"]) and engine == "vllm":
         raise typer.BadParameter("inside vLLM specx drafts from its suffix index only (the successor table learns "
                                  "from the logits, which vLLM keeps to itself)", param_hint="--drafter")
-    from specx.core.model.prefix_cache import parse_bytes
+    from ..core.model.prefix_cache import parse_bytes
 
-    from .assemble import default_kv_memory
+    from ..stack import default_kv_memory
     try:
         kv_bytes = parse_bytes(kv_memory) if kv_memory is not None else default_kv_memory()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kv-memory") from None
-    from .http.auth import parse_tenants, read_tenant_file
+    from ..http.auth import parse_tenants, read_tenant_file
     try:
         from_file = read_tenant_file(tenant_file) if tenant_file is not None else []
     except ValueError as exc:
@@ -166,17 +166,17 @@ def serve_cmd(
                           extra=vllm_arg or [])
     import uvicorn
 
-    from specx.core.decode.grammar import Vocabulary
-    from specx.core.serve.batch import default_max_batch
-    from specx.core.serve.metrics import Metrics
-    from specx.core.serve.worker import Worker
-    from specx.store.served import ServedRecorder
+    from ..core.decode.grammar import Vocabulary
+    from ..core.serve.batch import default_max_batch
+    from ..core.serve.metrics import Metrics
+    from ..core.serve.worker import Worker
+    from ..store.served import ServedRecorder
 
-    from .assemble import assemble
-    from .engines import trial_possible
-    from .http.app import Api
-    from .http.corpus import Corpora
-    from .live import live_store, stream_pace
+    from ..stack import assemble
+    from ..backends import trial_possible
+    from ..http.app import Api
+    from ..http.corpus import Corpora
+    from ..live import live_store, stream_pace
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))
@@ -282,11 +282,11 @@ def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging
     """Which engine runs specx fastest here: `specx engines` in a child process at low priority, when
     no choice was made on this machine, and again once if the served workload's tokens per step
     move far from the trial's (the evidence changed). The choice is kept for the next start."""
-    from specx.core.predict.engines import Choice
+    from ..core.predict.engines import Choice
 
-    from specx.core.kept_schema import printable
+    from ..core.kept_schema import printable
 
-    from .engines import REVISIT_MIN_STEPS, REVISIT_RATIO, engine_names, kept_choice_for, start_trial
+    from ..backends import REVISIT_MIN_STEPS, REVISIT_RATIO, engine_names, kept_choice_for, start_trial
 
     def run(why: str) -> Choice | None:
         log.info("engine trial: %s: measuring specx on each engine in a background process (niced); the "
@@ -327,7 +327,7 @@ def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging
 def _exec_vllm(vllm_bin: str, model: str, *, db: Path, host: str, port: int, api_key: str | None,
                names: list[str] | None, max_spec_tokens: int, max_spec_factor: float, extra: list[str]) -> None:
     """Replace this process with `vllm serve`, specx drafting (a thin convenience: same flags, same store)."""
-    from specx.core.model.load import BUILTIN, ModelError, load_model
+    from ..core.model.load import BUILTIN, ModelError, load_model
 
     exe = shutil.which(vllm_bin)
     if exe is None:

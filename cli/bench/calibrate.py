@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specx.core.cost.forward import ForwardCost
-from specx.core.draft import Draft
-from specx.core.model.prefix_cache import PrefixCache
-from specx.core.model.tree import tree_logits, tree_unsupported
+from ..core.cost.forward import ForwardCost
+from ..core.draft import Draft
+from ..core.model.prefix_cache import PrefixCache
+from ..core.model.tree import tree_logits, tree_unsupported
 
 # On a CPU, core.model.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
 # a step function there, so both ends of each step are measured up to 25, where most drafts end

@@ -14,15 +14,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import output
+from .. import output
+from ..home import specx_home, store_path
 from .check import check_cmd
+from .engines import engines_cmd
 from .entropy import entropy_cmd
 from .generate import generate_cmd
 from .merge import merge_cmd
-from .options import DbOpt, JsonOpt, existing_store, specx_home, store_path, tenant_option
+from .options import DbOpt, JsonOpt, existing_store, tenant_option
 from .replay import replay_cmd
 from .serve import serve_cmd
-from .trial import engines_cmd
 
 app = typer.Typer(
     name="specx",
@@ -68,10 +69,10 @@ def ingest(
 
     Example: [bold]specx ingest ../shared/agent-data --json[/]
     """
-    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
-    from specx.store.db import Store
-    from specx.store.formats import FORMATS
-    from specx.store.ingest import Tokenizer, find_inputs, ingest as run_ingest
+    from ..core.model.load import load_tokenizer, tokenizer_fingerprint
+    from ..store.db import Store
+    from ..store.formats import FORMATS
+    from ..store.ingest import Tokenizer, find_inputs, ingest as run_ingest
 
     if fmt is not None and fmt not in FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}", param_hint="--format")
@@ -114,8 +115,8 @@ def ls(db: DbOpt = None, json_out: JsonOpt = False) -> None:
 
     Example: [bold]specx ls --json[/]
     """
-    from specx.store.db import Store
-    from specx.store.tenants import tenants_in
+    from ..store.db import Store
+    from ..store.tenants import tenants_in
 
     path = existing_store(db)
     with Store(path, readonly="auto") as store:
@@ -151,14 +152,14 @@ app.command("engines")(engines_cmd)
 
 def main() -> None:
     """Console-script entry point: domain errors become one clear line and exit status 1."""
-    from specx.core.index.tokens import SuffixIndexError
-    from specx.core.model.load import ModelError
-    from specx.core.predict.entropy import EntropyError
-    from specx.core.decode.verifiers.recorded import ReplayMismatch
-    from specx.store.db import StoreError
-    from specx.store.formats import ParseError
+    from ..core.index.tokens import SuffixIndexError
+    from ..core.model.load import ModelError
+    from ..core.predict.entropy import EntropyError
+    from ..core.decode.verifiers.recorded import ReplayMismatch
+    from ..store.db import StoreError
+    from ..store.formats import ParseError
 
-    from specx.core.numba_cache import prune
+    from ..core.numba_cache import prune
 
     prune()  # the compiled kernels of older sources (never at import: see core/numba_cache.py)
     try:

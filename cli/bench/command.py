@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from specx.cli import output
-from specx.cli.options import JsonOpt, default_agent_data, existing_store, specx_home
+from .. import output
+from ..commands.options import JsonOpt, existing_store
+from ..home import default_agent_data, specx_home
 
 bench_app = typer.Typer(help="Benchmarks that print a table (or JSON) comparing side by side in one run.",
                         no_args_is_help=True)
@@ -31,8 +32,8 @@ def bench_index(
 
     Example: [bold]specx bench index --tokens 1000000 --json[/]
     """
-    from specx.core.model.load import load_tokenizer
-    from specx.core.predict.methods import reference_available, why_reference_unavailable
+    from ..core.model.load import load_tokenizer
+    from ..core.predict.methods import reference_available, why_reference_unavailable
     from . import figures as bench
 
     corpora = []
@@ -75,8 +76,8 @@ def bench_ingest(
     """
     import tempfile
 
-    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
-    from specx.store.ingest import Tokenizer
+    from ..core.model.load import load_tokenizer, tokenizer_fingerprint
+    from ..store.ingest import Tokenizer
     from . import figures as bench
 
     root = logs or default_agent_data()
@@ -124,9 +125,9 @@ def bench_cost(
     import torch
 
     from .calibrate import SIZES, calibrate, machine_limits, pass_bytes
-    from specx.core.model.load import load_backend
+    from ..core.model.load import load_backend
 
-    from specx.cli.engines import resolve_backend
+    from ..backends import resolve_backend
 
     torch.set_grad_enabled(False)
     engine_name = resolve_backend(model, backend, output.note)
@@ -139,7 +140,7 @@ def bench_cost(
     ms = {str(k): round(s * 1000, 3) for k, s in zip(cost.sizes, cost.seconds)}
     machine = bench.machine()
     weight_bytes, multiply_adds = pass_bytes(net)
-    from specx.core.model.prefix_cache import kv_bytes_per_token
+    from ..core.model.prefix_cache import kv_bytes_per_token
 
     kv_bytes = kv_bytes_per_token(net) * context  # every pass reads the cached keys and values too
     limits = machine_limits()
@@ -147,7 +148,7 @@ def bench_cost(
     roofline = {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "multiply_adds_per_token": multiply_adds, **limits,
                 "memory_bound_ms": round(bound_ms, 3), "one_token_vs_memory_bound": round(ms["1"] / bound_ms, 2),
                 "arithmetic_ms_per_token": round(2 * multiply_adds / (limits["float32_gflop_s"] * 1e9) * 1000, 3)}
-    from specx.core.model import cpu
+    from ..core.model import cpu
 
     curve = {"about": f"{model} on {net.name} ({net.precision}) on {cpu.model_name()}, {machine['cpus']} CPUs "
                       f"({torch.get_num_threads()} threads): milliseconds of one verification pass over k tokens on "

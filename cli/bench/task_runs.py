@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specx.cli import output
+from .. import output
 
 from . import task_bench, tasks as task_lib
 from .chat_stream import ServerError, base_url, served_model, stream_chat
@@ -76,7 +76,7 @@ def read_tasks(source: Path | list[Path], counter: task_lib.TokenCounter, num_ta
         found = task_lib.iter_log_tasks(source, on_error=lambda message: output.note(f"skipped: {message}"))
         chosen, skipped = task_lib.select(found, num_tasks, fit)
     else:
-        from specx.store.db import Store
+        from ..store.db import Store
 
         with Store(source, readonly="auto") as store:
             chosen, skipped = task_lib.select(task_lib.iter_store_tasks(store), num_tasks, fit)
@@ -93,8 +93,8 @@ def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int,
           llama_server: Path | None, plot_file: Path | None, max_message_chars: int | None = None) -> dict[str, Any]:
     """The whole sitting; the report as a JSON-able dict. ServerError (one line) for a --server
     that does not answer, or no task to play."""
-    from specx.cli.options import specx_home
-    from specx.core.model.load import BUILTIN, load_tokenizer
+    from ..home import specx_home
+    from ..core.model.load import BUILTIN, load_tokenizer
 
     models = {name: served_model(url, api_key) for name, url, _ in plan.servers if url is not None}
     tokenizer = load_tokenizer(model, specx_home() / "models")

@@ -55,7 +55,7 @@ def wire_messages(messages: Sequence[dict[str, Any]]) -> Messages:
     >>> wire_messages([{"role": "tool", "content": [{"type": "text", "text": "ok"}], "name": "bash"}])
     [{'role': 'user', 'content': 'ok'}]
     """
-    from specx.store.formats._chat import content_text
+    from ..store.formats._chat import content_text
 
     out = []
     for message in messages:
@@ -91,7 +91,7 @@ def iter_store_tasks(store: Any) -> Iterator[Task]:
 def iter_log_tasks(paths: Sequence[Path], on_error: Callable[[str], None] = lambda message: None) -> Iterator[Task]:
     """The tasks of log files and folders (searched as `specx ingest` searches them), a file at a
     time; files no format reads, and malformed records, go to `on_error` and are left out."""
-    from specx.store.formats import ParseError, find_logs, read_calls
+    from ..store.formats import ParseError, find_logs, read_calls
 
     for root in paths:
         for path, fmt in find_logs([root], on_error=lambda p, message: on_error(f"{p}: {message}")):
@@ -165,7 +165,7 @@ class TokenCounter:
         self.tokenizer = tokenizer
 
     def prompt(self, messages: Messages) -> int:
-        from specx.core.model.load import render_prompt
+        from ..core.model.load import render_prompt
 
         return self._count(render_prompt(self.tokenizer, messages, generation_prompt=True))
 

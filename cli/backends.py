@@ -26,11 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specx.core.model import cpu
-from specx.core.model.llamacpp import file_digest
-from specx.core.model.probe import Verdict, prove
+from .core.model import cpu
+from .core.model.llamacpp import file_digest
+from .core.model.probe import Verdict, prove
 
-from .options import specx_home
+from .home import specx_home
 
 KEPT_MAX_BYTES = 1 << 20  # a kept verdict or choice is a few kB: anything larger is not one
 REVISIT_MIN_STEPS = 2000  # served steps before serve compares their tokens per step with the trial's
@@ -47,7 +47,7 @@ def read_kept(path: Path, say: Callable[[str], None], check: Callable[[Any], Any
     """A kept JSON object (core.kept: a regular file, size-bounded, never a FIFO or a device), passed
     through `check` (core.kept_schema's check of its kind, on the object) when given; one that
     cannot be used, as bytes or by its shape, is set aside with one line, and None comes back."""
-    from specx.core.kept import Unusable, read_kept_json
+    from .core.kept import Unusable, read_kept_json
 
     try:
         data = read_kept_json(path, KEPT_MAX_BYTES)
@@ -63,14 +63,14 @@ def read_kept(path: Path, say: Callable[[str], None], check: Callable[[Any], Any
 
 def set_kept_aside(path: Path, why: str, say: Callable[[str], None]) -> None:
     """Set aside a kept file that cannot be used, with one line naming it and why."""
-    from specx.core.kept import set_aside
+    from .core.kept import set_aside
 
     aside = set_aside(path)
     say(f"cannot use {path} ({why}): " + (f"set aside as {aside.name}" if aside else "it could not be set aside"))
 
 
 def write_kept(path: Path, data: dict[str, Any], say: Callable[[str], None]) -> None:
-    from specx.core.kept import write_kept_json
+    from .core.kept import write_kept_json
 
     try:
         write_kept_json(path, data)
@@ -101,7 +101,7 @@ def llama_build() -> dict[str, Any] | None:
 
 def gguf_file(model: str) -> Path | None:
     """The GGUF file behind `model` (the built-in model's, or a .gguf path), else None."""
-    from specx.core.model.load import BUILTIN, builtin_gguf
+    from .core.model.load import BUILTIN, builtin_gguf
 
     if model in BUILTIN:
         return builtin_gguf(model)
@@ -127,14 +127,14 @@ def llama_verdict(path: Path, say: Callable[[str], None], command: list[str] | N
 
 
 def _kept_verdict(doc: dict[str, Any]) -> dict[str, Any]:
-    from specx.core.kept_schema import check_verdict
+    from .core.kept_schema import check_verdict
 
     return check_verdict(doc.get("verdict"))
 
 
 def engine_names() -> list[str]:
     """The engines a kept choice may name: every backend but `auto`."""
-    from specx.core.model.load import BACKENDS
+    from .core.model.load import BACKENDS
 
     return [b for b in BACKENDS if b != "auto"]
 
@@ -162,7 +162,7 @@ def choice_key(model: str, path: Path) -> dict[str, Any]:
 
 def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:
     """The engine choice a trial made for this model here (core.predict.engines.Choice), or None."""
-    from specx.core.predict.engines import Choice
+    from .core.predict.engines import Choice
 
     return read_kept(kept_path("choice", choice_key(model, path)), say,
                      lambda doc: Choice.from_json(doc.get("choice"), engine_names()))
@@ -170,7 +170,7 @@ def kept_choice(model: str, path: Path, say: Callable[[str], None]) -> Any:
 
 def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
     """Whether specx's quantized engine (core/model/quantized/engine.py) runs the GGUF at `path`; when not, says why."""
-    from specx.core.model.quantized.model import unsupported
+    from .core.model.quantized.model import unsupported
 
     why = unsupported(path)
     if why:
@@ -181,7 +181,7 @@ def quantized_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> b
 def gpu_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
     """Whether specx's GPU engine (core/model/gpu/engine.py) runs the GGUF at `path` here: a CUDA
     GPU, Triton, and an architecture it reads; when the GPU is here but the file is not for it, says why."""
-    from specx.core.model.gpu.engine import available, unsupported
+    from .core.model.gpu.engine import available, unsupported
 
     if not available():
         return False
@@ -194,8 +194,8 @@ def gpu_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
 def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
     """The engine before any trial here, and why (the shipped measurements); `quantized`: the
     quantized engine runs the model's file (quantized_runs said so)."""
-    from specx.core.model.quantized import kernel as qkernel
-    from specx.core.model.load import BUILTIN
+    from .core.model.quantized import kernel as qkernel
+    from .core.model.load import BUILTIN
 
     if quantized and qkernel.isa() == "avx512vnni":
         return "quantized", ("prior: on an AVX-512 VNNI CPU (AMD EPYC Zen 4) specx on its quantized engine ran the "
@@ -217,8 +217,8 @@ def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str
     process has run it without dying (else auto says why and takes the quantized engine or
     transformers; an explicit llama.cpp is a ModelError naming the signal); the quantized engine
     only for a file whose architecture and tensor types it runs (else auto says which it cannot)."""
-    from specx.core.model import llamacpp
-    from specx.core.model.load import BACKENDS, ModelError
+    from .core.model import llamacpp
+    from .core.model.load import BACKENDS, ModelError
 
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -264,7 +264,7 @@ def resolve_backend(model: str, backend: str, say: Callable[[str], None]) -> str
 def trial_possible(model: str) -> bool:
     """Whether a trial has something to choose for `model` here: a GGUF that llama.cpp ran in its
     probe and transformers can hold."""
-    from specx.core.model import llamacpp
+    from .core.model import llamacpp
     path = gguf_file(model)
     if path is None or not path.is_file() or not llamacpp.available():
         return False
@@ -280,7 +280,7 @@ def kept_choice_for(model: str) -> Any:
 
 def start_trial(model: str, db: Path) -> subprocess.Popen:
     """`specx engines --json` in a child process at low priority (serve's background trial)."""
-    command = [sys.executable, "-c", "from specx.cli.app import main; main()", "engines", "--model", model,
+    command = [sys.executable, "-c", "from specx.commands.app import main; main()", "engines", "--model", model,
                "--json"] + (["--db", str(db)] if db.is_file() else [])  # a trial refuses a --db that is no store
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_background_child)
@@ -306,7 +306,7 @@ def trial_lock(say: Callable[[str], None] = lambda m: None) -> Any:
     (a FIFO, a directory) is set aside with one line and a new lock file made."""
     import fcntl
 
-    from specx.core.kept import Unusable, open_kept_lock
+    from .core.kept import Unusable, open_kept_lock
 
     path = specx_home() / "engines" / "trial.lock"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from . import output
-from .options import (BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, default_drafter, existing_store, stored_calls,
-                      keep_cost, specx_home, tenant_option)
+from .. import output
+from .options import BackendOpt, DbOpt, JsonOpt, ListOpt, check_drafters, existing_store, stored_calls, tenant_option
+from ..stack import default_drafter
+from ..home import keep_cost, specx_home
 
 
 def replay_cmd(
@@ -86,12 +87,12 @@ def replay_cmd(
     Example: [bold]specx replay --model smollm2-135m --format text2sql-multiagent --limit 20[/]
     Example: [bold]specx replay --model smollm2-135m --source multi-agent --limit 24 --drafter suffix,hybrid[/]
     """
-    from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
-    from specx.core.predict import methods as replay_lib
-    from specx.store.db import Store
-    from specx.store.prompts import prompt_tokens
-    from specx.store.selection import GROUPS, outside_sessions
-    from . import predict as predict_lib
+    from ..core.model.load import load_tokenizer, tokenizer_fingerprint
+    from ..core.predict import methods as replay_lib
+    from ..store.db import Store
+    from ..store.prompts import prompt_tokens
+    from ..store.selection import GROUPS, outside_sessions
+    from .. import predict as predict_lib
 
     if by not in GROUPS:
         raise typer.BadParameter(f"must be one of {', '.join(GROUPS)}", param_hint="--by")
@@ -182,7 +183,7 @@ def tenants(tenant: str | None, warm: bool = False) -> list[str] | None:
     >>> tenants(None), tenants("team-a"), tenants("team-a", warm=True), tenants("public", warm=True)
     (None, ['team-a'], ['team-a', 'public'], ['public'])
     """
-    from specx.store.tenants import PUBLIC
+    from ..store.tenants import PUBLIC
 
     if tenant is None:
         return None
@@ -195,15 +196,15 @@ _REPLAY_CAPTION = "higher tokens_per_step is better (1.0: no speculation); us co
 def _replay_with_model(path: Path, model: str, *, dtype: str, backend: str, window: int, max_tokens: int, warm: bool,
                        baselines: bool, json_out: bool, selection: dict[str, Any], params: dict[str, Any],
                        prefix_cache_tokens: int = 0, drafters: list[str], tenant: str | None = None) -> None:
-    from specx.core.predict import methods as replay_lib
-    from specx.core.predict.compare import DRAFTER_METHODS
-    from specx.store.db import Store
-    from specx.core.index.successors import SuccessorTable
-    from specx.store.prompts import model_prompts
-    from specx.store.selection import outside_sessions, select_calls
-    from specx.store.successors import table_key
+    from ..core.predict import methods as replay_lib
+    from ..core.predict.compare import DRAFTER_METHODS
+    from ..store.db import Store
+    from ..core.index.successors import SuccessorTable
+    from ..store.prompts import model_prompts
+    from ..store.selection import outside_sessions, select_calls
+    from ..store.successors import table_key
 
-    from .assemble import assemble, kept_table
+    from ..stack import assemble, kept_table
 
     stack = assemble(model, backend=backend, dtype=dtype, say=output.note, check_template=False, speculation=False)
     engine, tok, cost = stack.engine, stack.tokenizer, stack.cost

@@ -211,12 +211,12 @@ class EngineDrafter:
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, *, tokenizer: Any = None,
                  model: str | None = None, rank: int | None = None) -> None:
-        from specx.core.index.suffix_cache import SuffixCache
-        from specx.core.index.suffix_index import SuffixIndex
-        from specx.core.model.load import load_tokenizer, tokenizer_fingerprint
-        from specx.store.db import Store
-        from specx.store.index import MAX_DEPTH, index_for
-        from specx.store.served import ServedWriter
+        from .core.index.suffix_cache import SuffixCache
+        from .core.index.suffix_index import SuffixIndex
+        from .core.model.load import load_tokenizer, tokenizer_fingerprint
+        from .store.db import Store
+        from .store.index import MAX_DEPTH, index_for
+        from .store.served import ServedWriter
 
         path = Path(os.environ.get("SPECX_DB", "")).expanduser()
         if not str(path) or str(path) == ".":
@@ -349,7 +349,7 @@ class EngineDrafter:
                      num, self.writer.num_failed)
 
     def _on_finish(self, req_id: Any, prompt: Any, output: Any) -> None:
-        from specx.store.served import ServedRequest
+        from .store.served import ServedRequest
 
         self.writer.put(ServedRequest(str(req_id), prompt, output))  # type: ignore[union-attr]
 

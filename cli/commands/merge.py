@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import output
-from .options import DbOpt, JsonOpt, store_path, tenant_option
+from .. import output
+from .options import DbOpt, JsonOpt, tenant_option
+from ..home import store_path
 
 
 def merge_cmd(
@@ -30,8 +31,8 @@ def merge_cmd(
 
     Example: [bold]specx merge replica-a.db replica-b.db --db central.db --json[/]
     """
-    from specx.store.db import Store, StoreError
-    from specx.store.merge import merge
+    from ..store.db import Store, StoreError
+    from ..store.merge import merge
 
     path = store_path(db)
     results, errors, outcomes = [], [], []
