@@ -7,16 +7,14 @@ from typing import Annotated
 import typer
 
 from .. import output
-from .options import BackendOpt, DbOpt, DrafterOpt, JsonOpt, check_drafters
+from .options import BackendOpt, DbOpt, DrafterOpt, DtypeOpt, JsonOpt, ModelOpt, check_drafters
 from ..home import keep_cost, store_path
 
 
 def generate_cmd(
     prompt: Annotated[str, typer.Argument(help="The user message (or raw text with --raw).")],
-    model: Annotated[str, typer.Option(help="Model: built-in name, HF folder, .gguf file or hub id.",
-                                       envvar="SPECX_MODEL")] = "smollm2-135m",
-    dtype: Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
-                                             "bfloat16 or float16.")] = "auto",
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "auto",
     backend: BackendOpt = "auto",
     db: DbOpt = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 128,

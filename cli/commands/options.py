@@ -49,6 +49,10 @@ def check_api_key(api_key: str | None) -> str | None:
 
 
 ListOpt = Optional[list[str]]
+ModelOpt = Annotated[str, typer.Option(help="Model: built-in name, HF folder, .gguf file or hub id.",
+                                       envvar="SPECX_MODEL")]
+DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+                                             "bfloat16 or float16.")]
 BackendOpt = Annotated[str, typer.Option(
     help="What runs the model: auto (for a GGUF, the engine `specx engines` measured fastest here, else a prior), "
          "quantized (specx's own engine on the GGUF's quantized weights: draft trees, batch-invariant kernels), "

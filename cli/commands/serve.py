@@ -17,15 +17,13 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..core.serve.tools import PARSERS
-from .options import BackendOpt, DbOpt, DrafterOpt, check_api_key, check_drafters
+from .options import BackendOpt, DbOpt, DrafterOpt, DtypeOpt, ModelOpt, check_api_key, check_drafters
 from ..home import keep_cost, specx_home, store_path
 
 
 def serve_cmd(
-    model: Annotated[str, typer.Option(help="Model: built-in name, HF folder, .gguf file or hub id.",
-                                       envvar="SPECX_MODEL")] = "smollm2-135m",
-    dtype: Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
-                                             "bfloat16 or float16.")] = "auto",
+    model: ModelOpt = "smollm2-135m",
+    dtype: DtypeOpt = "auto",
     backend: BackendOpt = "auto",
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",

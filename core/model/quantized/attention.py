@@ -275,9 +275,10 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
                             for d in range(dim):
                                 new_values[0, at, d] = values[g, src, d]
                         f += 1
-            for h in range(group):
-                for d in range(dim):
-                    qg[h, d] = q[first + s, g * group + h, d]
+            if not quantized:  # int8 keys read the query's int8 form (qw, qd, qs) instead
+                for h in range(group):
+                    for d in range(dim):
+                        qg[h, d] = q[first + s, g * group + h, d]
             col0 = np.int64((first + s) * heads + g * group)
             count = num_in_place + num_gathered
             if num_in_place > 0:

@@ -41,7 +41,7 @@ VALUE_DTYPE = np.uint16  # values as float16 bits (core/model/quantized/attentio
 
 class KVCache:
     """One sequence's keys and values per layer, `length` entries used: keys in tiles of sixteen
-    positions [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.attention.key_layout:
+    positions [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.keys.key_layout:
     int8 with their scales by default, or float16; attention reads a tile's keys as one vector per
     row), values [Hkv, C, D] as float16 (their bits, uint16: attention widens them as it reads
     them); the buffers double when full."""

@@ -181,10 +181,16 @@ KEYS = ("q8", "f16")
 llama.cpp's `--cache-type-k q8_0`, and scored in integers), or f16 (float16, widened as read)."""
 
 
-def key_layout(dim: int, keys: str) -> tuple[int, type]:
-    """(rows, dtype) of a tile of 16 keys of `dim` dimensions: the cache's keys are [Hkv, C / 16, rows, 16]."""
+def check_keys(keys: str) -> str:
+    """`keys` if it names a way of keeping keys (KEYS), else a ValueError saying which do."""
     if keys not in KEYS:
         raise ValueError(f"keys {keys!r}: one of {', '.join(KEYS)}")
+    return keys
+
+
+def key_layout(dim: int, keys: str) -> tuple[int, type]:
+    """(rows, dtype) of a tile of 16 keys of `dim` dimensions: the cache's keys are [Hkv, C / 16, rows, 16]."""
+    check_keys(keys)
     if keys == "q8" and dim % 32:
         raise ValueError(f"int8 keys take heads of a multiple of 32 dimensions, not {dim}")
     return (dim // 32 * Q8_ROWS, np.uint32) if keys == "q8" else (dim, np.uint16)
@@ -212,16 +218,14 @@ def store_keys_q8(kc, k, first, last, at):  # pragma: no cover - compiled
     sx = np.empty((dim // 16, n * heads), dtype=np.int32)
     xs = np.empty((dim // 32, n * heads), dtype=np.float32)
     quantize_rows(flat, q8, dx, sx, xs)
+    words = q8.view(np.uint32).reshape((dim // 4, n * heads))  # four int8 a word, little-endian
     for s in range(n):
         p = at + s
         for hh in range(heads):
             m = s * heads + hh
             for b in range(dim // 32):
-                for w in range(8):
-                    word = np.uint32(0)
-                    for i in range(4):
-                        word |= np.uint32(np.int32(q8[8 * b + w, m, i]) + 128) << np.uint32(8 * i)
-                    kc[hh, p // 16, Q8_ROWS * b + w, p % 16] = word
+                for w in range(8):  # each byte's x + 128 is its bits with the top one flipped
+                    kc[hh, p // 16, Q8_ROWS * b + w, p % 16] = words[8 * b + w, m] ^ np.uint32(0x80808080)
                 kc[hh, p // 16, Q8_ROWS * b + 8, p % 16] = f32_bits(dx[b, m])
 
 
@@ -237,8 +241,7 @@ def scores_kernel(keys: str, group: int, dim: int, family: str) -> Any:
 def key_store(keys: str = "q8") -> Any:
     """store_keys(kc, k [S, Hkv, D], first, last, at) for keys kept as `keys` (compiled): rows
     first..last-1 of k into the layer's key cache kc at positions at, at + 1, ..."""
-    key_layout(32, keys)
-    return store_keys_q8 if keys == "q8" else store_keys_f16
+    return store_keys_q8 if check_keys(keys) == "q8" else store_keys_f16
 
 
 fix_module(globals())

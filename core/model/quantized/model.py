@@ -22,7 +22,7 @@ import numpy as np
 
 from . import forward as qforward
 from .attention import attention
-from .keys import key_layout, key_store
+from .keys import check_keys, key_store
 from .kernel import Inputs, any_driver, qmatmul
 from .quant import (FLOAT_TYPES, FORMATS, PANEL, TYPES, Packed, UnsupportedType, concat, dequantize, pack_tensor,
                     type_name, unpack, unpack_rows)
@@ -172,7 +172,7 @@ class QuantModel:
 
         try:
             cfg = read_config(reader)
-            key_layout(32, keys)  # a known format
+            check_keys(keys)
             # int8 keys are quantized per 32 dimensions: other head sizes keep float16 keys
             self.config = cfg = replace(cfg, keys=keys if cfg.head_dim % 32 == 0 else "f16")
             self.context_length = min(context, cfg.context)
