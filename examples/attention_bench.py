@@ -1,9 +1,10 @@
 """The quantized engine's passes at agents' context lengths: one pass over k rows after N cached
 tokens, a long prefill against a short one, and the attention alone; for each way of keeping the
-keys (`--keys`: int8, the default, and float16) in the same process, taking turns.
+keys and values (`--formats` KEYS/VALUES: keys q8 or f16, values bf16 or f16; the default the
+engine's own) in the same process, taking turns.
 
     python examples/attention_bench.py --contexts 600,6000
-    python examples/attention_bench.py --contexts 6000 --keys q8,f16 --json
+    python examples/attention_bench.py --contexts 6000 --formats q8/bf16,q8/f16,f16/f16 --json
 
 Prints a table per context (ms, median of --repeats) and, with --json, one JSON object. The passes
 run on the engine's own session (a random prompt of N tokens; each pass keeps its pending token, so
@@ -37,8 +38,8 @@ def main() -> None:
     parser.add_argument("--contexts", default="600,6000", help="cached tokens, comma-separated")
     parser.add_argument("--rows", default="1,2,4,8,16", help="rows of a pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--keys", default="q8", help="how the cache keeps keys, comma-separated: q8 (int8, the "
-                                                     "default) and f16, timed side by side")
+    parser.add_argument("--formats", default=None, help="how the cache keeps keys/values, comma-separated, timed "
+                        "side by side: keys q8 or f16, values bf16 or f16, e.g. q8/bf16,q8/f16 (default: the engine's)")
     parser.add_argument("--fill", choices=("prompt", "random"), default="prompt",
                         help="how the cache is filled: a prefilled random prompt (default), or random keys and values "
                              "written in place (a pass's time does not depend on them: minutes saved at 24,000 tokens)")
@@ -51,12 +52,18 @@ def main() -> None:
     from specx.core.model.load import builtin_gguf
     from specx.core.model.quantized.attention import attention
     from specx.core.model.quantized.keys import key_store
+    from specx.core.model.quantized.values import value_store
     from specx.core.model.quantized.engine import KVCache, QuantEngine, prefill
 
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
     path = args.model or builtin_gguf("smollm2-135m")
-    engines = {keys: QuantEngine(path, context=max(contexts) + 1200, keys=keys) for keys in args.keys.split(",")}
+    from specx.core.model.quantized.values import default_values
+
+    formats = {name: tuple(name.split("/")) for name in (args.formats or f"q8/{default_values()}").split(",")}
+    if any(len(f) != 2 for f in formats.values()):
+        parser.error(f"--formats {args.formats!r}: KEYS/VALUES pairs, e.g. q8/bf16,q8/f16")
+    engines = {name: QuantEngine(path, context=max(contexts) + 1200, keys=k, values=v) for name, (k, v) in formats.items()}
     first = next(iter(engines.values()))
     cfg, vocab = first.model.config, first.vocab_size
     group = cfg.heads // cfg.kv_heads
@@ -68,7 +75,8 @@ def main() -> None:
         sessions = {name: engine.start(prompt) for name, engine in engines.items()}
         if args.fill == "random":
             for name, session in sessions.items():
-                _fill_random(session.kv, context, np.random.default_rng(context), key_store(name))
+                _fill_random(session.kv, context, np.random.default_rng(context), key_store(formats[name][0]),
+                             value_store(formats[name][1]))
         figures: dict[str, dict] = {name: {"pass_ms": {}} for name in engines}
         for n in rows:  # the formats take turns at each size: the machine's load is shared alike
             draft = Draft(rng.integers(0, vocab, size=n - 1).tolist(), list(range(-1, n - 2)), [1.0] * (n - 1),
@@ -91,9 +99,10 @@ def main() -> None:
                                  max(2, args.repeats // 3)) / 512
             figures[name]["prefill_ms_per_token"] = {"1000_after_context": round(long_ms, 3),
                                                      "512_alone": round(short_ms, 3)}
-            figures[name]["attention_alone"] = _attention_alone(attention(group, cfg.head_dim, keys=name),
-                                                                key_store(name), model.config, context, rows,
-                                                                args.repeats)
+            k, v = formats[name]
+            figures[name]["attention_alone"] = _attention_alone(attention(group, cfg.head_dim, keys=k, values=v),
+                                                                (key_store(k), value_store(v)), model.config,
+                                                                context, rows, args.repeats)
         result["contexts"][context] = figures
     if args.json:
         print(json.dumps(result, indent=1))
@@ -111,16 +120,17 @@ def main() -> None:
                 f"{n} rows {a[n]['ms']:.3f} ms ({a[n]['gflop_s']:.0f} GFLOP/s)" for n in a))
 
 
-def _fill_random(kv, context: int, rng, store_keys) -> None:  # noqa: ANN001 - the engine's KVCache
-    """`context` cached positions of random keys and values, written in place (keys as the cache keeps them)."""
+def _fill_random(kv, context: int, rng, store_keys, store_values) -> None:  # noqa: ANN001 - the engine's KVCache
+    """`context` cached positions of random keys and values, written in place as the cache keeps them."""
     kv.reserve(context + 64)
+    shape = (context, kv.config.kv_heads, kv.config.head_dim)
     for keys, values in zip(kv.keys, kv.values):
-        store_keys(keys, rng.standard_normal((context, keys.shape[0], values.shape[2]), dtype=np.float32), 0, context, 0)
-        values[:, :context] = rng.standard_normal(values[:, :context].shape, dtype=np.float32).astype(np.float16).view(values.dtype)
+        store_keys(keys, rng.standard_normal(shape, dtype=np.float32), 0, context, 0)
+        store_values(values, rng.standard_normal(shape, dtype=np.float32), 0, context, 0)
     kv.length = context
 
 
-def _attention_alone(attend, store_keys, cfg, context: int, rows: list[int], repeats: int) -> dict:  # noqa: ANN001
+def _attention_alone(attend, stores, cfg, context: int, rows: list[int], repeats: int) -> dict:  # noqa: ANN001
     import numba
 
     from specx.core.model.quantized.engine import KVCache
@@ -128,7 +138,7 @@ def _attention_alone(attend, store_keys, cfg, context: int, rows: list[int], rep
     rng = np.random.default_rng(1)
     dim, heads = cfg.head_dim, cfg.heads
     cache = KVCache(cfg, context + max(rows) + 16)
-    _fill_random(cache, context + max(rows), rng, store_keys)  # the new rows' keys and values too
+    _fill_random(cache, context + max(rows), rng, *stores)  # the new rows' keys and values too
     keys, values = cache.keys[0], cache.values[0]
     key_list, value_list = numba.typed.List([numba.typed.List([keys])]), numba.typed.List([numba.typed.List([values])])
     out = {}

@@ -1,15 +1,17 @@
-"""What keeping the cache's keys in int8 (the quantized engine's default) costs in quality, against
-float16 keys, on real agent logs: the same model, the same text, teacher-forced, in one process.
+"""What the quantized engine's ways of keeping the cache cost in quality (int8 keys, bfloat16 values),
+against float16 keys and values, on real agent logs: the same model, the same text, teacher-forced,
+in one process.
 
     python examples/kv_keys_quality.py ../shared/agent-data/swe-agent-multi-swe-bench-java/trajs --tokens 6000
-    python examples/kv_keys_quality.py some.traj other.jsonl --tokens 6000 --texts 3 --json out.json
+    python examples/kv_keys_quality.py some.traj --tokens 6000 --texts 3 --formats f16/f16,q8/bf16 --json out.json
 
 Each text (a file's first `--tokens` tokens of its raw text; folders are walked, files taken in
-sorted order, one text a file) runs through the engine twice, once per key format, with the logits
-of every position kept: per format the mean negative log-likelihood of the text's next tokens
-(its perplexity), and between the two the share of positions whose top-1 token agrees, the mean
-and 99th percentile of KL(f16 || q8), by where in the context the position lies. Prints a table
-(stderr: progress) and, with --json, writes every figure.
+sorted order, one text a file) runs through the engine once per format (`--formats` KEYS/VALUES,
+the first the reference), with the logits of every position kept: per format the mean negative
+log-likelihood of the text's next tokens (its perplexity), and against the reference the share of
+positions whose top-1 token agrees, the mean and 99th percentile of KL(reference || format), by
+where in the context the position lies. Prints a table (stderr: progress) and, with --json, writes
+every figure.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=3, help="texts at most")
     parser.add_argument("--model", default=None, help="a GGUF file (default: the built-in model's)")
     parser.add_argument("--json", default=None, help="write every figure here")
+    parser.add_argument("--formats", default="f16/f16,q8/f16,q8/bf16",
+                        help="KEYS/VALUES formats, comma-separated, the first the reference (default: %(default)s)")
     args = parser.parse_args()
 
     from specx.core.model import cpu
@@ -60,9 +64,15 @@ def main() -> None:
 
     path = args.model or builtin_gguf("smollm2-135m")
     tokenizer = load_tokenizer()
-    engines = {keys: QuantEngine(path, context=args.tokens + 64, keys=keys) for keys in ("f16", "q8")}
+    formats = args.formats.split(",")
+    if len(formats) < 2 or any(len(f.split("/")) != 2 for f in formats):
+        parser.error(f"--formats {args.formats!r}: two KEYS/VALUES pairs or more, e.g. f16/f16,q8/bf16")
+    engines = {f: QuantEngine(path, context=args.tokens + 64, keys=f.split("/")[0], values=f.split("/")[1])
+               for f in formats}
+    ref = formats[0]
     bands = [(0, 1000), (1000, 3000), (3000, 6000), (6000, 24000)]
-    result: dict = {"model": str(path), "cpu": cpu.model_name(), "tokens": args.tokens, "texts": []}
+    result: dict = {"model": str(path), "cpu": cpu.model_name(), "tokens": args.tokens, "reference": ref,
+                    "texts": []}
     for f in texts(args.paths, args.texts):
         ids = tokenizer(f.read_text(errors="replace"))["input_ids"][: args.tokens]
         if len(ids) < 100:
@@ -72,27 +82,29 @@ def main() -> None:
         logp = {k: log_softmax(all_logits(e, ids)[:-1]) for k, e in engines.items()}
         nxt = np.asarray(ids[1:])
         nll = {k: -lp[np.arange(len(nxt)), nxt] for k, lp in logp.items()}
-        agree = logp["f16"].argmax(1) == logp["q8"].argmax(1)
-        kl = (np.exp(logp["f16"]) * (logp["f16"] - logp["q8"])).sum(1)
         row = {"file": str(f), "tokens": len(ids),
-               "perplexity": {k: round(float(np.exp(v.mean())), 4) for k, v in nll.items()},
-               "top1_agree": round(float(agree.mean()), 4), "kl_mean": float(kl.mean()),
-               "kl_p99": float(np.percentile(kl, 99)), "by_position": {}}
-        for lo, hi in bands:
-            if lo < len(nxt):
-                sl = slice(lo, min(hi, len(nxt)))
-                row["by_position"][f"{lo}-{hi}"] = {"top1_agree": round(float(agree[sl].mean()), 4),
-                                                    "kl_mean": float(kl[sl].mean()),
-                                                    "nll_f16": float(nll["f16"][sl].mean()),
-                                                    "nll_q8": float(nll["q8"][sl].mean())}
+               "perplexity": {k: round(float(np.exp(v.mean())), 4) for k, v in nll.items()}, "against": {}}
+        for k in formats[1:]:
+            agree = logp[ref].argmax(1) == logp[k].argmax(1)
+            kl = (np.exp(logp[ref]) * (logp[ref] - logp[k])).sum(1)
+            row["against"][k] = {"top1_agree": round(float(agree.mean()), 4), "kl_mean": float(kl.mean()),
+                                 "kl_p99": float(np.percentile(kl, 99)), "by_position": {}}
+            for lo, hi in bands:
+                if lo < len(nxt):
+                    sl = slice(lo, min(hi, len(nxt)))
+                    row["against"][k]["by_position"][f"{lo}-{hi}"] = {
+                        "top1_agree": round(float(agree[sl].mean()), 4), "kl_mean": float(kl[sl].mean()),
+                        "nll": float(nll[k][sl].mean()), "nll_reference": float(nll[ref][sl].mean())}
         result["texts"].append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    print(f"int8 keys against float16 keys, {Path(result['model']).name}, teacher-forced, {result['cpu']}")
-    print(f"{'text':<34} {'tokens':>6} {'ppl f16':>8} {'ppl q8':>8} {'top-1 same':>10} {'KL mean':>9} {'KL p99':>8}")
+    print(f"keys/values formats against {ref}, {Path(result['model']).name}, teacher-forced, {result['cpu']}")
+    print(f"{'text':<34} {'tokens':>6} {'format':>8} {'ppl':>8} {'ppl ref':>8} {'top-1 same':>10} {'KL mean':>9} "
+          f"{'KL p99':>8}")
     for r in result["texts"]:
-        print(f"{Path(r['file']).name[:34]:<34} {r['tokens']:>6} {r['perplexity']['f16']:>8.3f} "
-              f"{r['perplexity']['q8']:>8.3f} {r['top1_agree']:>10.4f} {r['kl_mean']:>9.5f} {r['kl_p99']:>8.4f}")
+        for k, a in r["against"].items():
+            print(f"{Path(r['file']).name[:34]:<34} {r['tokens']:>6} {k:>8} {r['perplexity'][k]:>8.3f} "
+                  f"{r['perplexity'][ref]:>8.3f} {a['top1_agree']:>10.4f} {a['kl_mean']:>9.5f} {a['kl_p99']:>8.4f}")
 
 
 if __name__ == "__main__":

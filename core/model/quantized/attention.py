@@ -4,9 +4,9 @@ A query row attends to the cached entries and to the new entries its `allowed` r
 visible keys are its sequence's positions 0, 1, ... in order (a tree's accepted path is its
 ancestors), so every sum runs over them in one fixed order, whichever pass the row is in.
 
-Keys are kept as core/model/quantized/keys.py says (int8 with their scales by default, or
-float16) and scored by its kernels; values as float16 (their bits, uint16: half the memory traffic
-of float32, llama.cpp's default too), widened to float32 as they are read.
+Keys are kept as core/model/quantized/keys.py says and scored by its kernels (int8 with their
+scales by default, or float16), values as core/model/quantized/values.py says and summed by its
+kernels (bfloat16 pairs where the CPU sums them in one instruction, else float16).
 
 Positions are cut into parts of BLOCK from position 0 (flash-decoding's split, at fixed places):
 one job per (sequence, key head, part) runs every row of the sequence over that part, so at
@@ -22,9 +22,10 @@ for one row. Within a part, for a row:
   either way.
 - softmax: the maximum m (exact in any order), core.model.quantized.forward.exp_rows, and the sum
   l in 16 lanes by position, combined in order.
-- values: a = sum_j p_j v_j with the head dimension in vector registers, a multiply-add chain over
-  the part's visible keys in order (`_weighted`); a key head's query heads side by side (one load
-  of each value vector, more chains in flight).
+- values: a = sum_j p_j v_j with the head dimension in vector registers, over the part's visible
+  positions in order, in tiles of 16 of the row's own positions (values.py's kernels; a branch's
+  gathered entries are copied beside the in-place ones of their tile); a key head's query heads
+  side by side (one load of each value vector).
 
 The parts are then combined in order (M the parts' maximum): sum_p e^(m_p - M) a_p / sum_p
 e^(m_p - M) l_p; one part alone is a / l. Masked keys are skipped, not added as zeros.
@@ -43,65 +44,14 @@ from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fixed
 from . import forward as qforward
 from .forward import exp_rows
-from .ir import F32, I32, I64, counted, load_halves, loop_back, splat
-from .ir import fma as fma16
+from .ir import F32, I32, I64, counted, splat
 from .kernel import isa, quantize_rows
 from .keys import LANES, key_layout, scores_kernel
+from .values import default_values, value_copy, value_layout, weighted_kernel
 
 configure_numba_cache()
 
 _V16 = ir.VectorType(F32, LANES)
-
-
-def _weighted_kernel(dim: int, group: int) -> Any:
-    """weighted(v [Hkv, C, D] float16 bits, g, p [G, W], start, count, acc [G, D]): acc[h] += sum over
-    j < count of p[h, start + j] v[g, j] for h < G = `group` (acc read first, written after), D =
-    `dim`, a multiple of 16. Each head's sum runs over j in order (its own chains of D / 16
-    multiply-adds); the group's heads share each value vector's load and keep G x D / 16 chains
-    going at once."""
-    vectors = dim // LANES
-
-    @intrinsic
-    def weighted(typingctx, v, g, p, start, count, acc):  # pragma: no cover - compiled
-        def codegen(context, builder, signature, args):
-            v_a, p_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5))
-            g_, start_, count_ = args[1], args[3], args[4]
-            cap = builder.extract_value(v_a.shape, 1)
-            width = builder.extract_value(p_a.shape, 1)
-            const = lambda c: ir.Constant(I64, c)  # noqa: E731
-            fma = fma16(builder)
-            ptr = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), _V16.as_pointer())  # noqa: E731
-            at = lambda h, i: const(h * dim + LANES * i)  # noqa: E731 - acc[h, 16 i]
-            first = [builder.load(ptr(acc_a.data, at(h, i)), align=4) for h in range(group) for i in range(vectors)]
-            entry = builder.block
-            loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
-            builder.cbranch(builder.icmp_signed(">", count_, const(0)), loop, done)
-            builder.position_at_end(loop)
-            j = builder.phi(I64)
-            j.add_incoming(const(0), entry)
-            acc = [builder.phi(_V16) for _ in range(group * vectors)]
-            for a, f in zip(acc, first):
-                a.add_incoming(f, entry)
-            row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
-            value = [load_halves(builder, v_a.data, builder.add(row, const(LANES * i))) for i in range(vectors)]
-            new = []
-            for h in range(group):
-                pj = builder.add(builder.mul(const(h), width), builder.add(start_, j))
-                weight = splat(builder, builder.load(builder.gep(p_a.data, [pj])), _V16)
-                new += [builder.call(fma, [weight, value[i], acc[h * vectors + i]]) for i in range(vectors)]
-            loop_back(builder, j, const(1), count_, loop, done, zip(acc, new))
-            final = [builder.phi(_V16) for _ in range(group * vectors)]
-            for f, a, n in zip(final, first, new):
-                f.add_incoming(a, entry)
-                f.add_incoming(n, loop)
-            for h in range(group):
-                for i in range(vectors):
-                    builder.store(final[h * vectors + i], ptr(acc_a.data, at(h, i)), align=4)
-            return context.get_dummy_value()
-
-        return types.void(v, g, p, start, count, acc), codegen
-
-    return fixed(weighted, f"qattention.weighted.{dim}.{group}")
 
 
 def _exp(builder: ir.IRBuilder, v: Any) -> Any:
@@ -206,14 +156,15 @@ BLOCK = 1024  # positions per part: its keys and values (128 KB each at 64 dims)
 _ATTEND: dict[tuple[int, int, int], Any] = {}
 
 
-def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family: str | None = None) -> Any:
+def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family: str | None = None,
+              values: str | None = None) -> Any:
     """attend(q [S, H, D], keys, values, layer, starts [Q + 1], n0s [Q], alloweds, scale, out [S, H, D])
-    for H / Hkv = `group` and D = `dim`, keys kept as `keys` (KEYS), int8 keys scored by the
-    instruction-set `family`'s dots (default: the target's; every family gives the same bits;
-    compiled on first use): the rows
-    of Q sequences (sequence q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16,
-    rows, 16] (key_layout) and
-    values[q][layer] [Hkv, C, D] holding n0s[q] entries then its new rows', their visibility
+    for H / Hkv = `group` and D = `dim`, keys kept as `keys` (keys.KEYS) and values as `values`
+    (values.FORMATS), int8 ones summed by the instruction-set `family`'s dots (default: the
+    target's; every family gives the same bits; compiled on first use): the rows of Q sequences
+    (sequence q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16, rows, 16]
+    (key_layout) and values[q][layer] [Hkv, C / 16, rows, width] (value_layout) holding n0s[q]
+    entries then its new rows', their visibility
     alloweds[q] [S_q, S_q]); out[s, h] = softmax(q[s, h] . K * scale) V over the keys row s may
     see (the module's docstring).
 
@@ -223,14 +174,15 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
     and values come from memory once a pass and from L2 for the other rows. A part gives each
     row-head its maximum m, its sum l and its unnormalised values a (as one two-pass softmax over
     the part); the parts are combined in order: out = sum_p e^(m_p - M) a_p / sum_p e^(m_p - M) l_p."""
-    key_layout(dim, keys)  # a known format
-    family = family or isa()
-    key = (group, dim, block, keys, family)
+    family, values = family or isa(), values or default_values()
+    key_layout(dim, keys), value_layout(dim, values)  # known formats
+    key = (group, dim, block, keys, values, family)
     if key in _ATTEND:
         return _ATTEND[key]
     quantized = keys == "q8"
     scores_fn = scores_kernel(keys, group, dim, family)
-    weighted_fn, softmax_fn = _weighted_kernel(dim, group), _softmax_kernel(group)
+    weighted_fn, softmax_fn = weighted_kernel(values, group, dim, family), _softmax_kernel(group)
+    copy_value = value_copy(values)
 
     @njit(nogil=True)
     def part(q, qw, qd, qs, keys, values, n_cached, allowed, lead, fresh, first, row0, row1, g, p, scale, pm, pl,
@@ -250,8 +202,8 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
         acc = np.empty((group, dim), dtype=np.float32)
         key_rows = keys.shape[2]
         new_keys = np.empty((1, 0, key_rows, LANES), dtype=keys.dtype)  # made when a row first gathers (a tree's branch)
-        new_values = np.empty((1, 0, dim), dtype=values.dtype)
-        key_part, value_part = keys[g:g + 1, a // LANES:], values[g:g + 1, a:]
+        new_values = np.empty((1, 0, values.shape[2], values.shape[3]), dtype=values.dtype)
+        key_part, value_part = keys[g:g + 1, a // LANES:], values[g:g + 1, a // LANES:]
         for s in range(row0, row1):
             contiguous = n_cached + lead[first + s]
             visible = n_cached + fresh[first + s]
@@ -262,7 +214,12 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
             num_gathered = end - a - num_in_place
             if num_gathered > 0 and new_keys.shape[1] == 0:  # unused lanes of a tile are scored and never read
                 new_keys = np.empty((1, block // LANES, key_rows, LANES), dtype=keys.dtype)
-                new_values = np.empty((1, block, dim), dtype=values.dtype)
+                new_values = np.zeros((1, block // LANES, values.shape[2], values.shape[3]), dtype=values.dtype)
+            # values in tiles of the row's own positions: the in-place ones of the tile its first
+            # gathered entry falls in go beside the gathered ones (split: where the copy starts)
+            split = num_in_place if num_gathered == 0 else num_in_place // LANES * LANES
+            for j in range(split, num_in_place):
+                copy_value(new_values, 0, j - split, values, g, a + j)
             if num_gathered > 0:  # the row's visible new entries past its leading run, from position max(a, contiguous)
                 skip = max(a, contiguous) - contiguous
                 f = 0
@@ -272,8 +229,7 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
                             at, src = f - skip, n_cached + i
                             for r in range(key_rows):
                                 new_keys[0, at // LANES, r, at % LANES] = keys[g, src // LANES, r, src % LANES]
-                            for d in range(dim):
-                                new_values[0, at, d] = values[g, src, d]
+                            copy_value(new_values, 0, num_in_place - split + at, values, g, src)
                         f += 1
             if not quantized:  # int8 keys read the query's int8 form (qw, qd, qs) instead
                 for h in range(group):
@@ -294,8 +250,9 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
                 pl[first + s, g * group + h, p] = totals[h]
                 for d in range(dim):
                     acc[h, d] = np.float32(0.0)
-            weighted_fn(value_part, np.int64(0), probs, np.int64(0), np.int64(num_in_place), acc)
-            weighted_fn(new_values, np.int64(0), probs, np.int64(num_in_place), np.int64(num_gathered), acc)
+            weighted_fn(value_part, np.int64(0), probs, np.int64(0), np.int64(split), acc)
+            if num_gathered > 0:
+                weighted_fn(new_values, np.int64(0), probs, np.int64(split), np.int64(count - split), acc)
             for h in range(group):
                 for d in range(dim):
                     pacc[first + s, g * group + h, p, d] = acc[h, d]

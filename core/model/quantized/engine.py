@@ -30,31 +30,29 @@ from ...draft import Draft, check_draft
 from ..prefix_cache import PrefixCache
 from .attention import BLOCK
 from .keys import key_layout
+from .values import value_layout, value_move
 from .kernel import ISA_NAMES, isa
 from .model import Config, GGUFError, QuantModel
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
-VALUE_DTYPE = np.uint16  # values as float16 bits (core/model/quantized/attention.py widens them as it reads)
-
-
 class KVCache:
-    """One sequence's keys and values per layer, `length` entries used: keys in tiles of sixteen
-    positions [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.keys.key_layout:
-    int8 with their scales by default, or float16; attention reads a tile's keys as one vector per
-    row), values [Hkv, C, D] as float16 (their bits, uint16: attention widens them as it reads
-    them); the buffers double when full."""
+    """One sequence's keys and values per layer, `length` entries used, in tiles of sixteen
+    positions: keys [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.keys.key_layout),
+    values [Hkv, C / 16, rows, width] as config.values says (core.model.quantized.values.value_layout),
+    int8 with their scales by default, or float16; the buffers double when full."""
 
     def __init__(self, config: Config, capacity: int = 256) -> None:
         self.config = config
         self.length = 0
         self.reused = 0  # entries copied from a prefix cache when it was made (the rest were prefilled)
-        capacity = -(-capacity // 16) * 16
+        tiles = -(-capacity // 16)
         rows, dtype = key_layout(config.head_dim, config.keys)
-        self.keys = [np.empty((config.kv_heads, capacity // 16, rows, 16), dtype=dtype) for _ in range(config.layers)]
-        self.values = [np.empty((config.kv_heads, capacity, config.head_dim), dtype=VALUE_DTYPE)
-                       for _ in range(config.layers)]
+        vrows, width, vtype = value_layout(config.head_dim, config.values)
+        self.keys = [np.empty((config.kv_heads, tiles, rows, 16), dtype=dtype) for _ in range(config.layers)]
+        # values zeroed: a tile's unwritten slots weigh 0 and must not be NaN (0 x NaN is NaN)
+        self.values = [np.zeros((config.kv_heads, tiles, vrows, width), dtype=vtype) for _ in range(config.layers)]
         self._lists()
 
     def _lists(self) -> None:
@@ -66,12 +64,13 @@ class KVCache:
     def bytes_per_token(config: Config) -> int:
         """What one position's keys and values take, over all layers."""
         rows, dtype = key_layout(config.head_dim, config.keys)
-        per_head = rows * np.dtype(dtype).itemsize + config.head_dim * np.dtype(VALUE_DTYPE).itemsize
-        return config.layers * config.kv_heads * per_head
+        vrows, width, vtype = value_layout(config.head_dim, config.values)
+        per_tile = rows * 16 * np.dtype(dtype).itemsize + vrows * width * np.dtype(vtype).itemsize
+        return config.layers * config.kv_heads * per_tile // 16
 
     @property
     def capacity(self) -> int:
-        return self.values[0].shape[1]
+        return self.keys[0].shape[1] * 16
 
     def reserve(self, n: int) -> None:
         if n <= self.capacity:
@@ -79,22 +78,23 @@ class KVCache:
         size = -(-max(n, 2 * self.capacity) // 16) * 16
         tiles = -(-self.length // 16)
         for i in range(len(self.keys)):
-            keys = np.empty((self.keys[i].shape[0], size // 16, *self.keys[i].shape[2:]), dtype=self.keys[i].dtype)
-            values = np.empty((self.values[i].shape[0], size, self.values[i].shape[2]), dtype=VALUE_DTYPE)
+            keys, values = (make((a.shape[0], size // 16, *a.shape[2:]), dtype=a.dtype)
+                            for make, a in ((np.empty, self.keys[i]), (np.zeros, self.values[i])))
             keys[:, :tiles] = self.keys[i][:, :tiles]
-            values[:, : self.length] = self.values[i][:, : self.length]
+            values[:, :tiles] = self.values[i][:, :tiles]
             self.keys[i], self.values[i] = keys, values
         self._lists()
 
     def keep(self, num_kept: int, moved: Sequence[int]) -> None:
         """Keep the first `num_kept` entries, then the entries `moved` (in order), drop the rest."""
         moved = [int(m) for m in moved]
+        move_value = value_move(self.config.values)
         for i, src in enumerate(moved):  # each source lies after every earlier destination: nothing is overwritten early
             dst = num_kept + i
             if src != dst:
                 for keys, values in zip(self.keys, self.values):
                     keys[:, dst // 16, :, dst % 16] = keys[:, src // 16, :, src % 16]
-                    values[:, dst] = values[:, src]
+                    move_value(values, dst, src)
         self.length = num_kept + len(moved)
 
     def copy(self, n: int) -> KVCache:
@@ -103,7 +103,7 @@ class KVCache:
         tiles = -(-n // 16)
         for i in range(len(self.keys)):
             other.keys[i][:, :tiles] = self.keys[i][:, :tiles]
-            other.values[i][:, :n] = self.values[i][:, :n]
+            other.values[i][:, :tiles] = self.values[i][:, :tiles]
         other.length = n
         return other
 
@@ -234,17 +234,18 @@ class QuantEngine:
     prefix_cache_type = QuantPrefixCache
 
     def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None,
-                 keys: str = "q8") -> None:
+                 keys: str = "q8", values: str | None = None) -> None:
         # the shape its passes' cost starts from: its kernels' family's (a row costs twice as much on AVX2 as on AVX-512)
         self.cost_curve = f"quantized-{isa() if isa() != 'generic' else 'avx2'}"
-        self.model = QuantModel(path, context, say, keys)
+        self.model = QuantModel(path, context, say, keys, values)
         self.path = self.model.path
         self.vocab_size = self.model.config.vocab
         self.context_length = self.model.context_length
         self.precision = self.model.precision
         self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.config)
         self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})",
-                        f"attention in parts of {BLOCK} positions, {self.model.config.keys} keys"]
+                        f"attention in parts of {BLOCK} positions, {self.model.config.keys} keys, "
+                        f"{self.model.config.values} values"]
         self.hit_tokens = 0
         started = time.perf_counter()
         say(f"quantized engine: {ISA_NAMES[isa()]} kernels for this model (compiled once per CPU and formats, "

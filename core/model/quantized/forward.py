@@ -15,7 +15,6 @@ from numba import njit, prange
 
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fix_module, fixed
-from .ir import to_half
 from .kernel import PARALLEL_VALUES, ROUND, ROW_CHUNK, quantize_rows
 
 configure_numba_cache()
@@ -114,10 +113,10 @@ def silu_mul(gate_up, width, out, scratch, ibuf):  # pragma: no cover - compiled
 _LAYERS: dict[tuple[int, int], object] = {}
 
 
-def build_layers(run_any, attend, store_keys):  # noqa: ANN001, ANN201 - returns a compiled function
+def build_layers(run_any, attend, store_keys, store_values):  # noqa: ANN001, ANN201 - returns a compiled function
     """The transformer's layers as one compiled function over `run_any` (core.model.quantized.kernel.any_driver),
-    `attend` (core.model.quantized.attention.attention) and `store_keys` (its key_store, the same
-    key format): a pass costs one call from Python, not dozens per layer.
+    `attend` (core.model.quantized.attention.attention), `store_keys` and `store_values` (keys.key_store,
+    values.value_store: the formats `attend` reads): a pass costs one call from Python, not dozens per layer.
 
     layers(x [S, E], positions [S], starts [Q + 1], alloweds, n0s [Q], mats, groups [L, 4, 2],
     norms [L, 2, E], biases [L, Wqkv] (has_bias), keys, values, cos, sin, neox, eps, scale, heads,
@@ -127,7 +126,7 @@ def build_layers(run_any, attend, store_keys):  # noqa: ANN001, ANN201 - returns
     alloweds[q]; their keys and values are written at n0s[q] on. The linear layers read every
     row in one pass; attention never mixes sequences. mats: (values, scales, mins, kd, kdmin, format index, n) per
     matrix; groups[i]: layer i's [start, end) in mats of qkv, output, gate+up and down."""
-    key = (id(run_any), id(attend), id(store_keys))  # all kept for the process (qkernel._ANY, qattention._ATTEND)
+    key = (id(run_any), id(attend), id(store_keys), id(store_values))  # all kept for the process
     if key in _LAYERS:
         return _LAYERS[key]
 
@@ -160,6 +159,7 @@ def build_layers(run_any, attend, store_keys):  # noqa: ANN001, ANN201 - returns
         qkv = np.empty((rows, qw + 2 * kvw), dtype=np.float32)
         q = np.empty((rows, heads, head_dim), dtype=np.float32)
         k = np.empty((rows, kv_heads, head_dim), dtype=np.float32)
+        v = np.empty((rows, kv_heads, head_dim), dtype=np.float32)
         att = np.empty((rows, heads, head_dim), dtype=np.float32)
         proj = np.empty((rows, width), dtype=np.float32)
         gate_up = np.empty((rows, 2 * ffn), dtype=np.float32)
@@ -179,16 +179,13 @@ def build_layers(run_any, attend, store_keys):  # noqa: ANN001, ANN201 - returns
                 for hh in range(kv_heads):
                     for d in range(head_dim):
                         k[s, hh, d] = qkv[s, qw + hh * head_dim + d]
+                        v[s, hh, d] = qkv[s, qw + kvw + hh * head_dim + d]
             rope(q, positions, cos, sin, neox)
             rope(k, positions, cos, sin, neox)
             for sq in range(len(n0s)):  # each sequence's rows: its own cache, its own attention
                 kc, vc, n0 = keys[sq][i], values[sq][i], n0s[sq]
                 store_keys(kc, k, starts[sq], starts[sq + 1], n0)
-                for s in range(starts[sq], starts[sq + 1]):
-                    at = n0 + s - starts[sq]
-                    for hh in range(kv_heads):
-                        for d in range(head_dim):
-                            vc[hh, at, d] = to_half(qkv[s, qw + kvw + hh * head_dim + d])
+                store_values(vc, v, starts[sq], starts[sq + 1], n0)
             attend(q, keys, values, i, starts, n0s, alloweds, scale, att)
             project(att.reshape((rows, qw)), mats, groups[i, 1, 0], groups[i, 1, 1], proj)
             for s in range(rows):
@@ -205,7 +202,8 @@ def build_layers(run_any, attend, store_keys):  # noqa: ANN001, ANN201 - returns
 
     # named by what they call, so that numba's cache finds them again in the next process
     fixed(project, f"qforward.project.{run_any._uuid}")
-    _LAYERS[key] = fixed(layers, f"qforward.layers.{run_any._uuid}.{attend._uuid}.{store_keys._uuid}")
+    _LAYERS[key] = fixed(layers, f"qforward.layers.{run_any._uuid}.{attend._uuid}.{store_keys._uuid}."
+                                 f"{store_values._uuid}")
     return layers
 
 

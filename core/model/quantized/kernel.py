@@ -98,6 +98,22 @@ def isa() -> str:
     return family({name for name, on in binding.get_host_cpu_features().items() if on})
 
 
+_BF16_CPUS = {"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"}
+
+
+@functools.lru_cache(maxsize=None)
+def has_bf16() -> bool:
+    """Whether the CPU numba compiles for has AVX512-BF16 (vdpbf16ps), named as isa() names it."""
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_FEATURES:
+        return "+avx512bf16" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return config.CPU_NAME in _BF16_CPUS
+    return bool(binding.get_host_cpu_features().get("avx512bf16"))
+
+
 def runs_here(name: str) -> bool:
     """Whether this machine executes family `name`'s instructions (compiling them needs no CPU)."""
     from llvmlite import binding

@@ -23,6 +23,7 @@ import numpy as np
 from . import forward as qforward
 from .attention import attention
 from .keys import check_keys, key_store
+from .values import check_values, default_values, value_store
 from .kernel import Inputs, any_driver, qmatmul
 from .quant import (FLOAT_TYPES, FORMATS, PANEL, TYPES, Packed, UnsupportedType, concat, dequantize, pack_tensor,
                     type_name, unpack, unpack_rows)
@@ -69,7 +70,8 @@ class Config:
     eps: float
     context: int
     vocab: int
-    keys: str = "q8"  # how the cache keeps keys (core.model.quantized.attention.KEYS)
+    keys: str = "q8"  # how the cache keeps keys (core.model.quantized.keys.KEYS)
+    values: str = "f16"  # and values (core.model.quantized.values.FORMATS)
 
 
 @dataclass
@@ -124,7 +126,7 @@ class QuantModel:
     """A GGUF model's weights, packed, and its forward pass (`forward`)."""
 
     def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None,
-                 keys: str = "q8") -> None:
+                 keys: str = "q8", values: str | None = None) -> None:
         import gguf
 
         self.path = Path(path)
@@ -174,7 +176,8 @@ class QuantModel:
             cfg = read_config(reader)
             check_keys(keys)
             # int8 keys are quantized per 32 dimensions: other head sizes keep float16 keys
-            self.config = cfg = replace(cfg, keys=keys if cfg.head_dim % 32 == 0 else "f16")
+            self.config = cfg = replace(cfg, keys=keys if cfg.head_dim % 32 == 0 else "f16",
+                                        values=check_values(values or default_values()))
             self.context_length = min(context, cfg.context)
             h, kvw, qw = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.heads * cfg.head_dim
             self.layers = []
@@ -232,8 +235,8 @@ class QuantModel:
         self._has_bias = any(layer.bias is not None for layer in self.layers)
         self._biases = np.stack([layer.bias if layer.bias is not None else np.zeros(width, dtype=np.float32)
                                  for layer in self.layers]).astype(np.float32)
-        self._layers = qforward.build_layers(any_driver(formats), attention(cfg.heads // cfg.kv_heads, cfg.head_dim,
-                                                                            keys=cfg.keys), key_store(cfg.keys))
+        attend = attention(cfg.heads // cfg.kv_heads, cfg.head_dim, keys=cfg.keys, values=cfg.values)
+        self._layers = qforward.build_layers(any_driver(formats), attend, key_store(cfg.keys), value_store(cfg.values))
 
     @property
     def precision(self) -> str:
