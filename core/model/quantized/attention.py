@@ -20,8 +20,8 @@ for one row. Within a part, for a row:
   prefill or a chain) are read where they are; other visible new entries (a tree's branches) are
   copied beside each other first and go through the same code, so a key gets the same bits
   either way.
-- softmax: the maximum m (exact in any order), core.model.quantized.forward.exp_rows, and the sum
-  l in 16 lanes by position, combined in order.
+- softmax: the maximum m (exact in any order), exp (exp_rows' polynomial with fused multiply-adds),
+  and the sum l in 16 lanes by position, combined in order.
 - values: a = sum_j p_j v_j with the head dimension in vector registers, over the part's visible
   positions in order, in tiles of 16 of the row's own positions (values.py's kernels; a branch's
   gathered entries are copied beside the in-place ones of their tile); a key head's query heads
@@ -45,42 +45,49 @@ from ...numba_cache import fixed
 from . import forward as qforward
 from .forward import exp_rows
 from .ir import F32, I32, I64, counted, splat
+from .ir import fma as fma16
 from .kernel import isa, quantize_rows
 from .keys import LANES, key_layout, scores_kernel
-from .values import default_values, value_copy, value_layout, weighted_kernel
+from .values import bf16_pairs, default_values, value_copy, value_layout, weighted_kernel
 
 configure_numba_cache()
 
-_V16 = ir.VectorType(F32, LANES)
+_V16, _V8I = ir.VectorType(F32, LANES), ir.VectorType(I32, LANES // 2)
 
 
 def _exp(builder: ir.IRBuilder, v: Any) -> Any:
-    """core.model.quantized.forward.exp_rows on 16 lanes, operation for operation (the same bits)."""
+    """exp on 16 lanes as core.model.quantized.forward.exp_rows computes it (clamped to [-87, 88], n =
+    rint(x log2 e), r = x - n ln 2, a degree-7 polynomial of r times 2^n), each multiply-add fused
+    (llvm.fma: one rounding, the same bits in every family): half exp_rows' operations."""
     vi32 = ir.VectorType(I32, LANES)
     c = lambda x: ir.Constant(_V16, [float(np.float32(x))] * LANES)  # noqa: E731
+    fma = fma16(builder)
+    mad = lambda a, b, acc: builder.call(fma, [a, b, acc])  # noqa: E731
     v = builder.select(builder.fcmp_ordered(">", v, c(-87.0)), v, c(-87.0))
     v = builder.select(builder.fcmp_ordered("<", v, c(88.0)), v, c(88.0))
-    k = builder.fsub(builder.fadd(builder.fmul(v, c(qforward._LOG2E)), c(qforward.ROUND)), c(qforward.ROUND))
-    r = builder.fsub(builder.fsub(v, builder.fmul(k, c(qforward._LN2_HI))), builder.fmul(k, c(qforward._LN2_LO)))
-    p = builder.fadd(c(qforward._C6), builder.fmul(r, c(qforward._C7)))
+    k = builder.fsub(mad(v, c(qforward._LOG2E), c(qforward.ROUND)), c(qforward.ROUND))
+    r = mad(builder.fneg(k), c(qforward._LN2_LO), mad(builder.fneg(k), c(qforward._LN2_HI), v))
+    p = mad(r, c(qforward._C7), c(qforward._C6))
     for term in (qforward._C5, qforward._C4, qforward._C3, qforward._C2, 1.0, 1.0):
-        p = builder.fadd(c(term), builder.fmul(r, p))
+        p = mad(r, p, c(term))
     bits = builder.shl(builder.add(builder.fptosi(k, vi32), ir.Constant(vi32, [127] * LANES)),
                        ir.Constant(vi32, [23] * LANES))
     return builder.fmul(p, builder.bitcast(bits, _V16))
 
 
-def _softmax_kernel(group: int) -> Any:
-    """softmax(scores [G, W], count, scale, probs [G, W], tops [G], totals [G]): per head h, over
+def _softmax_kernel(group: int, pairs: bool) -> Any:
+    """softmax(scores [G, W], count, scale, probs [G, W], bf [G, W / 2], tops [G], totals [G]): per head h, over
     j < count, top = max_j scores[h, j] * scale (the maximum of the raw scores, then scaled:
-    rounding is monotonic), probs[h, j] = exp(scores[h, j] * scale - top) (exp_rows' arithmetic)
+    rounding is monotonic), probs[h, j] = exp(scores[h, j] * scale - top) (fused; `_exp`)
     and total = their sum in 16 lanes by position, the lanes then added in order; 16 at a time in
-    vector registers (probs past count hold garbage, never read)."""
+    vector registers (probs past count hold 0 to the end of their tile). With `pairs` the probs go
+    to bf as well, as bfloat16 pairs (values.bf16_pairs: what bfloat16 values are weighed with)."""
 
     @intrinsic
-    def softmax(typingctx, scores, count, scale, probs, tops, totals):  # pragma: no cover - compiled
+    def softmax(typingctx, scores, count, scale, probs, bf, tops, totals):  # pragma: no cover - compiled
         def codegen(context, builder, signature, args):
-            sc, pr, tp, tt = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 4, 5))
+            sc, pr, bfa, tp, tt = (context.make_array(signature.args[i])(context, builder, args[i])
+                                   for i in (0, 3, 4, 5, 6))
             count_, scale_ = args[1], args[2]
             width = builder.extract_value(sc.shape, 1)
             const = lambda v: ir.Constant(I64, v)  # noqa: E731
@@ -129,15 +136,20 @@ def _softmax_kernel(group: int) -> Any:
                 top = builder.fmul(top, scale_)
                 top_v = splat(builder, top, _V16)
 
-                def exp_at(at: Any) -> Any:
+                def exp_at(at: Any, masked: bool = False) -> Any:
                     x = builder.load(vec(sc.data, builder.add(base, at)), align=4)
-                    e = _exp(builder, builder.fsub(builder.fmul(x, scale_v), top_v))
+                    e = _exp(builder, builder.call(fma16(builder), [x, scale_v, builder.fneg(top_v)]))
+                    e = builder.select(mask, e, zero) if masked else e
                     builder.store(e, vec(pr.data, builder.add(base, at)), align=4)
+                    if pairs:
+                        words = builder.gep(bfa.data, [builder.add(builder.mul(row, builder.udiv(width, const(2))),
+                                                                   builder.udiv(at, const(2)))])
+                        builder.store(bf16_pairs(builder, e), builder.bitcast(words, _V8I.as_pointer()), align=4)
                     return e
 
                 (lanes,) = counted(builder, const(0), whole, LANES, [zero],
                                     lambda i, carried: [builder.fadd(carried[0], exp_at(i))])
-                lanes = with_tail(lanes, whole, lambda acc, at: builder.fadd(acc, builder.select(mask, exp_at(at), zero)))
+                lanes = with_tail(lanes, whole, lambda acc, at: builder.fadd(acc, exp_at(at, masked=True)))
                 total = builder.extract_element(lanes, ir.Constant(I32, 0))
                 for j in range(1, LANES):
                     total = builder.fadd(total, builder.extract_element(lanes, ir.Constant(I32, j)))
@@ -145,9 +157,9 @@ def _softmax_kernel(group: int) -> Any:
                 builder.store(total, builder.gep(tt.data, [row]))
             return context.get_dummy_value()
 
-        return types.void(scores, count, scale, probs, tops, totals), codegen
+        return types.void(scores, count, scale, probs, bf, tops, totals), codegen
 
-    return fixed(softmax, f"qattention.softmax.{group}")
+    return fixed(softmax, f"qattention.softmax.{group}.{'pairs' if pairs else 'floats'}")
 
 
 JOBS = 16  # jobs a sequence's attention is cut into at least, when its rows allow (a constant: a pass
@@ -181,8 +193,8 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
         return _ATTEND[key]
     quantized = keys == "q8"
     scores_fn = scores_kernel(keys, group, dim, family)
-    weighted_fn, softmax_fn = weighted_kernel(values, group, dim, family), _softmax_kernel(group)
-    copy_value = value_copy(values)
+    weighted_fn, softmax_fn = weighted_kernel(values, group, dim, family), _softmax_kernel(group, values == "bf16")
+    copy_value, values_bf16 = value_copy(values), values == "bf16"
 
     @njit(nogil=True)
     def part(q, qw, qd, qs, keys, values, n_cached, allowed, lead, fresh, first, row0, row1, g, p, scale, pm, pl,
@@ -198,6 +210,7 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
         cached = np.empty((group, block), dtype=np.float32)
         new = np.empty((group, block), dtype=np.float32)
         probs = np.empty((group, block), dtype=np.float32)
+        pairs = np.empty((group, block // 2 if values_bf16 else 0), dtype=np.uint32)  # probs as bfloat16 pairs
         tops, totals = np.empty(group, dtype=np.float32), np.empty(group, dtype=np.float32)
         acc = np.empty((group, dim), dtype=np.float32)
         key_rows = keys.shape[2]
@@ -244,15 +257,15 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
                 for h in range(group):  # beside the row's scores in place (over a tile's unused lanes)
                     for j in range(num_gathered):
                         cached[h, num_in_place + j] = new[h, j]
-            softmax_fn(cached, np.int64(count), scale, probs, tops, totals)
+            softmax_fn(cached, np.int64(count), scale, probs, pairs, tops, totals)
             for h in range(group):
                 pm[first + s, g * group + h, p] = tops[h]
                 pl[first + s, g * group + h, p] = totals[h]
                 for d in range(dim):
                     acc[h, d] = np.float32(0.0)
-            weighted_fn(value_part, np.int64(0), probs, np.int64(0), np.int64(split), acc)
+            weighted_fn(value_part, np.int64(0), probs, pairs, np.int64(0), np.int64(split), acc)
             if num_gathered > 0:
-                weighted_fn(new_values, np.int64(0), probs, np.int64(split), np.int64(count - split), acc)
+                weighted_fn(new_values, np.int64(0), probs, pairs, np.int64(split), np.int64(count - split), acc)
             for h in range(group):
                 for d in range(dim):
                     pacc[first + s, g * group + h, p, d] = acc[h, d]

@@ -63,7 +63,8 @@ def value_layout(dim: int, values: str) -> tuple[int, int, type]:
 
 
 def _weighted_f16_kernel(dim: int, group: int) -> Any:
-    """weighted(v [Hkv, T, 16, D] float16 bits, g, p [G, W], start, count, acc [G, D]): acc[h] += sum over
+    """weighted(v [Hkv, T, 16, D] float16 bits, g, p [G, W], pairs, start, count, acc [G, D]) (pairs
+    unread): acc[h] += sum over
     j < count of p[h, start + j] v[g, j] for h < G = `group` (acc read first, written after), D =
     `dim`, a multiple of 16. Each head's sum runs over j in order (its own chains of D / 16
     multiply-adds); the group's heads share each value vector's load."""
@@ -71,10 +72,10 @@ def _weighted_f16_kernel(dim: int, group: int) -> Any:
     vec = ir.VectorType(F32, LANES)
 
     @intrinsic
-    def weighted(typingctx, v, g, p, start, count, acc):  # pragma: no cover - compiled
+    def weighted(typingctx, v, g, p, pairs, start, count, acc):  # pragma: no cover - compiled
         def codegen(context, builder, signature, args):
-            v_a, p_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5))
-            g_, start_, count_ = args[1], args[3], args[4]
+            v_a, p_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 6))
+            g_, start_, count_ = args[1], args[4], args[5]
             cap = builder.mul(builder.extract_value(v_a.shape, 1), ir.Constant(I64, LANES))
             width = builder.extract_value(p_a.shape, 1)
             const = lambda c: ir.Constant(I64, c)  # noqa: E731
@@ -108,7 +109,7 @@ def _weighted_f16_kernel(dim: int, group: int) -> Any:
                     builder.store(final[h * vectors + i], ptr(acc_a.data, at(h, i)), align=4)
             return context.get_dummy_value()
 
-        return types.void(v, g, p, start, count, acc), codegen
+        return types.void(v, g, p, pairs, start, count, acc), codegen
 
     return fixed(weighted, f"qvalues.weighted_f16.{dim}.{group}")
 
@@ -123,33 +124,42 @@ class _BFloat(ir.types.Type):
         return _BFloat, ()
 
 
-def _weighted_bf16_kernel(dim: int, group: int, hardware: bool) -> Any:
-    """weighted(v [Hkv, T, 8, D] bfloat16 pairs, g, p [G, W], start, count, acc [G, D]): acc[h] += sum
-    over j < count of p[h, start + j] v[g, j] (`start` a multiple of 16; v from its first tile), p
-    rounded to bfloat16 (ties to even) and weights past count 0: per pair of positions and lane d,
-    acc += p_2k+1 v_2k+1,d then += p_2k v_2k,d (each product exact in float32, each sum rounded),
-    by vdpbf16ps where `hardware`, else the same operations in plain vector IR. The group's heads
-    share each value vector's load; a head's eight weight pairs are stored and read back
-    broadcast (a load, not a shuffle)."""
-    from numba.core import cgutils
+def bf16_pairs(builder: ir.IRBuilder, p: Any) -> Any:
+    """Sixteen float32 weights (finite, >= 0) as eight words of two bfloat16 (ties to even; position 2r
+    low, 2r + 1 high): what _weighted_bf16_kernel reads (attention's softmax writes them)."""
+    vi, v8 = ir.VectorType(I32, LANES), ir.VectorType(I32, LANES // 2)
+    ints = lambda c: ir.Constant(vi, [c] * LANES)  # noqa: E731
+    bits = builder.bitcast(p, vi)
+    odd = builder.and_(builder.lshr(bits, ints(16)), ints(1))
+    half = builder.lshr(builder.add(bits, builder.add(odd, ints(0x7FFF))), ints(16))
+    pick = lambda k: builder.shuffle_vector(half, ir.Constant(vi, ir.Undefined),  # noqa: E731
+                                            ir.Constant(v8, list(range(k, LANES, 2))))
+    return builder.or_(pick(0), builder.shl(pick(1), ir.Constant(v8, [16] * (LANES // 2))))
 
+
+def _weighted_bf16_kernel(dim: int, group: int, hardware: bool) -> Any:
+    """weighted(v [Hkv, T, 8, D] bfloat16 pairs, g, p, pairs [G, W / 2], start, count, acc [G, D]) (p
+    unread): acc[h] += sum over j < count of w[h, start + j] v[g, j] (`start` a multiple of 16; v from
+    its first tile), w the weights as bfloat16 pairs (bf16_pairs, 0 past count to the end of its
+    tile): per pair of positions and lane d, acc += w_2k+1 v_2k+1,d then += w_2k v_2k,d (each
+    product exact in float32, each sum rounded), by vdpbf16ps where `hardware`, else the same
+    operations in plain vector IR. The group's heads share each value vector's load; a head's
+    weight pairs are read from memory broadcast (a load, not a shuffle)."""
     vectors = dim // LANES
-    vf, vi, v8 = ir.VectorType(F32, LANES), ir.VectorType(I32, LANES), ir.VectorType(I32, LANES // 2)
+    vf, vi = ir.VectorType(F32, LANES), ir.VectorType(I32, LANES)
     vbf = ir.VectorType(_BFloat(), 2 * LANES)
 
     @intrinsic
-    def weighted(typingctx, v, g, p, start, count, acc):  # pragma: no cover - compiled
+    def weighted(typingctx, v, g, p, pairs, start, count, acc):  # pragma: no cover - compiled
         def codegen(context, builder, signature, args):
-            v_a, p_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5))
-            g_, start_, count_ = args[1], args[3], args[4]
+            v_a, w_a, acc_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 6))
+            g_, start_, count_ = args[1], args[4], args[5]
             tiles = builder.extract_value(v_a.shape, 1)
-            width = builder.extract_value(p_a.shape, 1)
+            width = builder.extract_value(w_a.shape, 1)
             const = lambda c: ir.Constant(I64, c)  # noqa: E731
             ints = lambda c: ir.Constant(vi, [c] * LANES)  # noqa: E731
             ptr = lambda base, idx, vec: builder.bitcast(builder.gep(base, [idx]), vec.as_pointer())  # noqa: E731
             at = lambda h, i: const(h * dim + LANES * i)  # noqa: E731 - acc[h, 16 i]
-            pairs = cgutils.alloca_once(builder, ir.ArrayType(I32, group * LANES // 2))
-            pair = lambda h, r: builder.gep(pairs, [ir.Constant(I32, 0), ir.Constant(I32, h * LANES // 2 + r)])  # noqa: E731
             if hardware:
                 dp = builder.module.declare_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512",
                                                       fnty=ir.FunctionType(vf, [vf, vbf, vbf]))
@@ -162,29 +172,19 @@ def _weighted_bf16_kernel(dim: int, group: int, hardware: bool) -> Any:
                     return builder.fadd(a, builder.fmul(low(w), low(x)))
             first = [builder.load(ptr(acc_a.data, at(h, i), vf), align=4) for h in range(group) for i in range(vectors)]
             ntiles = builder.udiv(builder.add(count_, const(LANES - 1)), const(LANES))
+            word0 = builder.udiv(start_, const(2))
 
             def tile(t: Any, acc: list[Any]) -> list[Any]:
                 base = builder.mul(builder.add(builder.mul(g_, tiles), t), const(LANES // 2 * dim))
-                left = builder.trunc(builder.sub(count_, builder.mul(t, const(LANES))), I32)
-                live = builder.icmp_signed("<", ir.Constant(vi, list(range(LANES))), splat(builder, left, vi))
-                for h in range(group):  # the head's weights as bfloat16 pairs (ties to even), stored
-                    pj = builder.add(builder.mul(const(h), width), builder.add(start_, builder.mul(t, const(LANES))))
-                    bits = builder.bitcast(builder.load(ptr(p_a.data, pj, vf), align=4), vi)
-                    bits = builder.select(live, bits, ints(0))
-                    odd = builder.and_(builder.lshr(bits, ints(16)), ints(1))
-                    half = builder.lshr(builder.add(bits, builder.add(odd, ints(0x7FFF))), ints(16))
-                    undef = ir.Constant(vi, ir.Undefined)
-                    pick = lambda k: builder.shuffle_vector(half, undef, ir.Constant(v8, list(range(k, LANES, 2))))  # noqa: E731
-                    words = builder.or_(pick(0), builder.shl(pick(1), ir.Constant(v8, [16] * (LANES // 2))))
-                    builder.store(words, builder.bitcast(pair(h, 0), v8.as_pointer()), align=4)
+                words = builder.add(word0, builder.mul(t, const(LANES // 2)))
                 new = list(acc)
-                for i in range(vectors):
-                    for r in range(LANES // 2):
-                        x = builder.bitcast(builder.load(ptr(v_a.data, builder.add(base, const(r * dim + LANES * i)), vi),
-                                                         align=4), vi)
+                for r in range(LANES // 2):  # a pair's weights for every head, then each value vector
+                    w = [splat(builder, builder.load(builder.gep(w_a.data, [builder.add(
+                        builder.mul(const(h), width), builder.add(words, const(r)))])), vi) for h in range(group)]
+                    for i in range(vectors):
+                        x = builder.load(ptr(v_a.data, builder.add(base, const(r * dim + LANES * i)), vi), align=4)
                         for h in range(group):
-                            w = splat(builder, builder.load(pair(h, r)), vi)
-                            new[h * vectors + i] = dot(new[h * vectors + i], w, x)
+                            new[h * vectors + i] = dot(new[h * vectors + i], w[h], x)
                 return new
 
             final = counted(builder, const(0), ntiles, 1, first, tile)
@@ -193,15 +193,16 @@ def _weighted_bf16_kernel(dim: int, group: int, hardware: bool) -> Any:
                     builder.store(final[h * vectors + i], ptr(acc_a.data, at(h, i), vf), align=4)
             return context.get_dummy_value()
 
-        return types.void(v, g, p, start, count, acc), codegen
+        return types.void(v, g, p, pairs, start, count, acc), codegen
 
     return fixed(weighted, f"qvalues.weighted_bf16.{dim}.{group}.{'dp' if hardware else 'ir'}")
 
 
 def weighted_kernel(values: str, group: int, dim: int, family: str) -> Any:
-    """weighted(v, g, p [G, W], start, count, acc [G, D]) for values kept as `values`: acc[h] += the
-    sum over j < count of p[h, start + j] times value j of head g (from v's first tile); bfloat16
-    pairs by vdpbf16ps in the avx512vnni `family` where the CPU has it, else in plain IR."""
+    """weighted(v, g, p [G, W], pairs [G, W / 2], start, count, acc [G, D]) for values kept as `values`:
+    acc[h] += the sum over j < count of p[h, start + j] times value j of head g (from v's first
+    tile); bfloat16 values read the weights as bfloat16 pairs (bf16_pairs), by vdpbf16ps in the
+    avx512vnni `family` where the CPU has it, else in plain IR."""
     value_layout(dim, values)
     if values == "f16":
         return _weighted_f16_kernel(dim, group)
