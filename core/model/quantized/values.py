@@ -28,13 +28,13 @@ from numba.extending import intrinsic
 
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fix_module, fixed
-from .ir import F32, I32, I64, counted, f32_bits, load_halves, loop_back, splat, to_half
+from .ir import F32, I32, I64, counted, f32_bits, load_halves, loop_back, splat
 from .ir import fma as fma16
 from .kernel import has_bf16, isa
+from .keys import LANES, store_keys_f16
 
 configure_numba_cache()
 
-LANES = 16  # positions a tile
 FORMATS = ("bf16", "f16")
 """How the cache keeps values: bf16 (bfloat16, summed two positions an instruction where the CPU has
 AVX512-BF16) or f16 (float16, widened as read)."""
@@ -211,12 +211,9 @@ def weighted_kernel(values: str, group: int, dim: int, family: str) -> Any:
 
 @njit(nogil=True, cache=True)
 def store_values_f16(vc, v, first, last, at):  # pragma: no cover - compiled
-    """Rows first..last-1 of v [S, Hkv, D] into float16 values vc at positions at, at + 1, ..."""
-    for s in range(first, last):
-        p = at + s - first
-        for hh in range(v.shape[1]):
-            for d in range(v.shape[2]):
-                vc[hh, p // 16, p % 16, d] = to_half(v[s, hh, d])
+    """Rows first..last-1 of v [S, Hkv, D] into float16 values vc at positions at, at + 1, ...: float16
+    keys' store on the tiles seen position-last ([Hkv, T, D, 16], the keys' layout)."""
+    store_keys_f16(vc.transpose((0, 1, 3, 2)), v, first, last, at)
 
 
 @njit(nogil=True, cache=True)
