@@ -208,3 +208,35 @@ def test_sequences_in_one_pass_get_the_bits_of_their_own_passes(fmt):
         rows = seq[3].shape[0]
         assert np.array_equal(together[at : at + rows], run(32, [seq], fmt))
         at += rows
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids="/".join)
+def test_the_cache_grows_keeps_a_path_and_copies_its_entries_whole(fmt):
+    """KVCache's own moves (reserve, keep, copy) carry each position's key and value whole, in both
+    layouts: a value lies in two halves of words (bfloat16) or a row (float16), a key in a lane."""
+    from specx.core.model.quantized.engine import KVCache
+    from specx.core.model.quantized.model import Config
+
+    cfg = Config("llama", 2, 384, 1024, GROUP * KV_HEADS, KV_HEADS, DIM, DIM, 10000.0, 1e-5, 2048, 100,
+                 keys=fmt[0], values=fmt[1])
+    rng = np.random.default_rng(8)
+    kv, n = KVCache(cfg, 16), 40
+    kv.reserve(n)  # grown from 16
+    for kc, vc in zip(kv.keys, kv.values):
+        key_store(fmt[0])(kc, rng.standard_normal((n, KV_HEADS, DIM), dtype=np.float32), 0, n, 0)
+        value_store(fmt[1])(vc, rng.standard_normal((n, KV_HEADS, DIM), dtype=np.float32), 0, n, 0)
+    kv.length = n
+
+    def entry(cache: KVCache, layer: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+        return (cache.keys[layer][:, p // 16, :, p % 16].copy(),
+                stored_values(cache.values[layer], p + 1, fmt[1])[p].copy())
+
+    before = [[entry(kv, layer, p) for p in range(n)] for layer in range(2)]
+    kv.keep(10, [17, 23, 39])  # a draft path accepted: three entries moved down
+    copy = kv.copy(13)
+    for cache in (kv, copy):
+        assert cache.length == 13
+        for layer in range(2):
+            for p, src in enumerate([*range(10), 17, 23, 39]):
+                got, want = entry(cache, layer, p), before[layer][src]
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (layer, p, src)
