@@ -4,21 +4,17 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
-import socket
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from ..core.serve.tools import PARSERS
 from .options import BackendOpt, DbOpt, DrafterOpt, DtypeOpt, ModelOpt, check_api_key, check_drafters
-from ..home import keep_cost, specx_home, store_path
+from ..home import specx_home, store_path
 
 
 def serve_cmd(
@@ -162,164 +158,22 @@ def serve_cmd(
         return _exec_vllm(vllm_bin, model, db=store_path(db), host=host, port=port, api_key=api_key,
                           names=served_model_name, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor,
                           extra=vllm_arg or [])
-    import uvicorn
+    from .. import server as served
 
-    from ..core.decode.grammar import Vocabulary
-    from ..core.serve.batch import default_max_batch
-    from ..core.serve.metrics import Metrics
-    from ..core.serve.worker import Worker
-    from ..store.served import ServedRecorder
-
-    from ..stack import assemble
-    from ..backends import trial_possible
-    from ..http.app import Api
-    from ..http.corpus import Corpora
-    from ..live import live_store, stream_pace
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s specx: %(message)s", "%H:%M:%S"))
-    log = logging.getLogger("specx.serve")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    if keys_on_command_line:
-        log.info("tenant keys came on the command line: every user of this machine sees them in the process list "
-                 "(use --tenant-file or SPECX_TENANTS)")
-
-    _check_address(host, port)  # before anything loads: a taken port is a quick, clear error
-    names = served_model_name or [model]
-    metrics = Metrics()
-    shaped = shape_stream if shape_stream is not None else bool(tenants)
-    api = Api(metrics, names, api_key, allowed_origins, tool_call_parser, tenants=tenants,
-              show_speculation=show_speculation if show_speculation is not None else not tenants)
-    api.corpora = Corpora(api, store_path(db), tenant_tokens)
-    failed: list[BaseException] = []
-
-    def load() -> None:
-        """The model and the index, on a thread while the port answers 503 loading."""
-        try:
-            api.stage = f"loading {model}"
-            log.info("%s (the first start converts a GGUF, ~30 s) ...", api.stage)
-            path = store_path(db)
-            stack = assemble(model, backend=backend, dtype=dtype, say=log.info, chat_template=chat_template,
-                             db=None if tenants else path, create_store=True, speculation=speculation,
-                             cost_aware=speculation and cost_aware, max_spec_tokens=max_spec_tokens,
-                             max_spec_factor=max_spec_factor, prefix_cache_tokens=prefix_cache_tokens or 0,
-                             kv_memory=None if prefix_cache_tokens is not None else kv_bytes,
-                             drafter=drafter_name or ("suffix" if tenants else None),
-                             stage=lambda what: setattr(api, "stage", what))
-            api.stage = "the tenants' indexes" if tenants else "following the store"
-            scopes, watcher = live_store(stack, path, list(tenants), log.info)
-            api.corpora.start(stack.fingerprint, watcher)
-            if shaped:  # set before the worker answers anything (until ready, every request gets 503)
-                api.pace = stream_pace(stack, stream_interval, at_least_plain=bool(tenants))
-            log.info("stream: %s; speculation figures %s to clients", "shaped (one token per event, %s)" % (
-                f"{stream_interval:g} ms apart" if stream_interval is not None else "at the pace of a one-token pass")
-                if shaped else "one event per verification step (not shaped)",
-                "shown" if api.show_speculation else "hidden")
-            context_length = stack.engine.context_length
-            if max_model_len is not None and max_model_len > context_length:
-                raise typer.BadParameter(f"{max_model_len} is longer than the model's context ({context_length} "
-                                         f"tokens)", param_hint="--max-model-len")
-            api.stage = "the grammar vocabulary"  # response_format and tool_choice decode under grammars
-            tok, cost = stack.tokenizer, stack.cost
-            vocabulary = Vocabulary(tok, stack.engine.vocab_size, tok.eos_token_id)
-            recorder = ServedRecorder(path, model, stack.fingerprint, len(tok), speculation,
-                                      successors=stack.successors, successors_key=stack.successors_key)
-            batch = max_batch or default_max_batch(stack.engine, min(max_model_len or context_length, context_length))
-            worker = Worker(stack, max_queue=max_queue, max_batch=batch, metrics=metrics, recorder=recorder,
-                            vocabulary=vocabulary,
-                            save_cost=(lambda: keep_cost(cost, log.info)) if cost is not None else None,
-                            scopes=scopes, debug=bool(os.environ.get("SPECX_DEBUG")))
-            log.info("batching: %s", f"up to {worker.max_batch} requests share each forward pass" if worker.batched
-                     else f"off (one request at a time: {stack.engine.name} passes are not batched)"
-                     if batch > 1 else "off (--max-batch 1)")
-
-            def announce() -> None:
-                tokenizers = api.tokenizers
-                log.info("tool calls: %s format%s", tokenizers.tool_parser, "" if tokenizers.renders_tools else
-                         " (the chat template ignores tools: their schemas go into the system prompt)")
-                log.info("ready: serving %s at http://%s:%d/v1 (speculation %s; global index %s tokens; store %s)",
-                         ", ".join(names), host, port, "on" if speculation else "off",
-                         f"{worker.index_tokens:,}", path)
-
-            api.ready(worker, min(max_model_len or context_length, context_length), announce)
-            if speculation and backend == "auto" and trial_possible(model):
-                threading.Thread(target=_engine_trials, args=(model, path, stack.engine.name, metrics, log),
-                                 name="specx-engine-trial", daemon=True).start()
-        except BaseException as exc:  # noqa: BLE001 - reported after the server stops, as main reports it
-            failed.append(exc)
-            log.error("could not start: %s", exc)
-            server.should_exit = True
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            # At the signal, not after uvicorn's graceful wait: the request being decoded ends at its
-            # next step with an error event and [DONE], instead of being cut when the wait runs out.
-            log.info("shutting down: no new requests; ending the one in flight, then persisting the index")
-            if api.worker is not None:
-                api.worker.shutdown_begins()
-            super().handle_exit(sig, frame)
-
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
-    server = Server(uvicorn.Config(api.app(), host=host, port=port, log_level="warning", access_log=False,
-                                   timeout_graceful_shutdown=10))
-    log.info("listening on http://%s:%d (GET /health says 503 loading until the model is ready)", host, port)
-    threading.Thread(target=load, name="specx-load", daemon=True).start()
-    try:  # the app's lifespan stops the worker at shutdown and persists the index
-        server.run()
-    finally:
-        if api.worker is not None:
-            api.worker.stop()  # when uvicorn never started the app (e.g. the port is taken)
-    if failed:
-        raise failed[0]
-
-
-def _engine_trials(model: str, db: Path, engine: str, metrics: Any, log: logging.Logger) -> None:
-    """Which engine runs specx fastest here: `specx engines` in a child process at low priority, when
-    no choice was made on this machine, and again once if the served workload's tokens per step
-    move far from the trial's (the evidence changed). The choice is kept for the next start."""
-    from ..core.predict.engines import Choice
-
-    from ..core.kept_schema import printable
-
-    from ..backends import REVISIT_MIN_STEPS, REVISIT_RATIO, engine_names, kept_choice_for, start_trial
-
-    def run(why: str) -> Choice | None:
-        log.info("engine trial: %s: measuring specx on each engine in a background process (niced); the "
-                 "choice is kept for the next start", why)
-        child = start_trial(model, db)
-        out, err = child.communicate()
-        try:
-            data = json.loads(out)
-            choice = Choice.from_json(data["choice"], engine_names())
-        except (ValueError, KeyError, TypeError):
-            log.warning("engine trial failed (exit %s): %s", child.returncode,
-                        printable((err.strip().splitlines() or ["no output"])[-1], 300))
-            return None
-        if data.get("kept") is False:  # other processes took the cores: the next start measures again
-            log.warning("engine trial: disturbed (other processes held %.0f%% of the cores), not kept",
-                        100 * (data.get("others_cpu_share") or 0))
-            return None
-        log.info("engine trial: %s%s", choice.line(), "" if choice.engine == engine else
-                 f"; this server runs on {engine}: the next start runs on {choice.engine}")
-        return choice
-
-    choice = kept_choice_for(model)
-    if choice is None:
-        choice = run("no engine choice was measured on this machine")
-        if choice is None:
-            return
-    while True:  # the evidence: the served requests' steps (a daemon thread: it ends with the server)
-        time.sleep(30)
-        steps, live = metrics.steps_since_start()
-        if steps >= REVISIT_MIN_STEPS and choice.tokens_per_step > 0:
-            ratio = live / choice.tokens_per_step
-            if not 1 / REVISIT_RATIO <= ratio <= REVISIT_RATIO:
-                run(f"the served requests write {live:.2f} tokens per step against {choice.tokens_per_step:.2f} "
-                    f"in the trial")
-                return
+    settings = served.ServeSettings(
+        model=model, dtype=dtype, backend=backend, db=store_path(db), host=host, port=port, api_key=api_key,
+        tenants=tenants, tenant_tokens=tenant_tokens, shaped=shape_stream if shape_stream is not None else bool(tenants),
+        stream_interval=stream_interval,
+        show_speculation=show_speculation if show_speculation is not None else not tenants,
+        names=served_model_name or [model], speculation=speculation,
+        drafter=drafter_name or ("suffix" if tenants else None), max_queue=max_queue, max_batch=max_batch,
+        max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor, cost_aware=cost_aware, kv_bytes=kv_bytes,
+        prefix_cache_tokens=prefix_cache_tokens, max_model_len=max_model_len, chat_template=chat_template,
+        allowed_origins=allowed_origins, tool_call_parser=tool_call_parser, keys_on_command_line=keys_on_command_line)
+    try:
+        served.run_server(settings)
+    except served.SettingError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option) from None
 
 
 def _exec_vllm(vllm_bin: str, model: str, *, db: Path, host: str, port: int, api_key: str | None,
@@ -354,13 +208,3 @@ def _exec_vllm(vllm_bin: str, model: str, *, db: Path, host: str, port: int, api
         env["VLLM_API_KEY"] = api_key  # not on the command line, where any user could read it
     print(f"specx: SPECX_DB={db} {' '.join(cmd)}", file=sys.stderr, flush=True)
     os.execve(exe, cmd, env)
-
-
-def _check_address(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API of `specx serve` (Starlette); `specx.commands.serve` is the command that runs it.
+"""The OpenAI-compatible HTTP API of `specx serve` (Starlette); `specx.server` assembles and runs it, `specx.commands.serve` is the command.
 
 app (the routes, SSE streaming, the worker's events as answers), requests (bodies -> validated
 GenerationRequests), limits (input bounds before tokenizing), tokens (prompt tokens, tools into
