@@ -23,6 +23,7 @@ model and no training.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -77,6 +78,12 @@ class HybridDrafter:
     def finish_request(self, learn: bool = True) -> None:
         if self.inner is not None:
             self.inner.finish_request(learn)
+
+    def fork(self) -> HybridDrafter:
+        """For one more concurrent request: the table shared, `inner` forked."""
+        mine = copy.copy(self)
+        mine.inner = self.inner.fork() if self.inner is not None else None
+        return mine
 
     def speculate(self) -> Draft:
         draft = self.inner.speculate() if self.inner is not None else Draft()

@@ -18,6 +18,7 @@ request finishes, its output enters the global index (online learning).
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -34,7 +35,9 @@ configure_numba_cache()  # before any kernel here is decorated
 class Drafter(Protocol):
     """What the decode loop (core.decode.generate) and the model-free replay (core.predict.replay) drive: a request
     begins with its prompt, each verification step's tokens (accepted + bonus) extend it, a draft
-    is asked for before each step, and the request ends, its output learned or not."""
+    is asked for before each step, and the request ends, its output learned or not. A server's
+    drafters also `fork()`: a drafter for one more concurrent request, its request state its own
+    and what it drafts from (indexes, tables) shared."""
 
     def start_request(self, prompt: Sequence[int]) -> None: ...
 
@@ -89,6 +92,12 @@ class SuffixDrafter:
     def output(self) -> np.ndarray:
         """This request's output so far."""
         return self.context[self._num_prompt :]
+
+    def fork(self) -> SuffixDrafter:
+        """This drafter for one more concurrent request: the global index shared, no request begun."""
+        mine = copy.copy(self)
+        mine.request_index, mine._num_prompt = None, 0
+        return mine
 
     def finish_request(self, learn: bool = True) -> None:
         """End the request; with `learn`, its output enters the global index."""

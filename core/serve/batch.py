@@ -26,7 +26,6 @@ the pass than a doubtful one, and under heavy load the pass goes to plain rows.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 import time
@@ -359,17 +358,8 @@ class BatchCost:
 
 
 def fork_drafter(drafter: Any) -> Any:
-    """A drafter for one more concurrent request: the request state its own, the indexes and the
-    successor table shared (a SuffixDrafter, a HybridDrafter around one, or None)."""
-    if drafter is None:
-        return None
-    mine = copy.copy(drafter)
-    inner = getattr(drafter, "inner", None)
-    if inner is not None:
-        mine.inner = fork_drafter(inner)
-    if hasattr(mine, "request_index"):
-        mine.request_index = None
-    return mine
+    """A drafter for one more concurrent request (its `fork()`: core.decode.speculate.Drafter), or None."""
+    return None if drafter is None else drafter.fork()
 
 
 def request_stack(stack: Stack, batcher: Batcher, member: Member, guard: DraftGuard | None = None) -> Stack:

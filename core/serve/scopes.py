@@ -150,7 +150,7 @@ def tenant_prefix_caches(engine: Any, shared: Any, scopes: Scopes | None) -> dic
 class ScopedDrafter:
     """A request's drafter drafting from its scope's index as it is at each step (a rebuilt index,
     rows added meanwhile), learning into it at the end; `inner` is a SuffixDrafter or a drafter
-    holding one (`inner.inner`), forked for this request (core/serve/batch.fork_drafter)."""
+    holding one (`inner.inner`), forked for this request (its `fork()`)."""
 
     def __init__(self, inner: Any, scopes: Scopes, scope: str) -> None:
         self.inner, self.scopes, self.scope = inner, scopes, scope
