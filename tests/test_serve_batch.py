@@ -344,7 +344,7 @@ class _ChunkedEngine:
         for start in range(0, len(tokens), self.CHUNK):
             yield kv, list(tokens[start : start + self.CHUNK]), None, None, np.arange(1)
             kv.length += len(tokens[start : start + self.CHUNK])
-        return type("Session", (), {"kv": kv})()
+        return type("Session", (), {"kv": kv, "reused": 0})()
 
 
 def _prefill_two(a_cache, b_cache) -> dict[str, object]:

@@ -255,12 +255,17 @@ class BatchedEngine:
     """One request's view of a QuantEngine whose passes go through a Batcher (core.model.engine.Engine
     as the decode loop uses it; `hit_tokens` counts this request's cached prompt tokens)."""
 
+    SHARED = frozenset({"name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
+                        "prompt_lookup", "cost_curve"})  # the engine's own, read through
+
     def __init__(self, engine: Any, batcher: Batcher, member: Member) -> None:
         self.engine, self.batcher, self.member = engine, batcher, member
-        for name in ("name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
-                     "prompt_lookup", "cost_curve"):
-            setattr(self, name, getattr(engine, name))
         self.hit_tokens, self.batches = 0, False  # batches: its passes are already the batcher's
+
+    def __getattr__(self, name: str) -> Any:
+        if name in BatchedEngine.SHARED:
+            return getattr(self.engine, name)
+        raise AttributeError(f"{type(self).__name__} has no {name!r}")
 
     def start(self, tokens: Sequence[int], prefix_cache: Any = None) -> BatchedSession:
         tokens = [int(t) for t in tokens]
@@ -278,7 +283,7 @@ class BatchedEngine:
         finally:
             del batcher.prefilling[member]
             done.set()
-        self.hit_tokens += session.kv.reused
+        self.hit_tokens += session.reused
         return BatchedSession(session, self.batcher, self.member)
 
 
@@ -291,7 +296,7 @@ class BatchedSession:
     def score(self, pending: list[int], draft: Draft) -> Any:
         import torch
 
-        return torch.from_numpy(self.batcher.run(self.member, self.session._part(pending, draft)))
+        return torch.from_numpy(self.batcher.run(self.member, self.session.pass_for(pending, draft)))
 
     def keep_path(self, accepted_nodes: list[int]) -> None:
         self.session.keep_path(accepted_nodes)

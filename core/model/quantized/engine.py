@@ -194,8 +194,14 @@ class QuantSession:
     def score(self, pending: list[int], draft: Draft) -> Any:
         return score_batch([self], [pending], [draft])[0]
 
-    def _part(self, pending: list[int], draft: Draft) -> tuple[Any, ...]:
-        """This pass as core.model.quantized.model.QuantModel.forward_batch takes it (checked, bookkept)."""
+    @property
+    def reused(self) -> int:
+        """The cache's entries copied from a prefix cache when the session began (the rest were prefilled)."""
+        return self.kv.reused
+
+    def pass_for(self, pending: list[int], draft: Draft) -> tuple[Any, ...]:
+        """This pass as core.model.quantized.model.QuantModel.forward_batch takes it (checked, bookkept):
+        what a batcher runs beside other sessions' (core/serve/batch.py), then `keep_path` as after `score`."""
         check_draft(draft, self.model.config.vocab)
         if not pending:
             raise ValueError("verification needs at least one pending token (the root's logits come from it)")
@@ -219,7 +225,7 @@ def score_batch(sessions: Sequence[QuantSession], pendings: Sequence[list[int]],
 
     if len({id(s) for s in sessions}) != len(sessions) or len({id(s.model) for s in sessions}) > 1:
         raise ValueError("a batch takes distinct sessions of one model")
-    parts = [s._part(p, d) for s, p, d in zip(sessions, pendings, drafts)]
+    parts = [s.pass_for(p, d) for s, p, d in zip(sessions, pendings, drafts)]
     return [torch.from_numpy(logits) for logits in sessions[0].model.forward_batch(parts)]
 
 
