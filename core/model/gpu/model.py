@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..quantized.model import Config, GGUFError, _rope_tables, read_config
+from ..quantized.model import Config, GGUFError, read_config, rope_tables
 
 PAGE = 16  # KV slots per page of the pool
 
@@ -179,7 +179,7 @@ class GPUModel:
         if self.out_norm is None:
             raise GGUFError(f"{self.path.name}: it has no tensor 'output_norm.weight'")
         freqs = floats("rope_freqs.weight", cfg.rope_dim // 2)
-        cos, sin = _rope_tables(cfg, self.context_length, freqs)
+        cos, sin = rope_tables(cfg, self.context_length, freqs)
         self.cos, self.sin = torch.from_numpy(cos).to(self.device), torch.from_numpy(sin).to(self.device)
         del reader, tensors
         self.pool = KVPool(cfg, self.device)

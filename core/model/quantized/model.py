@@ -207,7 +207,7 @@ class QuantModel:
             raise GGUFError(f"{self.path.name}: {exc}") from None
         del reader, tensors
         _release_freed_memory()
-        self.cos, self.sin = _rope_tables(cfg, self.context_length, freqs)
+        self.cos, self.sin = rope_tables(cfg, self.context_length, freqs)
         self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
         matrices = [w for layer in self.layers for group in layer.groups for w in group] + [self.output]
         self.weight_bytes = sum(w.nbytes for w in matrices)
@@ -318,7 +318,7 @@ def _stack(parts: list[Packed]) -> list[Packed]:
     return parts
 
 
-def _rope_tables(cfg: Config, positions: int, freqs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(cfg: Config, positions: int, freqs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [P, R/2] of every position's angles (float64, then float32): fixed at load, so a
     position's rotation never depends on the pass it is in. Llama 3's rope_freqs divide the frequencies."""
     half = cfg.rope_dim // 2
