@@ -6,7 +6,8 @@
                    generic: the same names in each)
     ir.py          the LLVM-IR pieces the kernels share
     keys.py        how the cache keeps keys (int8 with scales, or float16) and scores a query on them
-    attention.py   row-exact attention over the cached keys and float16 values, in parts of fixed positions
+    values.py      how the cache keeps values (bfloat16 pairs where the CPU sums them, or float16) and sums them
+    attention.py   row-exact attention over the cached keys and values, in parts of fixed positions
     forward.py     norms, rotary, SiLU and the whole pass as one compiled call
     model.py       a GGUF file's model (llama, qwen2) and its passes
     engine.py      the Engine protocol: KV caches, trees, prefix cache, batches

@@ -165,15 +165,15 @@ def _softmax_kernel(group: int, pairs: bool) -> Any:
 JOBS = 16  # jobs a sequence's attention is cut into at least, when its rows allow (a constant: a pass
 # that asked numba for its thread count was not found again in numba's cache by the next process)
 BLOCK = 1024  # positions per part: its keys and values (128 KB each at 64 dims) stay in L2 for every row
-_ATTEND: dict[tuple[int, int, int], Any] = {}
+_ATTEND: dict[tuple[int, int, int, str, str, str], Any] = {}
 
 
 def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family: str | None = None,
               values: str | None = None) -> Any:
     """attend(q [S, H, D], keys, values, layer, starts [Q + 1], n0s [Q], alloweds, scale, out [S, H, D])
     for H / Hkv = `group` and D = `dim`, keys kept as `keys` (keys.KEYS) and values as `values`
-    (values.FORMATS), int8 ones summed by the instruction-set `family`'s dots (default: the
-    target's; every family gives the same bits; compiled on first use): the rows of Q sequences
+    (values.FORMATS), int8 keys and bfloat16 values summed by the instruction-set `family`'s dots
+    (default: the target's; every family gives the same bits; compiled on first use): the rows of Q sequences
     (sequence q's rows starts[q]..starts[q+1]-1, its cache keys[q][layer] [Hkv, C / 16, rows, 16]
     (key_layout) and values[q][layer] [Hkv, C / 16, rows, width] (value_layout) holding n0s[q]
     entries then its new rows', their visibility
@@ -193,8 +193,9 @@ def attention(group: int, dim: int, block: int = BLOCK, keys: str = "q8", family
         return _ATTEND[key]
     quantized = keys == "q8"
     scores_fn = scores_kernel(keys, group, dim, family)
-    weighted_fn, softmax_fn = weighted_kernel(values, group, dim, family), _softmax_kernel(group, values == "bf16")
-    copy_value, values_bf16 = value_copy(values), values == "bf16"
+    values_bf16 = values == "bf16"
+    weighted_fn, softmax_fn = weighted_kernel(values, group, dim, family), _softmax_kernel(group, values_bf16)
+    copy_value = value_copy(values)
 
     @njit(nogil=True)
     def part(q, qw, qd, qs, keys, values, n_cached, allowed, lead, fresh, first, row0, row1, g, p, scale, pm, pl,

@@ -29,19 +29,22 @@ import numpy as np
 from ...draft import Draft, check_draft
 from ..prefix_cache import PrefixCache
 from .attention import BLOCK
+from .kernel import ISA_NAMES, isa
 from .keys import key_layout
 from .values import value_layout, value_move
-from .kernel import ISA_NAMES, isa
 from .model import Config, GGUFError, QuantModel
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
+
+
 class KVCache:
     """One sequence's keys and values per layer, `length` entries used, in tiles of sixteen
     positions: keys [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.keys.key_layout),
-    values [Hkv, C / 16, rows, width] as config.values says (core.model.quantized.values.value_layout),
-    int8 with their scales by default, or float16; the buffers double when full."""
+    values [Hkv, C / 16, rows, width] as config.values says (core.model.quantized.values.value_layout):
+    by default int8 keys with their scales, and bfloat16 values where the CPU sums them (else
+    float16); the buffers double when full."""
 
     def __init__(self, config: Config, capacity: int = 256) -> None:
         self.config = config

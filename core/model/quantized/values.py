@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 
 from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fix_module, fixed
-from .ir import F32, I32, I64, counted, f32_bits, load_halves, loop_back, splat
+from .ir import F32, I32, I64, counted, f32_bits, load_halves, splat
 from .ir import fma as fma16
 from .kernel import has_bf16, isa
 from .keys import LANES, store_keys_f16
@@ -47,10 +47,16 @@ def check_values(values: str) -> str:
     return values
 
 
+def bf16_dots(family: str) -> bool:
+    """Whether instruction-set `family`'s kernels sum bfloat16 pairs with vdpbf16ps (the AVX-512 family
+    on a CPU numba compiles for with AVX512-BF16), not in plain IR."""
+    return family == "avx512vnni" and has_bf16()
+
+
 def default_values() -> str:
     """bf16 where the CPU numba compiles for sums bfloat16 pairs in one instruction, else f16 (on
     others the bfloat16 arithmetic would run as plain float32 operations, slower than float16's)."""
-    return "bf16" if has_bf16() and isa() == "avx512vnni" else "f16"
+    return "bf16" if bf16_dots(isa()) else "f16"
 
 
 def value_layout(dim: int, values: str) -> tuple[int, int, type]:
@@ -83,27 +89,18 @@ def _weighted_f16_kernel(dim: int, group: int) -> Any:
             ptr = lambda base, idx: builder.bitcast(builder.gep(base, [idx]), vec.as_pointer())  # noqa: E731
             at = lambda h, i: const(h * dim + LANES * i)  # noqa: E731 - acc[h, 16 i]
             first = [builder.load(ptr(acc_a.data, at(h, i)), align=4) for h in range(group) for i in range(vectors)]
-            entry = builder.block
-            loop, done = builder.append_basic_block("loop"), builder.append_basic_block("done")
-            builder.cbranch(builder.icmp_signed(">", count_, const(0)), loop, done)
-            builder.position_at_end(loop)
-            j = builder.phi(I64)
-            j.add_incoming(const(0), entry)
-            acc = [builder.phi(vec) for _ in range(group * vectors)]
-            for a, f in zip(acc, first):
-                a.add_incoming(f, entry)
-            row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
-            value = [load_halves(builder, v_a.data, builder.add(row, const(LANES * i))) for i in range(vectors)]
-            new = []
-            for h in range(group):
-                pj = builder.add(builder.mul(const(h), width), builder.add(start_, j))
-                weight = splat(builder, builder.load(builder.gep(p_a.data, [pj])), vec)
-                new += [builder.call(fma, [weight, value[i], acc[h * vectors + i]]) for i in range(vectors)]
-            loop_back(builder, j, const(1), count_, loop, done, zip(acc, new))
-            final = [builder.phi(vec) for _ in range(group * vectors)]
-            for f, a, n in zip(final, first, new):
-                f.add_incoming(a, entry)
-                f.add_incoming(n, loop)
+
+            def position(j: Any, acc: list[Any]) -> list[Any]:
+                row = builder.mul(builder.add(builder.mul(g_, cap), j), const(dim))
+                value = [load_halves(builder, v_a.data, builder.add(row, const(LANES * i))) for i in range(vectors)]
+                new = []
+                for h in range(group):
+                    pj = builder.add(builder.mul(const(h), width), builder.add(start_, j))
+                    weight = splat(builder, builder.load(builder.gep(p_a.data, [pj])), vec)
+                    new += [builder.call(fma, [weight, value[i], acc[h * vectors + i]]) for i in range(vectors)]
+                return new
+
+            final = counted(builder, const(0), count_, 1, first, position)
             for h in range(group):
                 for i in range(vectors):
                     builder.store(final[h * vectors + i], ptr(acc_a.data, at(h, i)), align=4)
@@ -206,7 +203,7 @@ def weighted_kernel(values: str, group: int, dim: int, family: str) -> Any:
     value_layout(dim, values)
     if values == "f16":
         return _weighted_f16_kernel(dim, group)
-    return _weighted_bf16_kernel(dim, group, family == "avx512vnni" and has_bf16())
+    return _weighted_bf16_kernel(dim, group, bf16_dots(family))
 
 
 @njit(nogil=True, cache=True)
