@@ -218,6 +218,7 @@ def test_the_command_against_a_running_server_json_unpolluted(fake_server, tmp_p
     assert result["settings"]["reference"] == "fake" and again["identical"] == again["compared"] == 7
     assert fake["turns"] == 7 and fake["failed_turns"] == 0 and fake["prompt_tokens_reused"] == 70
     assert fake["tokens_per_step"] == pytest.approx(14 / 7)  # 2 tokens a turn, 1 accepted draft: 1 step
+    assert fake["peak_rss_bytes"] is None and "kv_budget_tokens" not in fake  # not started here, no KV gauges
     assert plot.stat().st_size > 0
 
 
@@ -274,5 +275,7 @@ def test_specx_against_plain_specx_on_recorded_tasks(tmp_path):
         assert row["error"] is None and row["failed_turns"] == 0 and row["turns"] == 4
         assert row["ttft_s_median"] > 0 and row["task_s_total"] > 0 and row["tokens_per_step"] >= 1
         assert row["prompt_tokens_reused"] > 0  # each task's second turn starts with its first's prompt
+        assert row["peak_rss_bytes"] > 100 * 2**20  # the model's weights at least, read from /proc
+        assert row["kv_budget_tokens"] > 0 and row["kv_evicted_tokens"] == 0 and row["kv_kept_tokens"] > 0
     assert specx["identical"] == specx["compared"] == 4
     assert plain["tokens_per_step"] == 1.0

@@ -114,6 +114,38 @@ def served_model(url: str, api_key: str | None = None, timeout: float = 10.0) ->
         raise ServerError(f"{url}/models did not list a model: not an OpenAI-compatible server?") from None
 
 
+KV_GAUGES = {"specx_kv_memory_budget_tokens": "kv_budget_tokens", "specx_kv_memory_tokens": "kv_kept_tokens",
+             "specx_kv_evicted_tokens": "kv_evicted_tokens"}
+
+
+def kv_memory(url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, int]:
+    """What a server's /metrics says of the conversations' KV it keeps across turns (specx's
+    `--kv-memory` gauges: budget, kept and pushed-out tokens); {} where it says nothing of them
+    (another server, no /metrics, no access).
+    """
+    root = url[:-3] if url.endswith("/v1") else url
+    try:
+        with urllib.request.urlopen(urllib.request.Request(root + "/metrics", headers=_headers(api_key)),
+                                    timeout=timeout) as response:
+            return parse_kv_gauges(response.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+
+
+def parse_kv_gauges(text: str) -> dict[str, int]:
+    """The KV gauges of a Prometheus text page, by their row names.
+
+    >>> parse_kv_gauges("# HELP x\\nspecx_kv_memory_tokens 1234.0\\nspecx_kv_evicted_tokens 0.0\\nother 5")
+    {'kv_kept_tokens': 1234, 'kv_evicted_tokens': 0}
+    """
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in KV_GAUGES:
+            found[KV_GAUGES[name]] = int(float(value))
+    return found
+
+
 def _error_message(exc: urllib.error.HTTPError) -> str:
     try:
         body = json.loads(exc.read())

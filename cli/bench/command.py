@@ -225,9 +225,10 @@ def bench_tasks(
     turn sends the recorded conversation up to that answer (streamed, greedy, max_tokens the
     recorded answer's length), turns in order. Servers run one at a time; the table gives each
     one's task time, time to first token, decode speed, the prompt tokens it computed and reused
-    (from `usage` or llama-server's `timings`), tokens per step where it says them, and how many
-    answers are identical to the reference server's. A server that cannot be started is reported
-    and skipped.
+    (from `usage` or llama-server's `timings`), tokens per step where it says them, how many
+    answers are identical to the reference server's, the peak resident memory of a server it
+    started, and the conversations' KV a specx server kept and pushed out (its /metrics). A server
+    that cannot be started is reported and skipped.
 
     Example: [bold]specx bench tasks --db agents.db --tasks 4 --start specx,specx-plain,llama-server[/]
     Example: [bold]specx bench tasks --logs trajs/ --server vllm=http://gpu:8000/v1 --agents 4 --json[/]

@@ -12,7 +12,7 @@ from typing import Any
 from .. import output
 
 from . import task_bench, tasks as task_lib
-from .chat_stream import ServerError, base_url, served_model, stream_chat
+from .chat_stream import ServerError, base_url, kv_memory, served_model, stream_chat
 from .task_servers import KINDS, start_server
 
 BUILTIN_CONTEXT = 8192  # SmolLM2-135M-Instruct's
@@ -110,6 +110,7 @@ def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int,
                                                           "does not fit" if skipped else ""))
     runs: list[task_bench.ServerRun] = []
     problems: dict[str, str] = {}
+    memory: dict[str, dict[str, Any]] = {}  # per server: its peak resident memory (started ones), its kept KV
     with tempfile.TemporaryDirectory(prefix="specx-bench-tasks-") as workdir:
         for name, url, kind in plan.servers:
             started = None
@@ -127,6 +128,7 @@ def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int,
                     runs.append(task_bench.run_tasks(name, url, models[name], tasks, agents=agents,
                                                      think_time=think_time, api_key=key, count_tokens=counter.answer,
                                                      on_turn=lambda answer: bar.advance(task)))
+                memory[name] = {"peak_rss_bytes": started.peak_rss() if started else None, **kv_memory(url, key)}
             except ServerError as exc:
                 problems[name] = str(exc)
                 output.note(f"{name}: skipped: {exc}")
@@ -145,7 +147,7 @@ def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int,
             continue
         other = None if reference is None or reference.name == name else reference
         servers.append({"name": name, "started": kind is not None, "url": run.url, "model": run.model,
-                        "error": None, **task_bench.summarize(run, other),
+                        "error": None, **task_bench.summarize(run, other), **memory.get(name, {}),
                         "turns_detail": task_bench.turns_json(run, other)})
     return {"settings": {"tasks": num_tasks, "agents": agents, "think_time_s": think_time, "max_tokens": max_tokens,
                          "context": context, "model": model, "reference": reference.name if reference else None},
@@ -171,21 +173,26 @@ def print_table(result: dict[str, Any]) -> None:
     rows = []
     for row in result["servers"]:
         if row["error"] is not None:
-            rows.append([row["name"], "skipped"] + [None] * 11)
+            rows.append([row["name"], "skipped"] + [None] * 12)
             continue
         same = f"{row['identical']}/{row['compared']}" if row["compared"] is not None else (
             "reference" if row["name"] == s["reference"] else None)
         rows.append([row["name"], row["tasks"], row["turns"], row["failed_turns"], row["task_s_median"],
                      row["task_s_p90"], row["task_s_total"], row["ttft_s_median"], row["decode_tokens_per_s"],
-                     row["prompt_tokens_computed"], row["prompt_tokens_reused"], row["tokens_per_step"], same])
+                     row["prompt_tokens_computed"], row["prompt_tokens_reused"], row["tokens_per_step"],
+                     row["peak_rss_bytes"] / 2**30 if row.get("peak_rss_bytes") else None, same])
     turns = sum(t["turns"] for t in result["tasks"])
     output.print_table(
         f"{len(result['tasks'])} recorded tasks, {turns} turns, {s['agents']} at once (context {s['context']:,}, "
         f"at most {s['max_tokens']} tokens a turn, greedy)",
         ["server", "tasks", "turns", "failed", "task s median", "task s p90", "task s total", "TTFT s median",
-         "decode tok/s", "prompt computed", "prompt reused", "tokens/step",
+         "decode tok/s", "prompt computed", "prompt reused", "tokens/step", "peak RSS GiB",
          f"identical to {s['reference']}" if s["reference"] else "identical"], rows,
         caption="lower is better for seconds; higher for tok/s, reused and tokens/step; - where a server does not say")
     for row in result["servers"]:
         if row["error"] is not None:
             output.note(f"{row['name']}: {row['error']}")
+        elif "kv_budget_tokens" in row:
+            output.note(f"{row['name']}: conversations' KV kept at the end {row.get('kv_kept_tokens', 0):,} tokens of "
+                        f"a {row['kv_budget_tokens']:,}-token --kv-memory; {row.get('kv_evicted_tokens', 0):,} tokens "
+                        "pushed out (prefilled again on their next turn)")

@@ -89,6 +89,16 @@ class StartedServer:
         lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
         return lines[-1].strip()[:300] if lines else f"no output (log {self.log_path})"
 
+    def peak_rss(self) -> int | None:
+        """The process's peak resident memory so far, bytes (VmHWM: Linux; None elsewhere or once it exited)."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
