@@ -106,7 +106,7 @@ def run_server(s: ServeSettings) -> None:
                              cost_aware=s.speculation and s.cost_aware, max_spec_tokens=s.max_spec_tokens,
                              max_spec_factor=s.max_spec_factor, prefix_cache_tokens=s.prefix_cache_tokens or 0,
                              kv_memory=None if s.prefix_cache_tokens is not None else s.kv_bytes,
-                             drafter=s.drafter,
+                             drafter=s.drafter, context=s.max_model_len,
                              stage=lambda what: setattr(api, "stage", what))
             api.stage = "the tenants' indexes" if tenants else "following the store"
             scopes, watcher = live_store(stack, path, list(tenants), log.info)

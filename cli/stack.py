@@ -36,9 +36,11 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
              create_store: bool = False, speculation: bool = True, cost_aware: bool = True,
              relearn: bool = False, max_spec_tokens: int = 32, max_spec_factor: float = 4.0,
              prefix_cache_tokens: int = 0, kv_memory: int | None = None, cache_dir: Path | None = None,
-             drafter: str | None = None, stage: Callable[[str], None] = lambda what: None) -> Stack:
+             drafter: str | None = None, context: int | None = None,
+             stage: Callable[[str], None] = lambda what: None) -> Stack:
     """Load `model` on `backend` (auto: the engine chosen for this machine, specx.backends) in `dtype`,
-    then build the chain in order, `say` hearing what was chosen:
+    its sequences at most `context` tokens (core.model.load.load_backend's default: None), then build
+    the chain in order, `say` hearing what was chosen:
 
     - the chat template: `chat_template` (a file or the template itself) given to the tokenizer,
       else its own checked (with `check_template`: raw text needs none);
@@ -68,7 +70,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     if drafter is not None and drafter not in DRAFTERS:
         raise ValueError(f"unknown drafter {drafter!r}: choose from {', '.join(DRAFTERS)}")
     engine, tokenizer = load_backend(model, cache_dir or specx_home() / "models", resolve_backend(model, backend, say),
-                                     dtype=dtype)
+                                     dtype=dtype, context=context)
     say(f"backend: {engine.name}" + (f" ({engine.precision}; kernels ready in {engine.compile_seconds:.0f} s)"
                                      if engine.compile_seconds is not None else ""))
     drafter = drafter or default_drafter(engine)

@@ -74,7 +74,8 @@ def serve_cmd(
     prefix_cache_tokens: Annotated[Optional[int], typer.Option(min=0, help="The same budget in tokens instead of "
                                                                "bytes (0: off).", show_default=False)] = None,
     max_model_len: Annotated[Optional[int], typer.Option(min=1, help="Longest prompt + completion in tokens "
-                                                         "(default: the model's context length; at most that).",
+                                                         "(default: the model's context length, 4,096 on llama.cpp, which makes its "
+                                                         "cache whole at start; at most the model's).",
                                                          show_default=False)] = None,
     chat_template: Annotated[Optional[str], typer.Option(help="Chat template (Jinja) for the model, or a file "
                                                          "holding one (default: the model's own).",

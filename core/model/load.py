@@ -332,13 +332,16 @@ BACKENDS = ("auto", "llama.cpp", "transformers", "quantized", "gpu")
 
 
 def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto", *,
-                 dtype: Any = None, threads: int | None = None) -> tuple[Engine, Any]:
+                 dtype: Any = None, threads: int | None = None, context: int | None = None) -> tuple[Engine, Any]:
     """(engine, tokenizer) on `backend` (core.model.engine.Engine): "llama.cpp" runs a GGUF (the
     built-in model or a .gguf file) on llama.cpp (core.model.llamacpp.LlamaModel); "transformers"
     anything through load_model (core.model.hf_engine.TransformersEngine); "quantized" a GGUF on
     specx's engine (core.model.quantized.engine.QuantEngine), "gpu" in bfloat16 on CUDA
     (core.model.gpu.engine.GPUEngine); "auto" llama.cpp for a GGUF when llama-cpp-python is
-    installed, else transformers (cli/backends.py resolves auto first). The tokenizer is transformers'."""
+    installed, else transformers (cli/backends.py resolves auto first). The tokenizer is transformers'.
+    `context` caps the tokens a sequence may fill (prompt and answer) below the model's own: specx's
+    engines grow their caches as sequences do and default to the model's context; llama.cpp makes its
+    cache whole at start and defaults to 4,096 (transformers: the model's, always)."""
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
@@ -350,14 +353,14 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
         name = {"quantized": "QuantEngine", "gpu": "GPUEngine"}[backend]
         engine = getattr(import_module(f".{backend}.engine", __package__), name)
         try:  # a damaged file, what the engine does not run, no CUDA or Triton (gpu): one line
-            return (engine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()),
+            return (engine(builtin_gguf(model) if model in BUILTIN else Path(model).expanduser(), context),
                     load_tokenizer(model, cache_dir))
         except ValueError as exc:
             raise ModelError(str(exc)) from None
     if backend == "llama.cpp" or (backend == "auto" and gguf and llamacpp.available()):
         path = builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()
         try:
-            net = llamacpp.LlamaModel(path, threads=threads)  # a missing file is its error, named
+            net = llamacpp.LlamaModel(path, context or 4096, threads=threads)  # a missing file is its error, named
         except llamacpp.LlamaError as exc:
             raise ModelError(str(exc)) from None
         return net, load_tokenizer(model, cache_dir)

@@ -117,7 +117,7 @@ def random_blocks(rng: np.random.Generator, qtype: int, rows: int, width: int) -
 
 
 def tiny_gguf(path: Path, qtype: Any, *, hidden: int = 256, ffn: int = 512, layers: int = 2, heads: int = 4,
-              kv_heads: int = 2, vocab: int = 49152, seed: int = 0, arch: str = "llama") -> Path:
+              kv_heads: int = 2, vocab: int = 49152, seed: int = 0, arch: str = "llama", context: int = 1024) -> Path:
     """A tiny random GGUF model (`arch`) with 2-D weights of `qtype` (a gguf.GGMLQuantizationType:
     F32, F16, a type gguf-py quantizes, or random blocks of a K-quant), normal with std 0.5 before
     quantizing; norms uniform in [0.5, 1.5]; the output layer tied."""
@@ -134,6 +134,6 @@ def tiny_gguf(path: Path, qtype: Any, *, hidden: int = 256, ffn: int = 512, laye
             return gguf.quants.quantize(w, qtype), qtype
         return (w if qtype.name == "F32" else w.astype(np.float16)), None
 
-    shape = Shape(layers, hidden, ffn, heads, kv_heads, vocab)
+    shape = Shape(layers, hidden, ffn, heads, kv_heads, vocab, context)
     return write_gguf(path, shape, matrix, arch=arch, norm=lambda size: rng.uniform(0.5, 1.5, size).astype(np.float32),
                       bias=lambda size: rng.standard_normal(size).astype(np.float32))

@@ -89,10 +89,10 @@ class KVCache:
             self._copy(self, self.rows(moved), self.rows(dst))
         self.length = num_kept + len(moved)
 
-    def copy(self, n: int) -> KVCache:
-        """A new cache holding this one's first n entries (pages of its own)."""
+    def copy(self, n: int, capacity: int = 0) -> KVCache:
+        """A new cache holding this one's first n entries (pages of its own), room for `capacity`."""
         other = KVCache(self.pool)
-        other.reserve(max(n, 1))
+        other.reserve(max(n, capacity, 1))
         if n:
             self._copy(other, self.rows(np.arange(n)), other.rows(np.arange(n)))
         other.length = n
@@ -108,7 +108,7 @@ class KVCache:
 class GPUModel:
     """A GGUF model's weights in bfloat16 on `device`, its KV pool, and its forward pass."""
 
-    def __init__(self, path: str | Path, context: int = 8192, device: str | torch.device | None = None,
+    def __init__(self, path: str | Path, context: int | None = None, device: str | torch.device | None = None,
                  say: Callable[[str], None] = lambda m: None) -> None:
         import gguf
 
@@ -126,7 +126,7 @@ class GPUModel:
             raise GGUFError(f"{self.path} is not a readable GGUF file ({type(exc).__name__})") from None
         tensors = {t.name: t for t in reader.tensors}
         self.config = cfg = read_config(reader)
-        self.context_length = min(context, cfg.context)
+        self.context_length = min(context or cfg.context, cfg.context)  # default: the model's own
 
         def floats(name: str, size: int | None = None) -> np.ndarray | None:
             t = tensors.get(name)

@@ -125,7 +125,7 @@ def read_config(reader: Any) -> Config:
 class QuantModel:
     """A GGUF model's weights, packed, and its forward pass (`forward`)."""
 
-    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None,
+    def __init__(self, path: str | Path, context: int | None = None, say: Callable[[str], None] = lambda m: None,
                  keys: str = "q8", values: str | None = None) -> None:
         import gguf
 
@@ -178,7 +178,7 @@ class QuantModel:
             # int8 keys are quantized per 32 dimensions: other head sizes keep float16 keys
             self.config = cfg = replace(cfg, keys=keys if cfg.head_dim % 32 == 0 else "f16",
                                         values=check_values(values or default_values()))
-            self.context_length = min(context, cfg.context)
+            self.context_length = min(context or cfg.context, cfg.context)  # default: the model's own
             h, kvw, qw = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.heads * cfg.head_dim
             self.layers = []
             for i in range(cfg.layers):
