@@ -205,6 +205,29 @@ def test_sessions_batched_in_one_pass_get_the_bits_of_their_own_passes(tiny_engi
         assert torch.equal(session.score([tok], Draft()), got)
 
 
+def test_a_kept_prompt_is_the_sessions_own_cache_and_stays_the_prompt(tiny_engines):
+    """A conversation's KV is held once (the prefix cache keeps the session's cache, no copy, made at
+    the prompt's size + ANSWER_ROOM): the session's tree passes and kept paths past its prompt leave
+    the kept prompt as prefilled, so the next turn, copied from it, gets the bits of a fresh prefill."""
+    from specx.core.draft import Draft
+    from specx.core.model.quantized.engine import ANSWER_ROOM
+
+    engine = tiny_engines[T.Q4_K]
+    prompt = list(range(200, 300))
+    memory = engine.new_prefix_cache(4096)
+    session = engine.start(prompt, memory)
+    assert memory.num_tokens == len(prompt) and session.kv.capacity < len(prompt) + ANSWER_ROOM + 16
+    for _ in range(ANSWER_ROOM // 2 + 8):  # two entries a step, past the room: the cache grows while kept
+        session.score([7], Draft([8, 9, 10], [-1, -1, 1], [0.5] * 3, 1.5, 1))
+        session.keep_path([1])  # a row moves: 9 takes 8's slot (written past the prompt only)
+    assert session.kv.length > len(prompt) + ANSWER_ROOM
+    turn = prompt + [42, 43]
+    again = engine.start(turn, memory)
+    fresh = engine.start(turn)
+    assert again.reused == len(prompt) and fresh.reused == 0
+    assert torch.equal(again.score([44], Draft()), fresh.score([44], Draft()))
+
+
 def test_seeded_sampling_is_the_same_with_and_without_drafts(tiny_engines):
     engine = tiny_engines[T.Q8_0]
     prompt = [11, 22, 33, 44]
@@ -239,6 +262,21 @@ def test_qwen2_biases_and_a_prefix_cache(tmp_path):
     assert engine.plain(prompt, 12, None, prefix_cache=prefixes) == want  # stored
     assert engine.plain(prompt, 12, None, prefix_cache=prefixes) == want  # reused
     assert prefixes.hit_tokens == len(prompt) - 1
+
+
+def test_a_sequence_fills_the_models_whole_context_unless_capped(tmp_path, monkeypatch):
+    """The engine takes the context the GGUF states (32K at Llama-3.2-1B's shape), not a fixed 8,192;
+    load_backend's `context` (serve's --max-model-len) caps it, never raises it."""
+    from specx.core.model import load
+
+    monkeypatch.setattr(load, "load_tokenizer", lambda model, cache_dir: None)  # a tiny GGUF states none
+    path = tiny_gguf(tmp_path / "long.gguf", T.Q4_0, context=20000)
+    assert QuantEngine(path).context_length == 20000
+    assert QuantEngine(path, 9000).context_length == 9000 and QuantEngine(path, 50000).context_length == 20000
+    engine, _ = load.load_backend(str(path), tmp_path / "models", "quantized", context=12000)
+    assert engine.context_length == 12000
+    prompt = list(range(100, 100 + 8500))  # past 8,192: refused before, where the engine capped every model there
+    assert len(engine.plain(prompt, 2, None)) == 2
 
 
 def test_unsupported_types_and_damaged_files_are_one_line(tmp_path):

@@ -58,11 +58,13 @@ def available() -> bool:
 
 
 class GPUPrefixCache(QuantPrefixCache):
-    """PrefixCache for the GPU engine: stored prompts' KVCache copies (pages of the model's pool),
-    kept as the quantized engine keeps its own."""
+    """PrefixCache for the GPU engine: stored prompts are sessions' KVCaches (pages of the model's
+    pool), kept as the quantized engine keeps its own."""
 
-    def fresh(self, model: GPUModel) -> KVCache:
-        return model.new_cache()
+    def fresh(self, model: GPUModel, capacity: int = 0) -> KVCache:
+        cache = model.new_cache()
+        cache.reserve(capacity)
+        return cache
 
 
 class GPUEngine:
@@ -75,7 +77,7 @@ class GPUEngine:
     cost_curve = "cpu"  # the shape a pass's cost starts from; learned on the device from the first passes
     precision = "bfloat16"
 
-    def __init__(self, path: str | Path, context: int = 8192, device: str | None = None,
+    def __init__(self, path: str | Path, context: int | None = None, device: str | None = None,
                  say: Callable[[str], None] = lambda m: None) -> None:
         why = unavailable(device)
         if why:

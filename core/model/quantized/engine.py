@@ -37,6 +37,9 @@ from .model import Config, GGUFError, QuantModel
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the kernel's row chunk
+# room a prefilled cache is made with past its prompt: an agent's answer and a draft tree's rows,
+# so that a turn's cache is made once at its size, not grown (and copied) as it decodes
+ANSWER_ROOM = 256
 
 
 class KVCache:
@@ -44,7 +47,8 @@ class KVCache:
     positions: keys [Hkv, C / 16, rows, 16] as config.keys says (core.model.quantized.keys.key_layout),
     values [Hkv, C / 16, rows, width] as config.values says (core.model.quantized.values.value_layout):
     by default int8 keys with their scales, and bfloat16 values where the CPU sums them (else
-    float16); the buffers double when full."""
+    float16); the buffers grow by a quarter (at least 256 positions) when full: at agents' context
+    lengths a doubled cache would hold as much room as keys."""
 
     def __init__(self, config: Config, capacity: int = 256) -> None:
         self.config = config
@@ -78,7 +82,7 @@ class KVCache:
     def reserve(self, n: int) -> None:
         if n <= self.capacity:
             return
-        size = -(-max(n, 2 * self.capacity) // 16) * 16
+        size = -(-max(n, self.capacity + max(self.capacity // 4, 256)) // 16) * 16
         tiles = -(-self.length // 16)
         for i in range(len(self.keys)):
             keys, values = (make((a.shape[0], size // 16, *a.shape[2:]), dtype=a.dtype)
@@ -100,9 +104,9 @@ class KVCache:
                     move_value(values, dst, src)
         self.length = num_kept + len(moved)
 
-    def copy(self, n: int) -> KVCache:
-        """A new cache holding this one's first n entries."""
-        other = KVCache(self.config, max(n, 16))
+    def copy(self, n: int, capacity: int = 0) -> KVCache:
+        """A new cache holding this one's first n entries, room for `capacity` (at least n)."""
+        other = KVCache(self.config, max(n, capacity, 16))
         tiles = -(-n // 16)
         for i in range(len(self.keys)):
             other.keys[i][:, :tiles] = self.keys[i][:, :tiles]
@@ -157,15 +161,19 @@ def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.nda
 
 
 class QuantPrefixCache(PrefixCache):
-    """PrefixCache for the quantized engine: stored prompts' KVCache copies (the GPU engine's too,
-    core/model/gpu/engine.py's subclass: its model makes its caches, `fresh`)."""
+    """PrefixCache for the quantized engine (the GPU engine's too, core/model/gpu/engine.py's
+    subclass: its model makes its caches, `fresh`). A stored prompt is the session's own KVCache,
+    not a copy: a session changes no entry of its prompt (it appends, and keep_path moves accepted
+    rows only past the prompt), so the first len(prompt) entries stay what the prefill wrote while
+    the session decodes on, and a conversation's KV is held once, not twice. A later prompt that
+    starts the same way gets a copy of them (its own cache, made at its prompt's size + ANSWER_ROOM)."""
 
     def prefill(self, model: Any, tokens: Sequence[int], cache: Any = None) -> KVCache:
         return run_steps(self.prefill_steps(model, tokens), lambda part: model.forward(*part))
 
-    def fresh(self, model: Any) -> Any:
-        """An empty cache for `model`'s sequences."""
-        return KVCache(model.config)
+    def fresh(self, model: Any, capacity: int = 256) -> Any:
+        """An empty cache for `model`'s sequences, room for `capacity` entries."""
+        return KVCache(model.config, capacity)
 
     def prefill_steps(self, model: Any, tokens: Sequence[int]) -> Generator[tuple[Any, ...], None, KVCache]:
         """`prefill` as the passes it needs (each run before the next is asked for; the batched
@@ -174,7 +182,8 @@ class QuantPrefixCache(PrefixCache):
         tokens = [int(t) for t in tokens]
         usable = self.max_tokens > 0
         reuse, stored = self._claim(tokens, usable)
-        kv = stored.copy(reuse) if stored is not None else self.fresh(model)
+        room = len(tokens) + ANSWER_ROOM
+        kv = stored.copy(reuse, room) if stored is not None else self.fresh(model, room)
         kv.reused = reuse
         self.seconds += time.perf_counter() - started
         yield from prefill_parts(kv, tokens[reuse:])
@@ -184,7 +193,7 @@ class QuantPrefixCache(PrefixCache):
         return kv
 
     def _store(self, tokens: list[int], cache: Any) -> None:
-        self._add(tokens, None if cache is None else cache.copy(len(tokens)))
+        self._add(tokens, cache)  # the session's cache itself (see the class): entries past len(tokens) are not read
 
 
 class QuantSession:
@@ -242,7 +251,7 @@ class QuantEngine:
     device = "cpu"
     prefix_cache_type = QuantPrefixCache
 
-    def __init__(self, path: str | Path, context: int = 8192, say: Callable[[str], None] = lambda m: None,
+    def __init__(self, path: str | Path, context: int | None = None, say: Callable[[str], None] = lambda m: None,
                  keys: str = "q8", values: str | None = None) -> None:
         # the shape its passes' cost starts from: its kernels' family's (a row costs twice as much on AVX2 as on AVX-512)
         self.cost_curve = f"quantized-{isa() if isa() != 'generic' else 'avx2'}"
