@@ -53,7 +53,8 @@ def main() -> None:
     from specx.core.model.quantized.attention import attention
     from specx.core.model.quantized.keys import key_store
     from specx.core.model.quantized.values import value_store
-    from specx.core.model.quantized.engine import KVCache, QuantEngine, prefill
+    from specx.core.model.quantized.engine import KVCache, QuantEngine
+    from specx.core.model.sessions import prefill
 
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = [int(r) for r in args.rows.split(",")]

@@ -3,7 +3,7 @@
     .venv/bin/python examples/batch_pass_bench.py [--model FILE.gguf] [--context 600] [--json]
 
 For B requests, each with `--context` cached tokens, one pass over every request's n tokens
-(core.model.quantized.engine.score_batch) against B passes one after another, the median of --repeats
+(core.model.sessions.score_batch) against B passes one after another, the median of --repeats
 runs each, in one sitting; the same logits either way (tests/test_quantized.py).
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 from specx.core.draft import Draft
 from specx.core.model import cpu
 from specx.core.model.load import builtin_gguf
-from specx.core.model.quantized.engine import QuantEngine, score_batch
+from specx.core.model.quantized.engine import QuantEngine
+from specx.core.model.sessions import score_batch
 
 
 def main() -> None:

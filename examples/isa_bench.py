@@ -41,7 +41,8 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
     import numpy as np
 
     from specx.core.model.quantized import kernel as qkernel
-    from specx.core.model.quantized.engine import KVCache, QuantEngine, prefill
+    from specx.core.model.quantized.engine import KVCache, QuantEngine
+    from specx.core.model.sessions import prefill
 
     started = time.perf_counter()
     engine = QuantEngine(model)

@@ -39,7 +39,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def all_logits(engine, ids: list[int]) -> np.ndarray:  # noqa: ANN001 - a QuantEngine
     """Logits [N, V] at every position of `ids`, prefilled 64 at a time as the engine does."""
-    from specx.core.model.quantized.engine import KVCache, prefill_parts
+    from specx.core.model.quantized.engine import KVCache
+    from specx.core.model.sessions import prefill_parts
 
     kv, out = KVCache(engine.model.config, len(ids) + 16), []
     for kv_, chunk, positions, allowed, _ in prefill_parts(kv, ids):

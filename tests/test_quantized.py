@@ -182,7 +182,7 @@ def test_sessions_batched_in_one_pass_get_the_bits_of_their_own_passes(tiny_engi
     """Issue 46's foundation: several requests' pending tokens and draft trees in one pass (every
     weight read once), each attending to its own cache, each row's logits exactly its own pass's."""
     from specx.core.draft import Draft
-    from specx.core.model.quantized.engine import score_batch
+    from specx.core.model.sessions import score_batch
 
     engine = tiny_engines[T.Q8_0]
     prompts = [[5, 6, 7], list(range(100, 140)), [9] * 70]  # 70: prefilled in two chunks
@@ -210,7 +210,7 @@ def test_a_kept_prompt_is_the_sessions_own_cache_and_stays_the_prompt(tiny_engin
     the prompt's size + ANSWER_ROOM): the session's tree passes and kept paths past its prompt leave
     the kept prompt as prefilled, so the next turn, copied from it, gets the bits of a fresh prefill."""
     from specx.core.draft import Draft
-    from specx.core.model.quantized.engine import ANSWER_ROOM
+    from specx.core.model.sessions import ANSWER_ROOM
 
     engine = tiny_engines[T.Q4_K]
     prompt = list(range(200, 300))

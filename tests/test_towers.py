@@ -177,8 +177,8 @@ def test_no_product_file_over_400_lines(graph):
 
 # the engines (core.model.engine.Engine's implementations) and their sessions, and the test of which
 # one runs that they replaced; test_every_engine_class_is_known finds them in core/model
-ENGINE_CLASSES = {"LlamaModel", "TransformersEngine", "TransformersSession", "QuantEngine", "QuantSession",
-                  "GPUEngine"}
+ENGINE_CLASSES = {"LlamaModel", "TransformersEngine", "TransformersSession", "SessionEngine", "Session",
+                  "QuantEngine", "GPUEngine"}
 ENGINE_CHECKS = {"on_llamacpp"}
 # what only an engine, its session or its model has: `hasattr(x, one)` asks which engine x is
 ENGINE_ATTRIBUTES = {"start", "start_steps", "score_batch", "forward_batch", "keep_path", "new_prefix_cache",
@@ -216,17 +216,23 @@ def engine_tests(source: str) -> list[int]:
     return sorted(set(lines))
 
 
-def engine_classes(path: Path) -> set[str]:
-    """Classes of `path` that are engines or sessions (core.model.engine's Engine: `start` and
-    `plain`; Session: `score` and `keep_path`), methods defined or assigned."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef):
-            members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-            members |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
-                        if isinstance(t, ast.Name)}
-            if {"start", "plain"} <= members or {"score", "keep_path"} <= members:
-                found.add(node.name)
+def engine_classes(paths: list[Path]) -> set[str]:
+    """Classes of `paths` that are engines or sessions (core.model.engine's Engine: `start` and
+    `plain`; Session: `score` and `keep_path`), methods defined or assigned, and their subclasses
+    (core.model.sessions.SessionEngine's engines), named as a base by its name."""
+    found, bases = set(), {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                members |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
+                            if isinstance(t, ast.Name)}
+                if {"start", "plain"} <= members or {"score", "keep_path"} <= members:
+                    found.add(node.name)
+                bases[node.name] = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                                    if isinstance(b, (ast.Name, ast.Attribute))}
+    while more := {name for name, of in bases.items() if of & found} - found:
+        found |= more
     return found
 
 
@@ -236,7 +242,7 @@ def test_no_engine_test_outside_the_engines(graph):
     engine and session class of core/model (the protocol's own aside): a new engine is checked for
     as soon as it lands."""
     model = ROOT / "core" / "model"
-    classes = set().union(*(engine_classes(p) for p in sorted(model.rglob("*.py")) if p != model / "engine.py"))
+    classes = engine_classes([p for p in sorted(model.rglob("*.py")) if p != model / "engine.py"])
     assert classes == ENGINE_CLASSES
     _, found = graph
     paths = {name: path for name, path in found.items() if not name.startswith("specx.core.model")}

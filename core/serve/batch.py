@@ -4,9 +4,9 @@ Each running request decodes on a thread of its own, with the decode loop every 
 (core.decode.generate), over a view of the stack made for it (`request_stack`): its engine
 (`BatchedEngine`) hands every pass it needs (the prompt's prefill chunks, then one verification
 tree per step) to the `Batcher` and waits. The worker thread, which owns the model, runs one
-forward pass as soon as every running request waits (QuantModel.forward_batch: a ragged batch, each
+forward pass as soon as every running request waits (the model's forward_batch: a ragged batch, each
 part its own KV cache and tree mask) and hands each its logits. Requests join and leave between
-passes; a new one's prefill runs a chunk (core.model.quantized.engine.PREFILL_CHUNK tokens) per pass beside
+passes; a new one's prefill runs a chunk (core.model.sessions.PREFILL_CHUNK tokens) per pass beside
 the others' trees, so it never stalls them for more than a pass.
 
 Lossless per request: the engine's kernels are batch-invariant and attention never mixes
@@ -38,7 +38,7 @@ from ..cost.guard import DraftGuard, tighter
 from ..decode.stack import Stack
 from ..draft import Draft
 from ..model.prefix_cache import free_memory
-from ..model.quantized.engine import KVCache, run_steps
+from ..model.sessions import run_steps
 
 MAX_BATCH = 16  # the default cap on requests decoded together (--max-batch): past it, on CPUs, passes grow in step
 PASS_WAIT_S = 0.25  # the worker's longest wait for a pass's parts before it looks at its queue again
@@ -81,8 +81,8 @@ class Member:
 
 class Batcher:
     """The rendezvous between the request threads and the thread that owns the model (`model`: a
-    QuantModel). `threads`: the engine's ThreadTuner (None: nothing to tune); `cost`: the shared
-    PassCost, whose shape normalises the tuner's timings."""
+    SessionEngine's, with forward_batch). `threads`: the engine's ThreadTuner (None: nothing to
+    tune); `cost`: the shared PassCost, whose shape normalises the tuner's timings."""
 
     def __init__(self, model: Any, *, threads: Any = None, cost: Any = None,
                  say: Callable[[str], None] = lambda message: None) -> None:
@@ -115,7 +115,7 @@ class Batcher:
             self.cond.notify_all()
 
     def run(self, member: Member, part: tuple[Any, ...], prefill: bool = False) -> Any:
-        """Put `part` (QuantModel.forward_batch's; `prefill`: a prompt's chunk) in the next pass and
+        """Put `part` (the model's forward_batch's; `prefill`: a prompt's chunk) in the next pass and
         wait for its logits; called with the baton held, which is given up while waiting."""
         member.part, member.prefill, member.result, member.error = part, prefill, None, None
         member.done.clear()
@@ -252,8 +252,9 @@ class Batcher:
 
 
 class BatchedEngine:
-    """One request's view of a QuantEngine whose passes go through a Batcher (core.model.engine.Engine
-    as the decode loop uses it; `hit_tokens` counts this request's cached prompt tokens)."""
+    """One request's view of an engine (core.model.sessions.SessionEngine) whose passes go through a
+    Batcher (core.model.engine.Engine as the decode loop uses it; `hit_tokens` counts this request's
+    cached prompt tokens)."""
 
     SHARED = frozenset({"name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
                         "prompt_lookup", "cost_curve"})  # the engine's own, read through
@@ -288,7 +289,7 @@ class BatchedEngine:
 
 
 class BatchedSession:
-    """A QuantSession whose passes go through the Batcher."""
+    """A session (core.model.sessions.Session) whose passes go through the Batcher."""
 
     def __init__(self, session: Any, batcher: Batcher, member: Member) -> None:
         self.session, self.batcher, self.member = session, batcher, member
@@ -376,8 +377,8 @@ def request_stack(stack: Stack, batcher: Batcher, member: Member, guard: DraftGu
 
 
 def batchable(engine: Any) -> bool:
-    """Whether `engine`'s passes can be batched (the quantized engine's: batch-invariant kernels,
-    a KV cache per session): the engine says so (core.model.engine.Engine.batches)."""
+    """Whether `engine`'s passes can be batched (a SessionEngine's: batch-invariant kernels, a KV
+    cache per session): the engine says so (core.model.engine.Engine.batches)."""
     return engine.batches
 
 
@@ -386,7 +387,7 @@ def default_max_batch(engine: Any, context: int) -> int:
     of (at most MAX_BATCH; 1 where the engine's passes are not batched)."""
     if not batchable(engine):
         return 1
-    per_request = KVCache.bytes_per_token(engine.model.config) * max(context, 1)
+    per_request = engine.kv_bytes_per_token * max(context, 1)
     free = free_memory()
     if free is None:
         return MAX_BATCH

@@ -11,10 +11,12 @@ differ from plain decoding's. Here every kernel is batch-invariant (core/model/g
 a token gets the same bits alone, in a tree or beside other requests, so greedy and sampled
 speculation are this engine's plain decoding token for token, in bfloat16.
 
-The rest is the quantized engine's (core/model/quantized/engine.py), reused as it is: the tree
-layout of a pass, the sessions (QuantSession: it asks its model only for `config`,
-`context_length` and `forward_batch`), `score_batch`, the prefill passes, so core/serve's batcher
-runs this engine's passes unchanged (GPUModel.forward_batch, one pass over all requests' rows).
+Here: the engine (GPUEngine: its model, kernels and cost key) and the prefix cache that makes its
+caches (GPUPrefixCache: pages of the model's pool, core/model/gpu/model.py). The sessions, their tree
+and prefill passes, the prefix cache's reuse, `score_batch` and plain decoding are
+core/model/sessions.py's (SessionEngine, shared with the quantized engine), so core/serve's batcher
+runs this engine's passes as the quantized engine's (GPUModel.forward_batch, one pass over all
+requests' rows).
 
 Runs on CUDA; on CPU tensors only under TRITON_INTERPRET=1 (Triton's interpreter: slow, for tests).
 """
@@ -22,12 +24,11 @@ Runs on CUDA; on CPU tensors only under TRITON_INTERPRET=1 (Triton's interpreter
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..quantized.engine import QuantEngine, QuantPrefixCache, prefill_parts, score_batch
+from ..sessions import SessionEngine, SessionPrefixCache
 from .model import GPUModel, GGUFError, KVCache
 
 __all__ = ["GGUFError", "GPUEngine", "GPUPrefixCache", "available", "unavailable", "unsupported"]
@@ -57,9 +58,8 @@ def available() -> bool:
     return torch.cuda.is_available() and unavailable("cuda") is None
 
 
-class GPUPrefixCache(QuantPrefixCache):
-    """PrefixCache for the GPU engine: stored prompts are sessions' KVCaches (pages of the model's
-    pool), kept as the quantized engine keeps its own."""
+class GPUPrefixCache(SessionPrefixCache):
+    """SessionPrefixCache for the GPU engine: its caches are KVCaches, pages of the model's pool."""
 
     def fresh(self, model: GPUModel, capacity: int = 0) -> KVCache:
         cache = model.new_cache()
@@ -67,44 +67,25 @@ class GPUPrefixCache(QuantPrefixCache):
         return cache
 
 
-class GPUEngine:
-    """core.model.engine.Engine over a GPUModel."""
+class GPUEngine(SessionEngine):
+    """core.model.engine.Engine over a GPUModel (the sessions: core.model.sessions.SessionEngine)."""
 
     name = "gpu"
-    batches = True
-    prompt_lookup = False
-    tree_unsupported = None
     cost_curve = "cpu"  # the shape a pass's cost starts from; learned on the device from the first passes
     precision = "bfloat16"
+    prefix_cache_type = GPUPrefixCache
 
     def __init__(self, path: str | Path, context: int | None = None, device: str | None = None,
                  say: Callable[[str], None] = lambda m: None) -> None:
         why = unavailable(device)
         if why:
             raise GGUFError(why)
-        self.model = GPUModel(path, context, device, say)
-        self.path = self.model.path
-        self.device = self.model.device.type
-        self.vocab_size = self.model.config.vocab
-        self.context_length = self.model.context_length
-        cfg = self.model.config
-        self.kv_bytes_per_token = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 2  # bfloat16 pages
-        self.kernels = ["batch-invariant Triton kernels (" + ("bfloat16 tensor cores" if self.model.tensor_cores
+        model = GPUModel(path, context, device, say)
+        self.device = model.device.type
+        self.kv_bytes_per_token = KVCache.bytes_per_token(model.config)  # bfloat16 pages
+        self.kernels = ["batch-invariant Triton kernels (" + ("bfloat16 tensor cores" if model.tensor_cores
                                                                else "interpreter, float32 products") + ")"]
-        self.hit_tokens = 0
-        started = time.perf_counter()
-        self.model.forward(*next(prefill_parts(self.model.new_cache(), [0])))
-        self.compile_seconds = time.perf_counter() - started  # Triton compiles each kernel at its first call
-
-    prefix_cache_type = GPUPrefixCache
-    start = QuantEngine.start  # a session from start_steps' passes, each run by model.forward
-    start_steps = QuantEngine.start_steps  # the prefill passes (its prefix cache's), then a QuantSession
-    new_prefix_cache = QuantEngine.new_prefix_cache
-    plain = QuantEngine.plain  # greedy decoding one token per pass: the reference speculation equals
-    score_batch = staticmethod(score_batch)
-
-    def clear(self) -> None:
-        """Nothing is held between requests (the prefix caches are the callers')."""
+        super().__init__(model)  # Triton compiles each kernel at its first call: the pass it runs
 
     def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> None:
         """Nothing to tune: the passes run on the GPU."""
