@@ -7,7 +7,9 @@ included (`load`); transformers as an engine (`hf_engine`, its tree passes in `t
 with specx's small-batch kernels (`kernels`, `matmul`, `attention`), the KV cache and the prefix
 cache of recent prompts (`kv_cache`, `prefix_cache`); each pass's thread count (`threads`); GGUF
 models on llama.cpp as an engine (`llamacpp`), the machine's instruction sets and llama.cpp's build
-flags (`cpu`), and an engine proven in a child process before it runs in this one (`probe`).
+flags (`cpu`), and an engine proven in a child process before it runs in this one (`probe`); the
+sessions over a model with `forward_batch` (`sessions`), which specx's own engines build on: GGUFs
+quantized on the CPU (`quantized/`) and in bfloat16 on a GPU (`gpu/`).
 
 May import: torch, transformers, llama-cpp-python (when installed), numba (through
 core.numba_cache). Not the index, decoding or anything above.

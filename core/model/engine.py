@@ -1,10 +1,12 @@
 """What decoding asks of a model, whatever runs it: the Engine and its per-request Session.
 
-Two engines implement it: core.model.hf_engine.TransformersEngine (a transformers model: tree
-passes, a prefix cache of recent prompts, specx's kernels) and core.model.llamacpp.LlamaModel (a
-GGUF file on llama.cpp: best paths only, its one KV sequence reused from request to request).
+Engines that implement it: core.model.hf_engine.TransformersEngine (a transformers model: tree
+passes, a prefix cache of recent prompts, specx's kernels), core.model.llamacpp.LlamaModel (a GGUF
+file on llama.cpp: best paths only, its one KV sequence reused from request to request), and
+specx's own over core.model.sessions.SessionEngine (its Session, batched passes): the quantized
+engine (core.model.quantized.engine.QuantEngine) and the GPU one (core.model.gpu.engine.GPUEngine).
 Everything that differs between them is answered here, by the engine itself; the decode loop's
-one verifier for both is core.decode.verifiers.model.ModelVerifier.
+one verifier for all is core.decode.verifiers.model.ModelVerifier.
 
     engine, tokenizer = load_backend("smollm2-135m", backend="llama.cpp")   # core.model.load
     session = engine.start(prompt_ids[:-1])        # prefilled (the cached prefix reused)

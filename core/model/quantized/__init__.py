@@ -10,5 +10,6 @@
     attention.py   row-exact attention over the cached keys and values, in parts of fixed positions
     forward.py     norms, rotary, SiLU and the whole pass as one compiled call
     model.py       a GGUF file's model (llama, qwen2) and its passes
-    engine.py      the Engine protocol: KV caches, trees, prefix cache, batches
+    engine.py      the engine, its KV cache and prefix cache (its sessions, trees and batches:
+                   core/model/sessions.py, shared with the GPU engine)
 """
