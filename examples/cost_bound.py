@@ -45,7 +45,7 @@ from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.draft import Draft, subtree
-from specx.core.model.hf_engine import TransformersEngine
+from specx.core.model.transformers.engine import TransformersEngine
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
 from specx.core.predict.replay import replay_call

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specx.core.decode.generate import generate, greedy_decode
-from specx.core.model.hf_engine import TransformersEngine, hf_generate
-from specx.core.model.kv_cache import cache_kwarg, new_cache
+from specx.core.model.transformers.engine import TransformersEngine, hf_generate
+from specx.core.model.transformers.kv_cache import cache_kwarg, new_cache
 from specx.core.model.prefix_cache import PrefixCache
 
 from helpers.decoding import FakeDrafter, MAKERS

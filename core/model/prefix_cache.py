@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kv_cache import cache_kwarg, full_attention, new_cache
+from .transformers.kv_cache import cache_kwarg, full_attention, new_cache
 
 
 class PrefixCache:

@@ -14,17 +14,17 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ..draft import Draft, check_draft
+from ...draft import Draft, check_draft
+from ..prefix_cache import PrefixCache
+from ..threads import ThreadTuner, set_threads
 from .kv_cache import cache_kwarg, new_cache
-from .prefix_cache import PrefixCache
-from .threads import ThreadTuner, set_threads
 from .tree import keep_accepted, tree_logits, tree_unsupported
 
 
 class TransformersSession:
     """One request's KV cache (`cache`) on a transformers model: each pass a tree pass
-    (core.model.tree.tree_logits; best paths through the model's own masks when `linear` says why
-    it cannot take trees), then the cache pruned to the accepted path."""
+    (core.model.transformers.tree.tree_logits; best paths through the model's own masks when
+    `linear` says why it cannot take trees), then the cache pruned to the accepted path."""
 
     def __init__(self, model: Any, cache: Any, *, linear: str | None = None) -> None:
         self.model, self.cache, self.linear = model, cache, linear
@@ -96,9 +96,10 @@ def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_toke
                 prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False,
                 prefix_cache: PrefixCache | None = None) -> list[int]:
     """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
-    same KV cache class as specx (core.model.kv_cache.new_cache), so that only the decoding differs;
-    `stock_cache`: on transformers' default cache instead. With `prefix_cache`, the prompt but its
-    last token is prefilled through it first (transformers then runs only the last token)."""
+    same KV cache class as specx (core.model.transformers.kv_cache.new_cache), so that only the
+    decoding differs; `stock_cache`: on transformers' default cache instead. With `prefix_cache`,
+    the prompt but its last token is prefilled through it first (transformers then runs only the
+    last token)."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     extra = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
     cache = DynamicCache() if stock_cache else new_cache(model)
