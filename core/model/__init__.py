@@ -7,8 +7,8 @@ included (`load`); the prefix cache of recent prompts (`prefix_cache`: the gener
 engine's own kind in its wing); each pass's thread count (`threads`); GGUF models on llama.cpp as
 an engine (`llamacpp`), the machine's instruction sets and llama.cpp's build flags (`cpu`), and an
 engine proven in a child process before it runs in this one (`probe`). Each of specx's engines is a
-wing of its own: transformers (`transformers/`: the engine, its tree passes, KV cache and
-small-batch kernels), the quantized engine (`quantized/`) and the GPU engine (`gpu/`).
+wing of its own: transformers (`transformers/`: the engine, its tree passes, KV cache, prefix cache
+and small-batch kernels), the quantized engine (`quantized/`) and the GPU engine (`gpu/`).
 
 May import: torch, transformers, llama-cpp-python (when installed), numba (through
 core.numba_cache). Not the index, decoding or anything above.

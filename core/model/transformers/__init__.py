@@ -7,6 +7,8 @@
     kernels.py       accelerate(): a model switched in place to the kernels below
     matmul.py        the small-batch linear layer (a packed copy of each weight, batch-invariant)
     attention.py     grouped-query attention with a mask, without repeating the key/value heads
+    prefix_cache.py  TransformersPrefixCache: core.model.prefix_cache.PrefixCache, storing copies of
+                     transformers' cache layers
 
 Inside this package `import transformers` is Hugging Face's package (imports are absolute); the
 package's own modules import each other relatively.
