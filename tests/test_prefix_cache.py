@@ -80,7 +80,7 @@ def test_speculative_greedy_through_the_prefix_cache_equals_plain(make):
 
 def test_transformers_generate_and_prompt_lookup_through_the_prefix_cache():
     # transformers' assisted decoding runs its first pass over the whole input; with a filled cache
-    # that would feed the prompt twice (compare.hf_generate runs it over the uncached tokens)
+    # that would feed the prompt twice (hf_generate runs it over the uncached tokens)
     model = tiny_model(torch.float64)
     rng = random.Random(3)
     plain, lookup = TransformersPrefixCache(), TransformersPrefixCache()
