@@ -45,9 +45,8 @@ from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.draft import Draft, subtree
-from specx.core.model.hf_engine import TransformersEngine
+from specx.core.model.transformers.engine import TransformersEngine
 from specx.core.model.load import load_model
-from specx.core.model.prefix_cache import PrefixCache
 from specx.core.predict.replay import replay_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -163,7 +162,7 @@ def main() -> None:
     prompts = [tok.encode(t, add_special_tokens=False)
                for t in spider_prompts(args.spider, args.warmup + args.requests)]
     cost, engine = calibrate(net), TransformersEngine(net)
-    outputs, prefill, prefixes = [], [], PrefixCache()
+    outputs, prefill, prefixes = [], [], engine.new_prefix_cache(8192)
     print(f"decoding {len(prompts)} requests plainly ...", file=sys.stderr)
     for prompt in prompts:
         t0 = time.perf_counter()

@@ -25,7 +25,6 @@ from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 from specx.core.model.load import BACKENDS, chat_tokens
-from specx.core.model.prefix_cache import PrefixCache
 from specx.core.serve.job import prediction_tokens
 
 HERE = Path(__file__).resolve().parent
@@ -73,7 +72,7 @@ def main() -> None:
             t0 = time.perf_counter()
             run = collect(generate(net, prompt, make(prediction), max_new_tokens=limit, eos_token_ids=tok.eos_token_id,
                                    cost=cost if name != "plain" else None, acceptance=acceptance,
-                                   prefix_cache=PrefixCache(0)))
+                                   prefix_cache=net.new_prefix_cache(0)))
             stats.add(run.stats)
             out = run.tokens
             seconds += time.perf_counter() - t0

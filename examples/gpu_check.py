@@ -194,7 +194,7 @@ def speeds(engine: object, path: Path, prompts: list[list[int]], n: int, eos: in
               "gpu specx suffix": rate(lambda p: collect(generate(engine, p, SuffixDrafter(), max_new_tokens=n,
                                                                   eos_token_ids=eos)).tokens)}
     if hf:
-        from specx.core.model.hf_engine import hf_generate
+        from specx.core.model.transformers.engine import hf_generate
         from specx.core.model.load import load_model
 
         started = time.perf_counter()

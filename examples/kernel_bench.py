@@ -1,4 +1,5 @@
-"""What a forward pass costs per number of tokens, with and without specx's kernels (core/model/kernels.py).
+"""What a forward pass costs per number of tokens, with and without specx's kernels
+(core/model/transformers/kernels.py).
 
 Two tables, side by side in one run on the built-in model:
 
@@ -27,7 +28,7 @@ import torch
 
 from specx.home import specx_home
 from specx.bench.calibrate import calibrate
-from specx.core.model import matmul
+from specx.core.model.transformers import matmul
 from specx.core.model.load import load_model
 
 ROWS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 48, 64)

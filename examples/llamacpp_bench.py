@@ -55,7 +55,7 @@ from specx.core.cost.acceptance import AcceptanceModel  # noqa: E402
 from specx.core.decode.generate import generate  # noqa: E402
 from specx.core.decode.loop import collect  # noqa: E402
 from specx.core.model import cpu  # noqa: E402
-from specx.core.model.hf_engine import TransformersEngine  # noqa: E402
+from specx.core.model.transformers.engine import TransformersEngine  # noqa: E402
 from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
 from specx.core.model.quantized.engine import QuantEngine  # noqa: E402
 from specx.core.model.load import builtin_gguf, load_model, load_tokenizer  # noqa: E402

@@ -33,7 +33,6 @@ from specx.core.decode.grammar import Vocabulary, json_schema_grammar
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.model.load import BACKENDS, chat_tokens
-from specx.core.model.prefix_cache import PrefixCache
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"
@@ -108,7 +107,7 @@ def main() -> None:
             t0 = time.perf_counter()
             run = collect(generate(net, prompt, method, max_new_tokens=args.max_new_tokens,
                                    eos_token_ids=tok.eos_token_id, cost=cost if method is not None else None,
-                                   acceptance=acceptance, prefix_cache=PrefixCache(0),
+                                   acceptance=acceptance, prefix_cache=net.new_prefix_cache(0),
                                    constraint=vocabulary.constraint(grammar)))
             out, request = run.tokens, run.stats
             if i >= args.warmup:

@@ -36,6 +36,7 @@ from specx.core.decode.loop import collect
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
+from specx.core.model.transformers.prefix_cache import TransformersPrefixCache
 from specx.core.predict.compare import STOCK, compare, summary
 
 HERE = Path(__file__).resolve().parent
@@ -103,7 +104,7 @@ def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):
         for r in range(repeats + 1):
             tokens = rng.integers(0, net.config.vocab_size, size=n).tolist()
             t0 = time.perf_counter()
-            PrefixCache(0).prefill(net, tokens)
+            TransformersPrefixCache(0).prefill(net, tokens)
             if r:  # the first run warms up
                 runs.append(time.perf_counter() - t0)
         seconds.append(float(np.median(runs)))

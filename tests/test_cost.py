@@ -9,7 +9,7 @@ from specx.core.cost.forward import ForwardCost
 from specx.core.cost.sizing import size_draft
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.draft import Draft, subtree
-from specx.core.model.hf_engine import TransformersEngine
+from specx.core.model.transformers.engine import TransformersEngine
 
 from helpers.decoding import FakeDrafter, all_right, wide_tree
 from helpers.models import tiny_model

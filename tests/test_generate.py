@@ -10,7 +10,7 @@ import torch
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.loop import limit_depth
 from specx.core.draft import Draft
-from specx.core.model.hf_engine import TransformersEngine
+from specx.core.model.transformers.engine import TransformersEngine
 
 from helpers.cli import specx_in_process
 from helpers.decoding import MAKERS, FakeDrafter, all_right, collect, deep_chain, empty, wide_tree
@@ -252,7 +252,7 @@ def test_a_sliding_window_model_verifies_linear_drafts_losslessly():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from specx.bench.calibrate import calibrate
-    from specx.core.model.tree import tree_unsupported
+    from specx.core.model.transformers.tree import tree_unsupported
 
     config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
 from specx.core.draft import GRAMMAR, Draft
-from specx.core.model.hf_engine import TransformersEngine
+from specx.core.model.transformers.engine import TransformersEngine
 
 from helpers.cli import specx_in_process
 from helpers.decoding import MAKERS, SCHEMA, FakeDrafter, collect

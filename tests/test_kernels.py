@@ -1,6 +1,7 @@
-"""core.model.kernels (core.model.matmul, core.model.attention, core.model.kv_cache): the small-batch linear kernel is exact and batch-invariant, the grouped-query
-attention and the growing cache change nothing but speed, and an accelerated model still decodes
-speculatively token for token like plain greedy (transformers' own prompt lookup too)."""
+"""core.model.transformers.kernels (and the wing's matmul, attention, kv_cache): the small-batch linear
+kernel is exact and batch-invariant, the grouped-query attention and the growing cache change nothing
+but speed, and an accelerated model still decodes speculatively token for token like plain greedy
+(transformers' own prompt lookup too)."""
 
 import random
 
@@ -10,9 +11,9 @@ import torch
 from transformers import DynamicCache
 
 from specx.core.decode.generate import generate, greedy_decode
-from specx.core.model import attention, kernels, kv_cache, matmul
-from specx.core.model.hf_engine import TransformersEngine
-from specx.core.model.tree import keep_accepted, tree_logits
+from specx.core.model.transformers import attention, kernels, kv_cache, matmul
+from specx.core.model.transformers.engine import TransformersEngine
+from specx.core.model.transformers.tree import keep_accepted, tree_logits
 
 from helpers.decoding import FakeDrafter, MAKERS, collect
 from helpers.models import VOCAB, prefilled, random_tree, tiny_model
@@ -119,7 +120,7 @@ def test_accelerated_speculative_greedy_equals_plain_greedy(fast32, make):
 def test_accelerated_model_under_transformers_generate(fast32):
     # transformers builds the masks for the registered attention as for sdpa: without that its
     # prompt lookup verified candidates against a cache cut to the candidates alone
-    from specx.core.model.hf_engine import hf_generate
+    from specx.core.model.transformers.engine import hf_generate
 
     stock = tiny_model(torch.float32, seed=5)
     rng = random.Random(2)

@@ -180,7 +180,7 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
     import torch
 
     from specx.core.decode.generate import generate, greedy_decode
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from specx.core.model.threads import set_threads
     from helpers.decoding import FakeDrafter, all_right, deep_chain, wide_tree
     from helpers.models import tiny_model
@@ -306,7 +306,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
     the shipped curve, sets the thing aside under a name that says so (one line naming it and
     why), and the next keep writes a good file in its place."""
     from specx.home import keep_cost
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from helpers.models import tiny_model
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))
@@ -340,7 +340,7 @@ def test_a_kept_cost_file_that_cannot_be_used_is_set_aside_and_the_start_goes_on
 def test_keep_cost_leaves_no_temporary_file_when_it_cannot_write(tmp_path, monkeypatch):
     """Issue 39, case 2: a directory where the cost is kept left a learned-*.PID.tmp behind."""
     from specx.home import keep_cost
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from helpers.models import tiny_model
 
     monkeypatch.setenv("SPECX_HOME", str(tmp_path))

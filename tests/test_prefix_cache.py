@@ -1,6 +1,8 @@
-"""core.model.prefix_cache: prompts that share a prefix with an earlier one prefill only the rest, their KV
-entries equal a whole prefill's, decoding through it (specx and transformers' own generate, prompt
-lookup included) equals plain greedy decoding, and the token budget holds."""
+"""core.model.prefix_cache and the transformers engine's kind of it (core.model.transformers.prefix_cache):
+prompts that share a prefix with an earlier one prefill only the rest, their KV entries equal a whole
+prefill's, decoding through it (specx and transformers' own generate, prompt lookup included) equals
+plain greedy decoding, the token budget holds, and the generic part imports neither torch nor
+transformers."""
 
 import random
 
@@ -8,9 +10,10 @@ import pytest
 import torch
 
 from specx.core.decode.generate import generate, greedy_decode
-from specx.core.model.hf_engine import TransformersEngine, hf_generate
-from specx.core.model.kv_cache import cache_kwarg, new_cache
+from specx.core.model.transformers.engine import TransformersEngine, hf_generate
+from specx.core.model.transformers.kv_cache import cache_kwarg, new_cache
 from specx.core.model.prefix_cache import PrefixCache
+from specx.core.model.transformers.prefix_cache import TransformersPrefixCache
 
 from helpers.decoding import FakeDrafter, MAKERS
 from helpers.models import VOCAB, tiny_model
@@ -34,13 +37,13 @@ def kv(cache):
 
 def test_reused_entries_equal_a_whole_prefill():
     model = tiny_model(torch.float64)
-    prefixes = PrefixCache()
+    prefixes = TransformersPrefixCache()
     first = SHARED + [1, 2, 3]
     second = SHARED + [4, 5, 6, 7]
     prefixes.prefill(model, first)
     cache = prefixes.prefill(model, second)
     assert (prefixes.hit_tokens, prefixes.miss_tokens) == (len(SHARED), len(first) + 4)
-    whole = PrefixCache(0).prefill(model, second)
+    whole = TransformersPrefixCache(0).prefill(model, second)
     assert cache.get_seq_length() == len(second)
     for (k, v), (k0, v0) in zip(kv(cache), kv(whole), strict=True):
         torch.testing.assert_close(k, k0, rtol=0, atol=1e-12)
@@ -49,7 +52,7 @@ def test_reused_entries_equal_a_whole_prefill():
 
 def test_a_copy_is_handed_out_and_the_stored_entries_stay_intact():
     model = tiny_model(torch.float64)
-    prefixes = PrefixCache()
+    prefixes = TransformersPrefixCache()
     prompt = SHARED + [1, 2, 3]
     prefixes.prefill(model, prompt)
     stored = [(k.clone(), v.clone()) for k, v in prefixes._entries[0][1]]
@@ -66,7 +69,7 @@ def test_a_copy_is_handed_out_and_the_stored_entries_stay_intact():
 def test_speculative_greedy_through_the_prefix_cache_equals_plain(make):
     model = tiny_model(torch.float64)
     rng = random.Random(make.__name__)
-    prefixes = PrefixCache()
+    prefixes = TransformersPrefixCache()
     for i, prompt in enumerate(agent_prompts(rng, 6)):
         ref = greedy_decode(model, prompt, 16)
         steps = generate(TransformersEngine(model), prompt, FakeDrafter(make, ref, seed=i), max_new_tokens=16,
@@ -77,10 +80,10 @@ def test_speculative_greedy_through_the_prefix_cache_equals_plain(make):
 
 def test_transformers_generate_and_prompt_lookup_through_the_prefix_cache():
     # transformers' assisted decoding runs its first pass over the whole input; with a filled cache
-    # that would feed the prompt twice (compare.hf_generate runs it over the uncached tokens)
+    # that would feed the prompt twice (hf_generate runs it over the uncached tokens)
     model = tiny_model(torch.float64)
     rng = random.Random(3)
-    plain, lookup = PrefixCache(), PrefixCache()
+    plain, lookup = TransformersPrefixCache(), TransformersPrefixCache()
     for prompt in agent_prompts(rng, 5):
         prompt = prompt + prompt[-6:]  # a repeat for prompt lookup to find
         ref = greedy_decode(model, prompt, 20)
@@ -92,7 +95,7 @@ def test_transformers_generate_and_prompt_lookup_through_the_prefix_cache():
 
 def test_budget_least_recently_used_first_out_and_extensions_replace():
     model = tiny_model(torch.float64)
-    prefixes = PrefixCache(max_tokens=50)
+    prefixes = TransformersPrefixCache(max_tokens=50)
     a, b = SHARED + [1] * 6, [2] * 20
     prefixes.prefill(model, a)
     prefixes.prefill(model, b)
@@ -126,13 +129,14 @@ def test_kv_memory_is_sized_from_the_models_bytes_per_token():
 
 def test_zero_budget_and_other_caches():
     model = tiny_model(torch.float64)
-    off = PrefixCache(0)
+    off = TransformersPrefixCache(0)
     off.prefill(model, SHARED)
     cache = off.prefill(model, SHARED)
     assert off.hit_tokens == 0 and off.num_tokens == 0 and cache.get_seq_length() == len(SHARED)
     assert type(cache) is type(new_cache(model))
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixCache(-1)
+    assert type(TransformersEngine(model).new_prefix_cache(10)) is TransformersPrefixCache
 
 
 def test_compare_times_the_prefill_apart():
@@ -159,10 +163,22 @@ def test_compare_times_the_prefill_apart():
 def test_plan_counts_what_prefill_prefills():
     model = tiny_model(torch.float64)
     prompts = agent_prompts(random.Random(7), 6)
-    real, counted = PrefixCache(max_tokens=60), PrefixCache(max_tokens=60)  # small: entries are evicted too
+    real, counted = TransformersPrefixCache(max_tokens=60), PrefixCache(max_tokens=60)  # small: entries are evicted too
     for prompt in prompts:
         before = real.miss_tokens
         real.prefill(model, prompt)
         assert counted.plan(prompt) == real.miss_tokens - before
     assert (counted.hit_tokens, counted.miss_tokens) == (real.hit_tokens, real.miss_tokens) and real.hit_tokens > 0
     assert [t.tolist() for t, _ in counted._entries.values()] == [t.tolist() for t, _ in real._entries.values()]
+
+
+def test_the_generic_prefix_cache_imports_no_engine():
+    """core.model.prefix_cache is every engine's: importing it loads neither torch nor transformers
+    (each engine's kind, in its wing, brings its own)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specx.core.model.prefix_cache\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -57,7 +57,7 @@ class IndexSize:
 
 def tiny_worker(recorder=None):
     from specx.core.decode.stack import Stack
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from specx.core.serve.worker import Worker
     from helpers.models import tiny_model
 
@@ -190,7 +190,7 @@ def test_a_tenants_losing_drafts_leave_another_tenants_drafting_as_it_was():
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.decode.stack import Stack
     from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from specx.core.serve.scopes import Scopes
     from specx.core.serve.worker import Worker
     from helpers.models import tiny_model

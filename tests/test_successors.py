@@ -271,7 +271,7 @@ def test_table_drafts_are_lossless_greedy_and_sampled(alone):
     plain greedy's token for token, seeded sampling the plain sampler's (transformers engine)."""
     from specx.core.decode.generate import generate, greedy_decode
     from specx.core.decode.loop import collect
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from helpers.models import VOCAB, tiny_model
 
     model = tiny_model(torch.float64)
@@ -299,7 +299,7 @@ def test_table_drafts_are_lossless_under_a_grammar(builtin_tokenizer, builtin_vo
     from specx.core.decode.generate import generate, greedy_decode
     from specx.core.decode.grammar import json_schema_grammar
     from specx.core.decode.loop import collect
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
 
     config = LlamaConfig(vocab_size=len(builtin_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -390,7 +390,7 @@ def test_the_hybrid_is_the_default_only_where_trees_are_verified_on_an_accelerat
     from types import SimpleNamespace
 
     from specx.stack import default_drafter
-    from specx.core.model.hf_engine import TransformersEngine
+    from specx.core.model.transformers.engine import TransformersEngine
     from specx.core.model.llamacpp import LlamaModel
     from helpers.models import tiny_model
 

@@ -8,8 +8,8 @@ import torch
 
 from specx.core.decode.verify import Sampling, accept, process_logits, verify
 from specx.core.draft import Draft, check_draft
-from specx.core.model.hf_engine import TransformersSession
-from specx.core.model.tree import tree_logits
+from specx.core.model.transformers.engine import TransformersSession
+from specx.core.model.transformers.tree import tree_logits
 
 from helpers.models import VOCAB, prefilled, random_tree, tiny_model
 

@@ -15,10 +15,10 @@ import torch
 
 from ..core.cost.forward import ForwardCost
 from ..core.draft import Draft
-from ..core.model.prefix_cache import PrefixCache
-from ..core.model.tree import tree_logits, tree_unsupported
+from ..core.model.transformers.prefix_cache import TransformersPrefixCache
+from ..core.model.transformers.tree import tree_logits, tree_unsupported
 
-# On a CPU, core.model.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
+# On a CPU, core.model.transformers.kernels pads 4 to 64 rows to a multiple of 4 (and MKL takes the rest): the cost is
 # a step function there, so both ends of each step are measured up to 25, where most drafts end
 # (interpolation between 5 and 8 is then flat, as the kernel is); beyond, a straight line between
 # the sizes measured; a GPU's flat curve needs none of it.
@@ -48,7 +48,7 @@ def calibrate(model: Any, sizes: Sequence[int] = SIZES, *, repeats: int = 3, con
 def _time_passes(model: Any, sizes: Sequence[int], repeats: int, context: int) -> tuple[float, ...]:
     rng = np.random.default_rng(0)
     vocab = int(model.config.vocab_size)
-    cache = PrefixCache(0).prefill(model, rng.integers(0, vocab, size=context).tolist())
+    cache = TransformersPrefixCache(0).prefill(model, rng.integers(0, vocab, size=context).tolist())
     linear = tree_unsupported(model)
     seconds = []
     # a GPU runs the pass asynchronously: wait for it (a step waits too, when it reads the logits)

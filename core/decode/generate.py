@@ -76,7 +76,7 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
     argmax): the reference that speculative greedy decoding must equal token for token. With
     `constraint` (a fresh core.decode.grammar.Constraint), the argmax of the tokens its grammar
     allows: constrained greedy."""
-    from ..model.kv_cache import cache_kwarg, new_cache
+    from ..model.transformers.kv_cache import cache_kwarg, new_cache
 
     eos = _eos_set(eos_token_ids)
     cache = new_cache(model)

@@ -1,6 +1,6 @@
 """Judging a verification pass: the accept walk (greedy or sampling) over a draft tree's logits,
 whatever engine computed them (the passes themselves: core.model.engine; on transformers, the tree
-pass of core.model.tree).
+pass of core.model.transformers.tree).
 
 The walk starts at the root row (the last pending token's: it predicts the draft's roots) and moves
 to the child that carries the token plain decoding would choose there; the first token no child

@@ -1,12 +1,12 @@
 """What decoding asks of a model, whatever runs it: the Engine and its per-request Session.
 
-Engines that implement it: core.model.hf_engine.TransformersEngine (a transformers model: tree
-passes, a prefix cache of recent prompts, specx's kernels), core.model.llamacpp.LlamaModel (a GGUF
-file on llama.cpp: best paths only, its one KV sequence reused from request to request), and
-specx's own over core.model.sessions.SessionEngine (its Session, batched passes): the quantized
-engine (core.model.quantized.engine.QuantEngine) and the GPU one (core.model.gpu.engine.GPUEngine).
-Everything that differs between them is answered here, by the engine itself; the decode loop's
-one verifier for all is core.decode.verifiers.model.ModelVerifier.
+Each engine implements it in its own wing: core.model.transformers.engine.TransformersEngine (a
+transformers model: tree passes, a prefix cache of recent prompts, specx's kernels),
+core.model.llamacpp.LlamaModel (a GGUF file on llama.cpp: best paths only, its one KV sequence
+reused from request to request), and specx's own over core.model.sessions.SessionEngine (its
+Session, batched passes): the quantized engine (core.model.quantized.engine.QuantEngine) and the GPU
+one (core.model.gpu.engine.GPUEngine). Everything that differs between them is answered here, by
+the engine itself; the decode loop's one verifier for all is core.decode.verifiers.model.ModelVerifier.
 
     engine, tokenizer = load_backend("smollm2-135m", backend="llama.cpp")   # core.model.load
     session = engine.start(prompt_ids[:-1])        # prefilled (the cached prefix reused)
@@ -47,7 +47,7 @@ class Engine(Protocol):
 
     `name`: what runs it ("transformers", "llama.cpp"); `vocab_size`: the ids a draft may hold;
     `context_length`: the longest prompt + output; `precision`: what its numbers are, in words;
-    `kernels`: specx's CPU kernels it runs (core.model.kernels; none on llama.cpp);
+    `kernels`: specx's kernels it runs (on transformers core.model.transformers.kernels'; none on llama.cpp);
     `tree_unsupported`: why it verifies linear drafts only (each tree's best path), None when it
     verifies trees; `device`: where its passes run (torch's device type: "cpu", "cuda", ...);
     `prompt_lookup`: whether transformers' prompt lookup decoding runs on it (a baseline `plain`

@@ -264,16 +264,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, *, device: str | None = None,
                dtype: Any = None, kernels: bool = True) -> tuple[Any, Any]:
     """(model, tokenizer) for `model`: a built-in name, a local HF directory, a .gguf file or a hub id;
-    the model is transformers' own (core.model.hf_engine.TransformersEngine makes it an Engine,
-    as load_backend does).
+    the model is transformers' own (load_backend makes it an Engine: core.model.transformers.engine).
 
-    The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype
-    or one of DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A GGUF (built-in or a file)
-    is de-quantized once (~30 s for the built-in model) and saved as safetensors under
-    `cache_dir` (converted_cache), so later loads take under a second.
-    With `kernels`, core.model.kernels.accelerate switches the model to specx's small-batch kernels
-    (what it switched is listed in `model.specx_kernels`).
-    """
+    The model is in eval mode on `device` (CUDA when available, else CPU) in `dtype` (a torch dtype or one of
+    DTYPES; "auto"/None: float32 on CPU, bfloat16 on CUDA). A GGUF (built-in or a file) is de-quantized once
+    (~30 s for the built-in model) and saved as safetensors under `cache_dir` (converted_cache), so later loads
+    take under a second. With `kernels`, core.model.transformers.kernels.accelerate switches the model to
+    specx's small-batch kernels (what it switched is listed in `model.specx_kernels`)."""
     import torch  # heavy imports: only when a model is needed
     from transformers import AutoModelForCausalLM
 
@@ -322,7 +319,7 @@ def load_model(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, *, dev
     net.eval()
     net.requires_grad_(False)  # inference only: no autograd bookkeeping on the weights
     if kernels:
-        from .kernels import accelerate
+        from .transformers.kernels import accelerate
 
         net.specx_kernels = accelerate(net)
     return net, tokenizer
@@ -333,15 +330,15 @@ BACKENDS = ("auto", "llama.cpp", "transformers", "quantized", "gpu")
 
 def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, backend: str = "auto", *,
                  dtype: Any = None, threads: int | None = None, context: int | None = None) -> tuple[Engine, Any]:
-    """(engine, tokenizer) on `backend` (core.model.engine.Engine): "llama.cpp" runs a GGUF (the
-    built-in model or a .gguf file) on llama.cpp (core.model.llamacpp.LlamaModel); "transformers"
-    anything through load_model (core.model.hf_engine.TransformersEngine); "quantized" a GGUF on
-    specx's engine (core.model.quantized.engine.QuantEngine), "gpu" in bfloat16 on CUDA
-    (core.model.gpu.engine.GPUEngine); "auto" llama.cpp for a GGUF when llama-cpp-python is
-    installed, else transformers (cli/backends.py resolves auto first). The tokenizer is transformers'.
-    `context` caps the tokens a sequence may fill (prompt and answer) below the model's own: specx's
-    engines grow their caches as sequences do and default to the model's context; llama.cpp makes its
-    cache whole at start and defaults to 4,096 (transformers: the model's, always)."""
+    """(engine, tokenizer) on `backend` (core.model.engine.Engine): "llama.cpp" runs a GGUF (the built-in
+    model or a .gguf file) on llama.cpp (core.model.llamacpp.LlamaModel); "transformers" anything through
+    load_model (core.model.transformers.engine.TransformersEngine); "quantized" a GGUF on specx's engine
+    (core.model.quantized.engine.QuantEngine), "gpu" in bfloat16 on CUDA (core.model.gpu.engine.GPUEngine);
+    "auto" llama.cpp for a GGUF when llama-cpp-python is installed, else transformers (cli/backends.py
+    resolves auto first). The tokenizer is transformers'. `context` caps the tokens a sequence may fill
+    (prompt and answer) below the model's own: specx's engines grow their caches as sequences do and
+    default to the model's context; llama.cpp makes its cache whole at start and defaults to 4,096
+    (transformers: the model's, always)."""
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     gguf = model in BUILTIN or Path(model).expanduser().suffix == ".gguf"
@@ -364,7 +361,7 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
         except llamacpp.LlamaError as exc:
             raise ModelError(str(exc)) from None
         return net, load_tokenizer(model, cache_dir)
-    from .hf_engine import TransformersEngine
+    from .transformers.engine import TransformersEngine
 
     net, tokenizer = load_model(model, cache_dir, dtype=dtype)
     return TransformersEngine(net), tokenizer

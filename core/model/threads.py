@@ -1,14 +1,14 @@
 """How many threads a forward pass runs on, chosen from the passes themselves.
 
-A decode step on a small model is hundreds of short parallel regions (OpenMP in torch, numba's
-in core.model.matmul), each ending in a barrier. On idle cores two threads are faster than one. On busy
-cores a thread is often descheduled, and its sibling waits at every barrier for the scheduler to
-bring it back: measured on the 2-core machine with four spinning processes beside it, plain
-decoding of the built-in model ran at 0.3 tokens/s on two threads and 3.5 on one (quiet: 17 and
-17). The load comes and goes, so no setting chosen at start is right for long: the tuner runs
-most passes on its current setting, now and then one on the other, and switches when that one
-was clearly faster than the passes just before it. A probe that loses makes the next one rarer
-(on a busy machine, a pass on the wrong setting costs ~10x one on the right one).
+A decode step on a small model is hundreds of short parallel regions (OpenMP in torch, numba's in
+core.model.transformers.matmul), each ending in a barrier. On idle cores two threads are faster
+than one. On busy cores a thread is often descheduled, and its sibling waits at every barrier for
+the scheduler to bring it back: measured on the 2-core machine with four spinning processes beside
+it, plain decoding of the built-in model ran at 0.3 tokens/s on two threads and 3.5 on one (quiet:
+17 and 17). The load comes and goes, so no setting chosen at start is right for long: the tuner
+runs most passes on its current setting, now and then one on the other, and switches when that one
+was clearly faster than the passes just before it. A probe that loses makes the next one rarer (on
+a busy machine, a pass on the wrong setting costs ~10x one on the right one).
 
     tuner = ThreadTuner((2, 1), apply=set_threads)   # an engine's thread_tuner() makes one
     threads = tuner.before_pass()          # the setting to run the next pass on (applied)
@@ -85,8 +85,8 @@ class ThreadTuner:
 
 
 def set_threads(n: int) -> None:
-    """Run this thread's next passes on n threads: torch's and numba's (core.model.matmul) pools
-    (a transformers model's; llama.cpp sets its own, core.model.llamacpp.LlamaModel.set_threads)."""
+    """Run this thread's next passes on n threads: torch's and numba's (core.model.transformers.matmul)
+    pools (a transformers model's; llama.cpp sets its own, core.model.llamacpp.LlamaModel.set_threads)."""
     import numba
     import torch
 

@@ -25,11 +25,12 @@ from ..decode.generate import generate
 from ..decode.loop import DecodeStats, collect
 from ..index.successors import SuccessorTable
 from ..model.engine import Engine
-from ..model.hf_engine import hf_generate
+from ..model.transformers.engine import hf_generate
 
 METHODS = ("plain", "prompt_lookup", "specx")
 DRAFTER_METHODS = {"suffix": "specx", "table": "specx_table", "hybrid": "specx_hybrid"}  # --drafter -> method name
-STOCK = "stock_plain"  # optional: plain decoding on a model without core.model.kernels (pass stock_model)
+# optional: plain decoding on a model without core.model.transformers.kernels (pass stock_model)
+STOCK = "stock_plain"
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value (and vLLM's n-gram default range)
 
 
@@ -63,9 +64,9 @@ def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, m
     """Run every method on every prompt (greedy); totals count only prompts where `timed(i)`.
     "plain" and "prompt_lookup" are the engine's own decoding (Engine.plain; prompt lookup where
     it runs, `engine.prompt_lookup`). STOCK runs plain decoding on `stock_model` (the same weights
-    loaded without core.model.kernels, a transformers model). `prefix_cache_tokens` > 0 gives every
-    method a prefix cache of that many tokens where the engine takes one (its own, so that each
-    method's cached entries are computed as it would compute them). `speculators` names more specx
+    loaded without core.model.transformers.kernels, a transformers model). `prefix_cache_tokens` > 0
+    gives every method a prefix cache of that many tokens where the engine takes one (its own, so
+    that each method's cached entries are computed as it would compute them). `speculators` names more specx
     methods (e.g. "specx_hybrid"), each with its own drafter, successor table and acceptance model;
     "specx" is `drafter` unless `speculators` names it."""
     specx = {"specx": Speculator(drafter)} | dict(speculators or {})

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specx.core.draft import Draft
-from specx.core.model.kv_cache import cache_kwarg
+from specx.core.model.transformers.kv_cache import cache_kwarg
 
 VOCAB = 97
 

@@ -6,7 +6,7 @@ is then exact integer arithmetic, scaled once:
 
     out[m, n] += s[n] * dx[m] * (sum_k q_w[n, k] q_x[m, k] - o * sum_k q_x[m, k]) + min[n] * dx[m] * sum_k q_x[m, k]
 
-A micro-kernel (LLVM IR, like core/model/matmul.py's) holds a panel's outputs (sixteen in a
+A micro-kernel (LLVM IR, like core/model/transformers/matmul.py's) holds a panel's outputs (sixteen in a
 512-bit register, eight in a 256-bit one) for 1 to 8 rows in vector registers for the whole of K:
 per 32 inputs it loads the weights once (4-bit values unpacked with two ands and a shift) and for
 each row takes the integer dot products of four inputs a lane against that row's inputs broadcast,

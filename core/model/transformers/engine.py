@@ -1,8 +1,9 @@
-"""A transformers model as an Engine (core.model.engine): tree passes, the prefix cache of recent
-prompts, torch's and numba's threads; and transformers' own greedy decoding, the baseline.
+"""A transformers model as an Engine (core.model.engine): tree passes (tree.py), the prefix cache of
+recent prompts (prefix_cache.py), torch's and numba's threads; and transformers' own greedy
+decoding, the baseline.
 
     engine = TransformersEngine(model)          # load_backend returns one
-    session = engine.start(prompt_ids[:-1], prefix_cache)
+    session = engine.start(prompt_ids[:-1], engine.new_prefix_cache(8192))
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ..draft import Draft, check_draft
+from ...draft import Draft, check_draft
+from ..prefix_cache import PrefixCache
+from ..threads import ThreadTuner, set_threads
 from .kv_cache import cache_kwarg, new_cache
-from .prefix_cache import PrefixCache
-from .threads import ThreadTuner, set_threads
+from .prefix_cache import TransformersPrefixCache
 from .tree import keep_accepted, tree_logits, tree_unsupported
 
 
 class TransformersSession:
     """One request's KV cache (`cache`) on a transformers model: each pass a tree pass
-    (core.model.tree.tree_logits; best paths through the model's own masks when `linear` says why
-    it cannot take trees), then the cache pruned to the accepted path."""
+    (core.model.transformers.tree.tree_logits; best paths through the model's own masks when
+    `linear` says why it cannot take trees), then the cache pruned to the accepted path."""
 
     def __init__(self, model: Any, cache: Any, *, linear: str | None = None) -> None:
         self.model, self.cache, self.linear = model, cache, linear
@@ -61,14 +63,27 @@ class TransformersEngine:
         self.hit_tokens = 0
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> TransformersSession:
-        prefixes = prefix_cache if prefix_cache is not None else PrefixCache(0)
+        prefixes = prefix_cache if prefix_cache is not None else TransformersPrefixCache(0)
         hits = prefixes.hit_tokens
         cache = prefixes.prefill(self.model, tokens)
         self.hit_tokens += prefixes.hit_tokens - hits
         return TransformersSession(self.model, cache, linear=self.tree_unsupported)
 
-    def new_prefix_cache(self, max_tokens: int) -> PrefixCache:
-        return PrefixCache(max_tokens)
+    def new_prefix_cache(self, max_tokens: int) -> TransformersPrefixCache:
+        return TransformersPrefixCache(max_tokens)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """What one position's keys and values take in its caches, over all layers (from the model's
+        config and dtype; 0 for a config that does not say)."""
+        config = self.model.config
+        if not hasattr(config, "num_hidden_layers"):
+            return 0
+        heads = int(getattr(config, "num_attention_heads", 1) or 1)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        size = torch.empty((), dtype=getattr(self.model, "dtype", torch.float32)).element_size()
+        return int(config.num_hidden_layers) * 2 * kv_heads * head_dim * size
 
     def clear(self) -> None:
         """Nothing is held between requests (the prefix caches are the callers')."""
@@ -94,11 +109,12 @@ class TransformersEngine:
 
 def hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, *,
                 prompt_lookup_num_tokens: int | None = None, stock_cache: bool = False,
-                prefix_cache: PrefixCache | None = None) -> list[int]:
+                prefix_cache: TransformersPrefixCache | None = None) -> list[int]:
     """Greedy decoding by transformers' own `generate` (with its prompt lookup when asked), on the
-    same KV cache class as specx (core.model.kv_cache.new_cache), so that only the decoding differs;
-    `stock_cache`: on transformers' default cache instead. With `prefix_cache`, the prompt but its
-    last token is prefilled through it first (transformers then runs only the last token)."""
+    same KV cache class as specx (core.model.transformers.kv_cache.new_cache), so that only the
+    decoding differs; `stock_cache`: on transformers' default cache instead. With `prefix_cache`,
+    the prompt but its last token is prefilled through it first (transformers then runs only the
+    last token)."""
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     extra = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
     cache = DynamicCache() if stock_cache else new_cache(model)

@@ -26,7 +26,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ..numba_cache import configure as configure_numba_cache
+from ...numba_cache import configure as configure_numba_cache
 
 configure_numba_cache()  # before any kernel here is decorated
 

@@ -65,7 +65,7 @@ def full_attention(config: Any) -> bool:
 def new_cache(model: Any) -> Any:
     """The KV cache to decode `model` with: a GrowingCache when every layer is full attention;
     else transformers' own, recording its sliding layers' past, so that a pass's rejected draft
-    tokens can be cropped off again (linear drafts: core.model.tree.keep_accepted)."""
+    tokens can be cropped off again (linear drafts: core.model.transformers.tree.keep_accepted)."""
     if full_attention(model.config):
         return GrowingCache()
     cache = DynamicCache(config=model.config)

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from ..draft import Draft
+from ...draft import Draft
 from .attention import ATTENTION
 from .kv_cache import cache_kwarg
 
-# Attention implementations that take an arbitrary additive 4D mask (ATTENTION: core.model.attention's); flash
-# kernels only know causal/padding masks and flex attention wants a BlockMask.
+# Attention implementations that take an arbitrary additive 4D mask (ATTENTION: this package's attention.py);
+# flash kernels only know causal/padding masks and flex attention wants a BlockMask.
 _MASKABLE = ("sdpa", "eager", ATTENTION)
 
 
@@ -125,5 +125,5 @@ def keep_accepted(cache: Any, num_kept: int, accepted_nodes: Sequence[int], num_
             layer.keys[:, :, num_kept : num_kept + num_accepted] = layer.keys[:, :, idx]  # [B, H, A, D]
             layer.values[:, :, num_kept : num_kept + num_accepted] = layer.values[:, :, idx]
     # crop(0) leaves a full-attention layer as it is and trims a sliding one (recording its past,
-    # core.model.kv_cache.new_cache) back to its window
+    # core.model.transformers.kv_cache.new_cache) back to its window
     cache.crop(-(num_nodes - num_accepted))
