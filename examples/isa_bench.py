@@ -40,7 +40,7 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
     """Runs in the child: the engine compiled for this process's numba target, timed."""
     import numpy as np
 
-    from specx.core.model.quantized import kernel as qkernel
+    from specx.core.model.quantized import target
     from specx.core.model.quantized.engine import KVCache, QuantEngine, prefill
 
     started = time.perf_counter()
@@ -69,15 +69,15 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         prefill(model_, kv, tokens[:prompt])
         times.append(time.perf_counter() - t0)
-    return {"family": qkernel.isa(), "load_s": load_s, "pass_ms": passes,
+    return {"family": target.isa(), "load_s": load_s, "pass_ms": passes,
             "prefill_ms_per_token": 1000 * statistics.median(times) / prompt,
             "weight_bytes": model_.weight_bytes, "multiply_adds": model_.multiply_adds}
 
 
 def run_family(family: str, args: argparse.Namespace) -> dict | None:
-    from specx.core.model.quantized import kernel as qkernel
+    from specx.core.model.quantized import target
 
-    if not qkernel.runs_here(family):
+    if not target.runs_here(family):
         say(f"{family}: this CPU does not execute it: skipped")
         return None
     name, features = TARGETS[family]

@@ -29,10 +29,11 @@ import numpy as np
 from ...draft import Draft, check_draft
 from ..prefix_cache import PrefixCache
 from .attention import BLOCK
-from .kernel import ISA_NAMES, isa
+from .arch import FAMILIES
 from .keys import key_layout
 from .values import value_layout, value_move
 from .model import Config, GGUFError, QuantModel
+from .target import isa
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache", "QuantSession"]
 
@@ -261,12 +262,12 @@ class QuantEngine:
         self.context_length = self.model.context_length
         self.precision = self.model.precision
         self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.config)
-        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})",
+        self.kernels = [f"quantized linear ({FAMILIES[isa()].NAME})",
                         f"attention in parts of {BLOCK} positions, {self.model.config.keys} keys, "
                         f"{self.model.config.values} values"]
         self.hit_tokens = 0
         started = time.perf_counter()
-        say(f"quantized engine: {ISA_NAMES[isa()]} kernels for this model (compiled once per CPU and formats, "
+        say(f"quantized engine: {FAMILIES[isa()].NAME} kernels for this model (compiled once per CPU and formats, "
             "then read from numba's cache)")
         prefill(self.model, KVCache(self.model.config, 16), [0])  # compiles (or loads) every kernel the passes run
         self.compile_seconds = time.perf_counter() - started
