@@ -1,6 +1,6 @@
 """The CPU the quantized kernels compile for (core/model/quantized/target.py) and the families'
 own requirements (core/model/quantized/arch/): the same family on every CPU as when kernel.py held a
-hand list of CPU names."""
+hand list of CPU names, and the relation to core/model/cpu.py's /proc/cpuinfo spelling."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from specx.core.model import cpu
 from specx.core.model.quantized import arch, target
 from specx.core.model.quantized.arch import FAMILIES, family
 
@@ -75,3 +76,13 @@ def test_the_families_are_the_files_of_arch_most_preferred_first():
     assert all(target.runs_here(name) == (module.REQUIRES <= target.host_features())
                for name, module in FAMILIES.items())
 
+
+def test_every_feature_the_kernels_ask_about_has_a_cpuinfo_name_and_both_readings_agree():
+    """cpu.py's LLVM_NAMES maps /proc/cpuinfo's spelling to LLVM's: it names every feature a family
+    requires or a named CPU adds, and on this machine llvmlite and /proc/cpuinfo agree on them."""
+    asked = frozenset().union(*(m.REQUIRES.union(*m.CPUS.values()) for m in FAMILIES.values()))
+    assert asked <= set(cpu.LLVM_NAMES.values())
+    if not cpu.flags():
+        pytest.skip("no /proc/cpuinfo flags here")
+    from_cpuinfo = {cpu.LLVM_NAMES[flag] for flag in cpu.flags() if flag in cpu.LLVM_NAMES}
+    assert from_cpuinfo & asked == target.host_features() & asked

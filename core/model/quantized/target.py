@@ -7,7 +7,8 @@ that CPU is put to `features()`: which instruction-set family the kernels take (
 pairs in one instruction (`has_bf16()`). `runs_here()` asks the host instead, which runs what was
 compiled.
 
-The spelling is LLVM's ("avx512vnni", "avxvnni").
+The spelling is LLVM's ("avx512vnni", "avxvnni"); core/model/cpu.py reads /proc/cpuinfo's for the
+llama.cpp build ("avx512_vnni", "avx_vnni"), and its LLVM_NAMES is the one map between the two.
 """
 
 from __future__ import annotations
