@@ -194,14 +194,14 @@ def gpu_runs(path: Path, say: Callable[[str], None] = lambda m: None) -> bool:
 def prior_engine(model: str, quantized: bool = False) -> tuple[str, str]:
     """The engine before any trial here, and why (the shipped measurements); `quantized`: the
     quantized engine runs the model's file (quantized_runs said so)."""
-    from .core.model.quantized import kernel as qkernel
+    from .core.model.quantized import target
     from .core.model.load import BUILTIN
 
-    if quantized and qkernel.isa() == "avx512vnni":
+    if quantized and target.isa() == "avx512vnni":
         return "quantized", ("prior: on an AVX-512 VNNI CPU (AMD EPYC Zen 4) specx on its quantized engine ran the "
                              "built-in model at 2.49x / 2.62x llama.cpp's plain decoding, text-to-SQL 3-/0-shot "
                              "(docs/quantized.md)")
-    if quantized and qkernel.isa() in ("avxvnni", "avx2"):
+    if quantized and target.isa() in ("avxvnni", "avx2"):
         return "quantized", ("prior: with its AVX2 / AVX-VNNI kernels the quantized engine's one-token pass took "
                              "0.64x llama.cpp's (AVX2 builds of both) and its prefill 0.46x, the built-in model "
                              "(docs/quantized.md)")

@@ -27,9 +27,6 @@ import time
 from pathlib import Path
 
 SIZES = (1, 2, 4, 8, 16)
-# what numba is told to compile for each family (a CPU name with no AVX-512 where the family has none)
-TARGETS = {"avx2": ("haswell", ""), "avxvnni": ("alderlake", ""), "avx512vnni": ("host", ""),
-           "generic": ("x86-64", "")}
 
 
 def say(message: str) -> None:
@@ -40,7 +37,7 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
     """Runs in the child: the engine compiled for this process's numba target, timed."""
     import numpy as np
 
-    from specx.core.model.quantized import kernel as qkernel
+    from specx.core.model.quantized import target
     from specx.core.model.quantized.engine import KVCache, QuantEngine
     from specx.core.model.sessions import prefill
 
@@ -70,19 +67,29 @@ def child(model: str, context: int, prompt: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         prefill(model_, kv, tokens[:prompt])
         times.append(time.perf_counter() - t0)
-    return {"family": qkernel.isa(), "load_s": load_s, "pass_ms": passes,
+    return {"family": target.isa(), "load_s": load_s, "pass_ms": passes,
             "prefill_ms_per_token": 1000 * statistics.median(times) / prompt,
             "weight_bytes": model_.weight_bytes, "multiply_adds": model_.multiply_adds}
 
 
-def run_family(family: str, args: argparse.Namespace) -> dict | None:
-    from specx.core.model.quantized import kernel as qkernel
+def cpu_name(family: str) -> str:
+    """What numba is told to compile for `family`: the host where it is the host's family, else the
+    first CPU the family's file names (with no AVX-512 where the family has none), else plain x86-64."""
+    from specx.core.model.quantized import arch, target
 
-    if not qkernel.runs_here(family):
+    if arch.family(target.host_features()) == family:
+        return "host"
+    return next(iter(arch.FAMILIES[family].CPUS), "x86-64")
+
+
+def run_family(family: str, args: argparse.Namespace) -> dict | None:
+    from specx.core.model.quantized import target
+
+    if not target.runs_here(family):
         say(f"{family}: this CPU does not execute it: skipped")
         return None
-    name, features = TARGETS[family]
-    env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features}
+    name = cpu_name(family)
+    env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": ""}
     if name == "host":
         env.pop("NUMBA_CPU_NAME")
         env.pop("NUMBA_CPU_FEATURES")

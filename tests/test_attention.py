@@ -12,7 +12,8 @@ import pytest
 from specx.core.model.quantized.attention import attention
 from specx.core.model.quantized.keys import Q8_ROWS, key_layout, key_store
 from specx.core.model.quantized.values import stored_values, value_layout, value_store
-from specx.core.model.quantized import kernel as qkernel
+from specx.core.model.quantized import target
+from specx.core.model.quantized.arch import FAMILIES
 from specx.core.model.quantized.kernel import quantize_rows
 
 GROUP, DIM, KV_HEADS = 3, 64, 2
@@ -166,11 +167,11 @@ def test_int8_keys_or_bfloat16_values_stay_near_float16_ones(fmt):
     assert np.abs(run(512, [seq], fmt) - run(512, [seq], ("f16", "f16"))).max() < 0.05
 
 
-@pytest.mark.parametrize("family", [f for f in qkernel.ISAS if f != "generic"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "generic"])
 def test_every_family_gives_the_same_bits(family):
     """Int8 keys' integer dots are exact in every instruction-set family and the float steps the same;
     bfloat16 values' pairs in plain IR are vdpbf16ps's arithmetic (where the CPU has it)."""
-    if not qkernel.runs_here(family):
+    if not target.runs_here(family):
         pytest.skip(f"this CPU does not execute {family}")
     rng = np.random.default_rng(11)
     seq = random_sequence(rng, 90, tree_mask(TREE, 2))

@@ -14,7 +14,7 @@ import torch
 
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import json_schema_grammar
-from specx.core.model.quantized import kernel as qkernel, quant
+from specx.core.model.quantized import arch, kernel as qkernel, quant, target
 from specx.core.model.quantized.engine import GGUFError, QuantEngine
 from specx.core.model.quantized.quant import UnsupportedType
 from specx.core.model.random_gguf import random_blocks, tiny_gguf
@@ -56,12 +56,12 @@ def _reference(inputs: qkernel.Inputs, raw: np.ndarray, qtype) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("family", qkernel.ISAS)
+@pytest.mark.parametrize("family", arch.FAMILIES)
 def test_the_kernel_matches_a_dequantized_reference_and_is_batch_invariant(qtype, family):
     """Every instruction-set family this CPU executes (each compiled here, whatever numba's target):
     close to the float64 product, a row's bits the same alone and among others, and the same bits
     as the generic kernel (the dots are exact integers in every family)."""
-    if not qkernel.runs_here(family):
+    if not target.runs_here(family):
         pytest.skip(f"this CPU does not execute {family}")
     rng = np.random.default_rng(7)
     raw = random_blocks(rng, qtype, 40, 512)  # 40 outputs: a padded last panel
@@ -116,8 +116,8 @@ def test_each_family_compiles_for_its_cpu_and_runs_where_it_can(cpu_name, tmp_pa
     family, must, must_not = NAMED_TARGETS[cpu_name]
     code = f"""
 import numpy as np, numba, gguf
-from specx.core.model.quantized import kernel as qkernel, quant
-assert qkernel.isa() == {family!r}, qkernel.isa()
+from specx.core.model.quantized import kernel as qkernel, quant, target
+assert target.isa() == {family!r}, target.isa()
 rng = np.random.default_rng(1); w = rng.standard_normal((32, 256)).astype(np.float32)
 raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0); p = quant.pack_tensor(raw, 2, 256)
 x = rng.standard_normal((3, 256)).astype(np.float32); inputs = qkernel.Inputs(x)
@@ -128,7 +128,7 @@ lib = run.overloads[sig].library
 asm = lib._codegen._tm.emit_assembly(lib._final_module)
 assert {must!r} in asm and {must_not!r} not in asm
 assert {family!r} == "avx512vnni" or "%zmm" not in asm
-if qkernel.runs_here({family!r}):
+if target.runs_here({family!r}):
     run(*args); ref = x @ gguf.quants.dequantize(raw, 2).reshape(32, 256).T
     assert np.abs(out - ref).max() < 0.05 * np.abs(ref).max(), np.abs(out - ref).max()
 print("ok")

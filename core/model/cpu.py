@@ -39,8 +39,13 @@ GGML_X86 = {
 }
 # AMX crashes the process (SIGILL in ggml's tile code), so it stays out whatever the CPU has.
 GGML_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
-# The instruction sets worth naming in a report (the rest follow from these).
-NAMED = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+# The instruction sets worth naming in a report (the rest follow from these): /proc/cpuinfo's name ->
+# LLVM's, which numba compiles for and the quantized kernels' families require (REQUIRES in
+# core/model/quantized/arch/, asked of llvmlite by core/model/quantized/target.py). The one place the
+# two spellings meet: every feature a kernel asks about is here (tests/test_target.py).
+LLVM_NAMES = {"avx2": "avx2", "avx512f": "avx512f", "avx512_vnni": "avx512vnni", "avx512_bf16": "avx512bf16",
+              "avx_vnni": "avxvnni", "amx_tile": "amx-tile", "amx_int8": "amx-int8", "amx_bf16": "amx-bf16"}
+NAMED = tuple(LLVM_NAMES)
 
 
 @functools.cache

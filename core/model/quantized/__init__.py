@@ -3,7 +3,8 @@
     quant.py       the GGUF block types, unpacked exactly and repacked in panels of 16 outputs
     kernel.py      the batch-invariant int8 linear kernel (activations quantized per row), built
                    for the CPU's instruction-set family from arch/ (avx512vnni, avxvnni, avx2,
-                   generic: the same names in each)
+                   generic: the same names in each, and each family's requirements)
+    target.py      the CPU the kernels compile for (its LLVM features, asked once) and its family
     ir.py          the LLVM-IR pieces the kernels share
     keys.py        how the cache keeps keys (int8 with scales, or float16) and scores a query on them
     values.py      how the cache keeps values (bfloat16 pairs where the CPU sums them, or float16) and sums them

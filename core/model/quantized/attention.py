@@ -46,8 +46,9 @@ from . import forward as qforward
 from .forward import exp_rows
 from .ir import F32, I32, I64, counted, splat
 from .ir import fma as fma16
-from .kernel import isa, quantize_rows
+from .kernel import quantize_rows
 from .keys import LANES, key_layout, scores_kernel
+from .target import isa
 from .values import bf16_pairs, default_values, value_copy, value_layout, weighted_kernel
 
 configure_numba_cache()

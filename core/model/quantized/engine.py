@@ -32,10 +32,11 @@ import numpy as np
 
 from ..sessions import SessionEngine, SessionPrefixCache
 from .attention import BLOCK
-from .kernel import ISA_NAMES, isa
+from .arch import FAMILIES
 from .keys import key_layout
 from .values import value_layout, value_move
 from .model import Config, GGUFError, QuantModel
+from .target import isa
 
 __all__ = ["GGUFError", "KVCache", "QuantEngine", "QuantModel", "QuantPrefixCache"]
 
@@ -134,10 +135,10 @@ class QuantEngine(SessionEngine):
         model = QuantModel(path, context, say, keys, values)
         self.precision = model.precision
         self.kv_bytes_per_token = KVCache.bytes_per_token(model.config)
-        self.kernels = [f"quantized linear ({ISA_NAMES[isa()]})",
+        self.kernels = [f"quantized linear ({FAMILIES[isa()].NAME})",
                         f"attention in parts of {BLOCK} positions, {model.config.keys} keys, "
                         f"{model.config.values} values"]
-        say(f"quantized engine: {ISA_NAMES[isa()]} kernels for this model (compiled once per CPU and formats, "
+        say(f"quantized engine: {FAMILIES[isa()].NAME} kernels for this model (compiled once per CPU and formats, "
             "then read from numba's cache)")
         super().__init__(model)
 

@@ -11,21 +11,23 @@ A micro-kernel (LLVM IR, like core/model/transformers/matmul.py's) holds a panel
 per 32 inputs it loads the weights once (4-bit values unpacked with two ands and a shift) and for
 each row takes the integer dot products of four inputs a lane against that row's inputs broadcast,
 then one conversion and two multiply-adds. So a pass reads each weight once from memory whatever
-the rows; extra rows cost only their arithmetic. One kernel per instruction-set family (`isa()`:
-the CPU numba compiles for, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES can name; each in a file of
-its own under arch/, the same names in each):
+the rows; extra rows cost only their arithmetic. One kernel per instruction-set family, each in a
+file of its own under arch/ (the same names in each) that declares the LLVM features it requires and
+its rank; `driver` builds the one core/model/quantized/target.py's `isa()` names by default: the
+highest-ranked family the CPU numba compiles for can run (the host, or the CPU NUMBA_CPU_NAME /
+NUMBA_CPU_FEATURES name):
 
-    family       dot of four u8 x s8 inputs a lane              lanes
-    avx512vnni   vpdpbusd zmm                                    16
-    avxvnni      vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8
-    avx2         vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8
-    generic      plain vector IR with vpdpbusd's arithmetic      16
+    family       requires      dot of four u8 x s8 inputs a lane              lanes
+    avx512vnni   avx512vnni    vpdpbusd zmm                                    16
+    avxvnni      avxvnni       vpdpbusd ymm (Zen 5, Intel since Alder Lake)     8
+    avx2         avx2          vpmaddubsw + vpmaddwd (ggml's AVX2 idiom)        8
+    generic      nothing       plain vector IR with vpdpbusd's arithmetic      16
 
 Rows go in tiles of 8, 4, 2 and 1 in every family.
 
 The integer sums are exact in every family (arch/avx2.py says why none overflows), and the float
-steps the same, so every family gives the same bits (tested). An Arm port would add arch/neon.py
-(docs/quantized.md).
+steps the same, so every family gives the same bits (tested). An Arm port would be one new file,
+arch/neon.py (docs/quantized.md).
 
 Batch-invariant: a row's outputs are one fixed sequence of exact integer sums and float
 multiply-adds over K in order, whatever rows are beside it, however the rows are grouped and
@@ -34,7 +36,6 @@ whichever thread runs the panel; a row's quantization depends on that row alone.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,7 @@ from .ir import F32, I8, I16, I32, I64
 from .ir import fma as ir_fma
 from .ir import loop_back, prefetch, splat
 from .quant import BLOCK, PANEL, Format, Packed
+from .target import isa
 
 configure_numba_cache()  # before any kernel here is decorated
 
@@ -63,74 +65,13 @@ ROUND = np.float32(1.5 * 2**23)  # (v + ROUND) - ROUND is rint(v), ties to even,
 PREFETCH = 2048
 PARALLEL_VALUES = 1 << 15  # row-wise work goes to the threads from this many values (~30 us of it)
 
-ISAS = tuple(FAMILIES)
-LANES = {name: module.LANES for name, module in FAMILIES.items()}
-ISA_NAMES = {name: module.NAME for name, module in FAMILIES.items()}
-# LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) -> their family
-_NAMED_CPUS = {
-    **dict.fromkeys(("haswell", "broadwell", "skylake", "skylake-avx512", "znver1", "znver2", "znver3"), "avx2"),
-    **dict.fromkeys(("alderlake", "raptorlake", "meteorlake", "arrowlake", "gracemont", "sierraforest"), "avxvnni"),
-    **dict.fromkeys(("icelake-client", "icelake-server", "tigerlake", "rocketlake", "cascadelake", "cooperlake",
-                     "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"), "avx512vnni"),
-}
-
-
-def family(features: set[str] | frozenset[str]) -> str:
-    """The kernel family for LLVM feature names ({"avx2", "avxvnni", ...})."""
-    if "avx512vnni" in features:
-        return "avx512vnni"
-    if "avxvnni" in features:
-        return "avxvnni"
-    return "avx2" if "avx2" in features else "generic"
-
-
-@functools.lru_cache(maxsize=None)
-def isa() -> str:
-    """The kernel family numba compiles for: the host CPU's, or the one NUMBA_CPU_NAME /
-    NUMBA_CPU_FEATURES name (how the tests compile every family on any machine)."""
-    from llvmlite import binding
-    from numba.core import config
-
-    if config.CPU_FEATURES:
-        return family({f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")})
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        return _NAMED_CPUS.get(config.CPU_NAME, "generic")
-    return family({name for name, on in binding.get_host_cpu_features().items() if on})
-
-
-_BF16_CPUS = {"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"}
-
-
-@functools.lru_cache(maxsize=None)
-def has_bf16() -> bool:
-    """Whether the CPU numba compiles for has AVX512-BF16 (vdpbf16ps), named as isa() names it."""
-    from llvmlite import binding
-    from numba.core import config
-
-    if config.CPU_FEATURES:
-        return "+avx512bf16" in config.CPU_FEATURES.split(",")
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        return config.CPU_NAME in _BF16_CPUS
-    return bool(binding.get_host_cpu_features().get("avx512bf16"))
-
-
-def runs_here(name: str) -> bool:
-    """Whether this machine executes family `name`'s instructions (compiling them needs no CPU)."""
-    from llvmlite import binding
-
-    have = {f for f, on in binding.get_host_cpu_features().items() if on}
-    return {"avx512vnni": "avx512vnni" in have and "avx512vl" in have,
-            "avxvnni": "avxvnni" in have,  # VEX vpdpbusd: AVX512-VNNI alone (Zen 4) does not run it (SIGILL)
-            "avx2": "avx2" in have, "generic": True}[name]
-
-
 def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
     """An LLVM-IR micro-kernel: out[r0 + m, 16 p + lane0 : 16 p + lane0 + L] = the rows
-    r0..r0+rows-1 of the quantized inputs against L outputs (LANES[isa_name]) of panel p of a
+    r0..r0+rows-1 of the quantized inputs against L outputs (the family's LANES) of panel p of a
     Packed weight of format `fmt`, over all of K."""
     groups_per_sub = fmt.sub // 4  # groups of four inputs per scale
     subs = BLOCK // fmt.sub  # scales per block of 32
-    lanes = LANES[isa_name]
+    lanes = FAMILIES[isa_name].LANES
     vi32, vf32 = ir.VectorType(I32, lanes), ir.VectorType(F32, lanes)
 
     @intrinsic
@@ -238,7 +179,7 @@ def _tile(rows: int, fmt: Format, isa_name: str) -> Any:
 
 def _driver(fmt: Format, isa_name: str) -> Any:
     t8, t4, t2, t1 = (_tile(r, fmt, isa_name) for r in (BIG_TILE, 4, 2, 1))
-    lanes = LANES[isa_name]
+    lanes = FAMILIES[isa_name].LANES
     halves = PANEL // lanes
 
     @njit(parallel=True, nogil=True, cache=True)

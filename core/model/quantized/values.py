@@ -30,8 +30,8 @@ from ...numba_cache import configure as configure_numba_cache
 from ...numba_cache import fix_module, fixed
 from .ir import F32, I32, I64, counted, f32_bits, load_halves, splat
 from .ir import fma as fma16
-from .kernel import has_bf16, isa
 from .keys import LANES, store_keys_f16
+from .target import has_bf16, isa
 
 configure_numba_cache()
 

@@ -19,6 +19,10 @@ from ..quant import Format
 
 NAME = "AVX2"
 LANES = 8
+PRIORITY = 1
+REQUIRES = frozenset({"avx2"})
+# LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) this family is chosen for
+CPUS = dict.fromkeys(("haswell", "broadwell", "skylake", "skylake-avx512", "znver1", "znver2", "znver3"), frozenset())
 
 
 class Dots:

@@ -12,6 +12,13 @@ from ..quant import Format
 
 NAME = "AVX-512 VNNI"
 LANES = 16
+PRIORITY = 3  # the most preferred: a whole panel a register
+REQUIRES = frozenset({"avx512vnni"})  # vpdpbusd zmm (LLVM's avx512vnni implies avx512f)
+_BF16 = frozenset({"avx512bf16"})  # values.py's vdpbf16ps
+# LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) this family is chosen for, each with the
+# features beyond REQUIRES the kernels ask about
+CPUS = {**dict.fromkeys(("icelake-client", "icelake-server", "tigerlake", "rocketlake", "cascadelake"), frozenset()),
+        **dict.fromkeys(("cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"), _BF16)}
 
 
 class Dots:

@@ -10,6 +10,12 @@ from .avx512vnni import Dots as Dots512
 
 NAME = "AVX-VNNI"
 LANES = 8
+PRIORITY = 2
+# the VEX vpdpbusd needs the AVX-VNNI bit itself: AVX512-VNNI alone (AMD Zen 4) does not run it (SIGILL)
+REQUIRES = frozenset({"avxvnni"})
+# LLVM CPU names (NUMBA_CPU_NAME without NUMBA_CPU_FEATURES) this family is chosen for (Sapphire Rapids
+# and Zen 5 have AVX-VNNI too, but avx512vnni ranks higher and lists them)
+CPUS = dict.fromkeys(("alderlake", "raptorlake", "meteorlake", "arrowlake", "gracemont", "sierraforest"), frozenset())
 
 
 class Dots(Dots512):

@@ -12,6 +12,9 @@ from ..quant import Format
 
 NAME = "generic vectors"
 LANES = 16
+PRIORITY = 0  # the last resort: any CPU, and any CPU name no other family lists
+REQUIRES: frozenset[str] = frozenset()
+CPUS: dict[str, frozenset[str]] = {}
 
 
 class Dots:
