@@ -68,7 +68,7 @@ def prefill_parts(kv: Any, tokens: Sequence[int]) -> Iterator[tuple[Any, ...]]:
 
 def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.ndarray, np.ndarray]:
     """(positions [Q], allowed [Q, Q]) of a pass over the pending tokens then the draft's nodes:
-    pending tokens causal, each node sees the pending tokens and its ancestors (core/model/tree.py)."""
+    pending tokens causal, each node sees the pending tokens and its ancestors (core/model/transformers/tree.py)."""
     depths = np.asarray(draft.depths(), dtype=np.int64)
     positions = np.concatenate([np.arange(num_pending), num_pending - 1 + depths]).astype(np.int64) + num_cached
     q = num_pending + len(draft)

@@ -4,10 +4,10 @@ A decode step on CPU reads every weight once and does little arithmetic with it,
 cost about the same for 1 token as for 8. With stock PyTorch it does not: verifying 8 tokens costs
 ~2x one token. Three things cause it, and `accelerate(model)` fixes each in place:
 
-- **Linear layers** (`core/model/matmul.py`): MKL packs the weights for every GEMM of 4+ rows; a
+- **Linear layers** (`core/model/transformers/matmul.py`): MKL packs the weights for every GEMM of 4+ rows; a
   packed copy streamed once per pass replaces it.
-- **Grouped-query attention with a mask** (`core/model/attention.py`): no copy of the key/value heads.
-- **The KV cache** (`core/model/kv_cache.py`): appends in place instead of `torch.cat`.
+- **Grouped-query attention with a mask** (`core/model/transformers/attention.py`): no copy of the key/value heads.
+- **The KV cache** (`core/model/transformers/kv_cache.py`): appends in place instead of `torch.cat`.
 
 The model object is changed in place, so transformers' own `generate` (the plain and prompt-lookup
 baselines) runs on the same kernels as specx.
