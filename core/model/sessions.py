@@ -114,9 +114,6 @@ class SessionPrefixCache(PrefixCache, ABC):
         self.seconds += time.perf_counter() - started
         return kv
 
-    def _store(self, tokens: list[int], cache: Any) -> None:
-        self._add(tokens, cache)  # the session's cache itself (see the class): entries past len(tokens) are not read
-
 
 class Session:
     """One request's cache on a SessionEngine: tree passes, the accepted path kept."""
