@@ -29,6 +29,8 @@ from pathlib import Path
 
 from openai import OpenAI
 
+from specx.bench.task_servers import peak_rss
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from serve_bench import DEFAULT_SPIDER, LocalServer, free_port, launch, spider_databases  # noqa: E402
@@ -48,16 +50,6 @@ def requests(folder: Path, num: int, per_db: int = 4, shots: int = 3) -> list[li
             if len(out) == num:
                 return out
     return out
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def drive(url: str, model: str, reqs: list[list[dict]], clients: int, max_tokens: int) -> dict:
@@ -138,7 +130,8 @@ def main() -> None:
                     server = LlamaServer(args.llama_server, gguf, c, args.context, 2, work)
                 try:
                     run = drive(server.url, args.model if name == "specx" else "model", reqs, c, args.max_tokens)
-                    run["peak_rss_mb"] = peak_rss_mb(server.proc.pid)
+                    peak = peak_rss(server.proc.pid)
+                    run["peak_rss_mb"] = peak / 2**20 if peak is not None else None
                 finally:
                     server.stop()
                 texts = run.pop("texts")

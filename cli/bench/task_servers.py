@@ -54,6 +54,17 @@ def model_gguf(model: str) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
+def peak_rss(pid: int) -> int | None:
+    """Process `pid`'s peak resident memory so far, bytes (VmHWM: Linux; None elsewhere or once it exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,14 +101,7 @@ class StartedServer:
         return lines[-1].strip()[:300] if lines else f"no output (log {self.log_path})"
 
     def peak_rss(self) -> int | None:
-        """The process's peak resident memory so far, bytes (VmHWM: Linux; None elsewhere or once it exited)."""
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
+        return peak_rss(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
