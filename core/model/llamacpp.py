@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 N_BATCH = 512  # at most this many tokens per llama_decode call
+N_CTX = 4096  # the context made when none is asked for: llama.cpp makes its KV cache whole at start
 # Exactness: with an F16 or F32 KV cache, llama.cpp's CPU flash attention takes other code paths
 # for one query row over 512+ cells (the cells split between the threads, then reduced: the result
 # depends on the thread count) and for 64+ rows (tiles) than for a few rows, and their roundings
@@ -85,7 +86,7 @@ class LlamaModel:
     device = "cpu"  # llama-cpp-python's CPU build (the recipe's: no GPU offload)
     cost_curve = "llamacpp"  # a pass costs nearly in proportion to its tokens
 
-    def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int | None = None,
+    def __init__(self, path: str | Path, n_ctx: int | None = None, threads: int | None = None,
                  cache_type: str = "q8_0") -> None:
         if cache_type not in CACHE_TYPES:
             raise LlamaError(f"unknown KV cache type {cache_type!r}; choose from {', '.join(CACHE_TYPES)}")
@@ -98,6 +99,7 @@ class LlamaModel:
         if not self.model:
             raise LlamaError(f"llama.cpp cannot load {self.path} (not a GGUF model it knows)")
         trained = int(lib.llama_model_n_ctx_train(self.model))
+        n_ctx = n_ctx or N_CTX
         self.n_ctx = min(n_ctx, trained) if trained > 0 else n_ctx
         self.threads = threads or os.cpu_count() or 1
         params = lib.llama_context_default_params()

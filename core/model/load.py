@@ -357,7 +357,7 @@ def load_backend(model: str = DEFAULT_MODEL, cache_dir: Path | None = None, back
     if backend == "llama.cpp" or (backend == "auto" and gguf and llamacpp.available()):
         path = builtin_gguf(model) if model in BUILTIN else Path(model).expanduser()
         try:
-            net = llamacpp.LlamaModel(path, context or 4096, threads=threads)  # a missing file is its error, named
+            net = llamacpp.LlamaModel(path, context, threads=threads)  # a missing file is its error, named
         except llamacpp.LlamaError as exc:
             raise ModelError(str(exc)) from None
         return net, load_tokenizer(model, cache_dir)
