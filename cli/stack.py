@@ -119,7 +119,7 @@ def kv_budget_tokens(engine: Any, memory: int, say: Callable[[str], None]) -> in
         return 0
     tokens = int(memory // per_token)
     say(f"conversation memory: {memory / 2**30:.2f} GiB of KV entries = {tokens:,} tokens at "
-        f"{per_token / 1024:.1f} KiB a token (least recently used conversation out first)")
+        f"{per_token / 1024:.1f} KiB a token (the conversation expected back last out first)")
     return tokens
 
 

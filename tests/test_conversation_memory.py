@@ -1,6 +1,6 @@
 """Conversations kept across their turns (`specx serve --kv-memory`): a real server on loopback, the
 quantized engine, the official openai client. An agent's next turn resends the conversation: it
-prefills only what the turn added; when the budget is full the least recently used conversation
+prefills only what the turn added; when the budget is full a conversation
 is pushed out (counted in /metrics) and nothing fails."""
 
 import urllib.request

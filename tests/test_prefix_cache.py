@@ -101,13 +101,56 @@ def test_budget_least_recently_used_first_out_and_extensions_replace():
     prefixes.prefill(model, b)
     prefixes.prefill(model, a + [3, 3])  # an agent's next turn: it replaces the entry it extends
     assert [len(t) for t, _ in prefixes._entries.values()] == [20, 22]
-    prefixes.prefill(model, b)  # used again: now the most recent
-    prefixes.prefill(model, [4] * 10)  # over the budget: the least recently used entry goes
-    assert [len(t) for t, _ in prefixes._entries.values()] == [20, 10]
-    assert prefixes.num_tokens == 30 and prefixes.evicted_tokens == 22
+    prefixes.prefill(model, [4] * 10)  # over the budget: b, of no known pace, least recently used, goes
+    assert [len(t) for t, _ in prefixes._entries.values()] == [22, 10]
+    assert prefixes.num_tokens == 32 and prefixes.evicted_tokens == 20
     prefixes.prefill(model, [5] * 51)  # longer than the whole budget: prefilled, not stored
-    assert [len(t) for t, _ in prefixes._entries.values()] == [20, 10]
+    assert sorted(len(t) for t, _ in prefixes._entries.values()) == [10, 22]
     assert prefixes.num_tokens == sum(len(t) for t, _ in prefixes._entries.values())
+
+
+def cycle(prefixes: PrefixCache, agents: int, turns: int, start: int = 100, step: int = 10) -> list[int]:
+    """Agents taking turns in a cycle, each turn its conversation grown by `step` tokens: the tokens
+    each turn reused."""
+    talks = [[1000 * (a + 1) + i for i in range(start)] for a in range(agents)]
+    reused = []
+    for _ in range(turns):
+        for a, talk in enumerate(talks):
+            talk.extend(range(1000 * (a + 1) + len(talk), 1000 * (a + 1) + len(talk) + step))
+            reused.append(len(talk) - prefixes.plan(talk))
+    return reused
+
+
+def test_agents_in_a_cycle_that_outgrow_the_budget_keep_reusing_what_fits():
+    """Four agents in turn, a budget for about two and a half conversations: least recently used
+    would push out the next to come at every turn (nothing reused); the entry expected back last
+    goes instead, so the turns after the first cycles reuse as many conversations as fit."""
+    reused = cycle(PrefixCache(max_tokens=300), agents=4, turns=8)
+    assert reused[:4] == [0, 0, 0, 0]  # first turns: nothing stored yet
+    per_cycle = [sum(1 for r in reused[c * 4:c * 4 + 4] if r) for c in range(8)]
+    assert per_cycle[2:6] == [2, 2, 2, 2]  # two conversations of up to 150 tokens fit 300: two reused
+    assert per_cycle[6:] == [1, 1]  # then one
+    assert all(r in (0, 100 + 10 * (i // 4)) for i, r in enumerate(reused))  # reused whole, or not at all
+
+    class LeastRecentlyUsed(PrefixCache):  # the order before: the same cycle reuses nothing
+        def next_use(self, key: int) -> int:
+            return -self._turns[key].at
+    assert sum(cycle(LeastRecentlyUsed(max_tokens=300), agents=4, turns=8)) == 0
+    assert sum(cycle(PrefixCache(max_tokens=1000), agents=4, turns=8)[4:]) == sum(  # all fit: all reused
+        100 + 10 * t for t in range(1, 8) for _ in range(4))
+
+
+def test_a_conversation_that_stops_coming_goes_out_before_the_live_ones():
+    prefixes = PrefixCache(max_tokens=400)
+    cycle(prefixes, agents=2, turns=3)  # two conversations of 130 tokens, each back every 2 claims
+    gone = next(k for k, (t, _) in prefixes._entries.items() if t[0] == 1000)  # agent 0's: it stops
+    live = [2000 + i for i in range(130)]
+    for i in range(4):  # agent 1 goes on alone, growing; a new request now and then
+        live.extend(range(2000 + len(live), 2000 + len(live) + 10))
+        assert prefixes.plan(live) == 10
+    assert prefixes.next_use(gone) > max(prefixes.next_use(k) for k in prefixes._entries if k != gone)
+    prefixes.plan([9] * 150)  # a new agent's first turn: the budget needs agent 0's tokens
+    assert gone not in prefixes._entries and any(t[0] == 2000 for t, _ in prefixes._entries.values())
 
 
 def test_kv_memory_is_sized_from_the_models_bytes_per_token():

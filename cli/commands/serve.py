@@ -68,7 +68,7 @@ def serve_cmd(
                                              "drafts.")] = True,
     kv_memory: Annotated[Optional[str], typer.Option(help="Memory for the KV entries of conversations kept across "
                                                  "their turns (a prompt that starts as a kept one prefills only the "
-                                                 "rest; least recently used out first; shared out among tenants), "
+                                                 "rest; the one expected back last out first; shared out among tenants), "
                                                  "e.g. 2G or 512M. Default: a quarter of the free memory.",
                                                  envvar="SPECX_KV_MEMORY", show_default=False)] = None,
     prefix_cache_tokens: Annotated[Optional[int], typer.Option(min=0, help="The same budget in tokens instead of "

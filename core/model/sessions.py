@@ -103,14 +103,14 @@ class SessionPrefixCache(PrefixCache, ABC):
         started = time.perf_counter()
         tokens = [int(t) for t in tokens]
         usable = self.max_tokens > 0
-        reuse, stored = self._claim(tokens, usable)
+        reuse, stored, turn = self._claim(tokens, usable)
         room = len(tokens) + ANSWER_ROOM
         kv = stored.copy(reuse, room) if stored is not None else self.fresh(model, room)
         kv.reused = reuse
         self.seconds += time.perf_counter() - started
         yield from prefill_parts(kv, tokens[reuse:])
         started = time.perf_counter()
-        self._keep(tokens, reuse, usable, kv)
+        self._keep(tokens, reuse, usable, kv, turn)
         self.seconds += time.perf_counter() - started
         return kv
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..prefix_cache import PrefixCache
+from ..prefix_cache import PrefixCache, Turn
 from .kv_cache import cache_kwarg, full_attention, new_cache
 
 
@@ -36,19 +36,19 @@ class TransformersPrefixCache(PrefixCache):
         if cache is None:
             cache = new_cache(model)
         usable = self.max_tokens > 0 and full_attention(model.config)
-        reuse, layers = self._claim(tokens, usable)
+        reuse, layers, turn = self._claim(tokens, usable)
         for layer, (keys, values) in enumerate(layers or []):
             cache.update(keys[..., :reuse, :], values[..., :reuse, :], layer)
         if len(tokens) > reuse:
             ids = torch.tensor([tokens[reuse:]], dtype=torch.long, device=model.device)  # [1, S - reuse]
             # logits_to_keep=1: the prompt's logits are not needed, and all of them would be S x V floats
             model(input_ids=ids, **{cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1)
-        self._keep(tokens, reuse, usable, cache)
+        self._keep(tokens, reuse, usable, cache, turn)
         self.seconds += time.perf_counter() - started
         return cache
 
-    def _store(self, tokens: list[int], cache: Any) -> None:
+    def _store(self, tokens: list[int], cache: Any, turn: Turn) -> None:
         layers = None if cache is None else [
             (layer.keys[..., : len(tokens), :].clone(), layer.values[..., : len(tokens), :].clone())
             for layer in cache.layers]
-        self._add(tokens, layers)
+        self._add(tokens, layers, turn)
