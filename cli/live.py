@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from .core.cost.learned import LearnedCost
+from .core.serve.pace import Pace
 
 DEFAULT_PACE_S = 0.05  # a shaped stream's seconds per token until a pass cost is learned (or with --fixed-size)
 LEARNED_PASSES = 16  # passes the cost must have seen (this run's or kept ones) before it sets the pace
-# Draft nodes a step of a shaped server verifies at most: a slot holds a whole step with them. A
-# shaped stream's pace cannot gain from drafts (a slot must hold a step whose draft all loses), so
-# the fewer rows, the nearer plain decoding's pace; one keeps half the passes of a repeated answer.
-SHAPED_DRAFT = 1
+# Draft nodes a step of a shaped server verifies at most, where its request is far enough ahead of
+# its clock (core/serve/pace.py): a shaped stream's pace cannot gain from drafts (its slots are a
+# plain step's), they save the server passes; more nodes need more slack and pay less.
+SHAPED_DRAFT = 2
 
 
 def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], None]) -> tuple[Any, Any]:
@@ -51,29 +52,28 @@ def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], No
     return scopes, watcher
 
 
-def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool = False) -> Callable[[Any], float]:
-    """A shaped stream's seconds per token for a request: `interval_ms`, else a bound on a whole step
-    on a cache as long as the request can grow, rounded up to a power of two: the learned cost of a
-    pass with SHAPED_DRAFT draft nodes (the most a step of a shaped server verifies) times what
-    the recent steps added to their passes, at a high quantile (core.cost.learned.step_bound), so
-    that an undrafted step and a drafted one both fit in a slot and the gaps say nothing of the
-    drafts (docs/security.md); DEFAULT_PACE_S until the cost has seen LEARNED_PASSES passes:
-    before, its level is the shipped curve's, not seconds. `at_least_plain` (tenants): never
-    faster than that bound, whatever `interval_ms` asks (a faster clock would let drafted
-    stretches run on it and others lag, and the gaps tell them apart)."""
+def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool = False) -> Callable[[Any], Pace]:
+    """A shaped stream's clock for a request (core.serve.pace.Pace): a slot of `interval_ms`, else a
+    bound on a plain step on a cache as long as the request can grow, rounded up to a power of two:
+    the learned cost of a one-token pass times what the recent steps took over their passes' cost,
+    at a high quantile (core.cost.learned.step_bound); and the same bound for steps verifying 1 to
+    SHAPED_DRAFT draft nodes, by which the request drafts only where it is ahead of its clock (so
+    the gaps say nothing of the drafts: docs/security.md). DEFAULT_PACE_S, and drafts by the cost
+    alone, until the cost has seen LEARNED_PASSES passes: before, its level is the shipped
+    curve's, not seconds. `at_least_plain` (tenants): never faster than that bound, whatever
+    `interval_ms` asks (a faster clock would let drafted stretches run on it and others lag, and
+    the gaps tell them apart)."""
     cost = stack.cost
     bounded = isinstance(cost, LearnedCost) and (interval_ms is None or at_least_plain)
     if bounded:
         cost.ceiling = SHAPED_DRAFT
 
-    def learned(req: Any) -> float:
+    def pace(req: Any) -> Pace:
         if not bounded or cost.passes < LEARNED_PASSES:
-            return DEFAULT_PACE_S
+            return Pace(DEFAULT_PACE_S if interval_ms is None else interval_ms / 1000)
         # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
-        return cost.step_bound(1 + SHAPED_DRAFT, max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length()))
+        context = max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length())
+        steps = tuple(cost.step_bound(1 + n, context) for n in range(SHAPED_DRAFT + 1))
+        return Pace(steps[0] if interval_ms is None else max(interval_ms / 1000, steps[0]), steps)
 
-    if interval_ms is None:
-        return learned
-    if bounded:  # once a cost is learned (until then, or --fixed-size, the interval)
-        return lambda req: max(interval_ms / 1000, learned(req) if cost.passes >= LEARNED_PASSES else 0.0)
-    return lambda req: interval_ms / 1000
+    return pace

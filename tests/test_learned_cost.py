@@ -419,12 +419,15 @@ def test_a_right_curve_under_noise_is_never_forgotten():
     assert cost.shape(16, 200) == pytest.approx(STEEP(16) / STEEP(1), rel=0.35)
 
 
-def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_verify():
-    """specx.live.stream_pace: a shaped server's drafts are capped at SHAPED_DRAFT nodes (whatever the
-    guard would allow), and a slot is never shorter than a pass with them times the high quantile of
-    what steps added to their passes; an interval asked below that is raised with tenants."""
+def test_a_shaped_streams_slot_holds_a_plain_step_and_drafts_run_only_ahead_of_it():
+    """specx.live.stream_pace: a slot is never shorter than a one-token pass times the high quantile
+    of what steps took over their passes' cost (an interval asked below that is raised with tenants);
+    core.serve.pace.PacedCost: a shaped request drafts n nodes (at most SHAPED_DRAFT, whatever the
+    guard would allow) only where a step of 1 + n tokens and a plain one after it end before the
+    next slot, none before its first token."""
     from types import SimpleNamespace
 
+    from specx.core.serve.pace import Clock, PacedCost
     from specx.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
 
     cost = LearnedCost(ForwardCost((1, 8, 16), (0.01, 0.02, 0.03)))
@@ -434,7 +437,24 @@ def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_
     stack = SimpleNamespace(cost=cost)
     req = SimpleNamespace(prompt_ids=list(range(200)), max_tokens=50)
     pace = stream_pace(stack, None)(req)
-    assert cost.max_draft() == SHAPED_DRAFT
-    assert pace >= cost(1 + SHAPED_DRAFT, 256) * 1.1 and pace == cost.step_bound(1 + SHAPED_DRAFT, 256)
+    assert cost.max_draft() == SHAPED_DRAFT and len(pace.steps) == SHAPED_DRAFT + 1
+    assert pace.interval == pace.steps[0] == cost.step_bound(1, 256) >= cost(1, 256) * 1.1
+    assert list(pace.steps) == sorted(pace.steps) and pace.steps[-1] == cost.step_bound(1 + SHAPED_DRAFT, 256)
     assert stream_pace(stack, 0.001, at_least_plain=True)(req) == pace  # with tenants: never below the bound
-    assert stream_pace(stack, 1000.0, at_least_plain=True)(req) == 1.0  # above it: the interval asked
+    assert stream_pace(stack, 1000.0, at_least_plain=True)(req).interval == 1.0  # above it: the interval asked
+
+    now = [0.0]
+    clock = Clock(pace.interval)
+    paced = PacedCost(cost, pace, clock, now=lambda: now[0])
+    assert paced.max_draft() == 0  # before the first token: its clock has not started
+    clock.delay(0.0)  # the first token: the next slot is one interval away, less than a plain step twice
+    assert paced.max_draft() == 0
+    for _ in range(4):  # tokens ready early: the request is four slots ahead of its clock
+        clock.delay(0.0)
+    assert paced.max_draft() == SHAPED_DRAFT
+    allowed = [n for n in range(SHAPED_DRAFT + 1) if pace.steps[n] + pace.steps[0] <= pace.interval * 5 - 0.001]
+    now[0] = 0.001
+    assert paced.max_draft() == allowed[-1]
+    now[0] = pace.interval * 5 - (pace.steps[0] + pace.steps[1]) * 0.99  # room for a plain step twice, not a drafted one
+    assert paced.max_draft() == 0
+    assert paced.shape(4, 300) == cost.shape(4, 300) and paced(2, 300) == cost(2, 300)  # the rest is the cost's

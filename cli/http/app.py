@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from ..core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
 from ..core.serve.job import Job
+from ..core.serve.pace import Pace
 from ..core.serve.worker import Worker
 from .auth import Keys, api_key_problem  # noqa: F401 - api_key_problem: cli/commands/options.py's
 from .errors import ApiError
@@ -51,14 +52,14 @@ class Api:
 
     def __init__(self, metrics: Any, model_names: list[str], api_key: str | None = None,
                  allowed_origins: list[str] | None = None, tool_parser: str | None = None, *,
-                 tenants: dict[str, str] | None = None, pace: Callable[[Any], float] | None = None,
+                 tenants: dict[str, str] | None = None, pace: Callable[[Any], Pace] | None = None,
                  show_speculation: bool = True) -> None:
         self.keys = Keys(api_key, tenants)  # who may call (and as which tenant): auth.py
         self.metrics = metrics
         self.model_names = model_names
         self.allowed_origins = allowed_origins or []  # CORS: browsers on these origins may call the API
         self.tool_parser = tool_parser  # core.serve.tools' format of tool calls (None: from the chat template)
-        self.pace = pace  # shaping.py: a request's seconds per streamed token (None: the stream is not shaped)
+        self.pace = pace  # a request's clock (core/serve/pace.py, cli/live.py; None: the stream is not shaped)
         self.show_speculation = show_speculation  # the body's `specx` figures and accepted prediction tokens
         self.corpora: Any = None  # corpus.py's routes, when the server has a store
         self.created = int(time.time())
@@ -204,6 +205,7 @@ class Api:
                                                                  self.context_length, self.tokenizers)
             req.tenant = tenant
             job = Job(req, asyncio.get_running_loop())
+            job.pace = self.pace(req) if self.pace is not None else None  # shaped: its clock, kept by the worker too
             try:
                 self.worker.submit(job)
             except queue.Full:
@@ -237,8 +239,8 @@ class Api:
                     case ChoiceDone(choice):
                         choices.append(choice)
                     case Done(stats):
-                        if self.pace is not None and first is not None:  # held as a shaped stream would end
-                            await asyncio.sleep(max(0.0, Pacer(self.pace(job.request)).hold_until(
+                        if job.pace is not None and first is not None:  # held as a shaped stream would end
+                            await asyncio.sleep(max(0.0, Pacer(job.pace.interval).hold_until(
                                 first, stats.completion_tokens) - loop.time()))
                         return JSONResponse(completion_json(job.request, created, choices, stats,
                                                             index_tokens=self.worker.scope_tokens(job.request.tenant),
@@ -271,7 +273,7 @@ class Api:
             offsets[index] += len(text or "")
             return chunk(req, created, [delta(req, index, text, None, logprobs=lp, **kwargs)], include_usage)
 
-        pacer = Pacer(self.pace(req)) if self.pace is not None else None  # shaping.py: one token per event
+        pacer = Pacer(job.pace.interval) if job.pace is not None else None  # shaping.py: one token per event
 
         def wire(event: bytes) -> bytes:  # shaped: padded, its size says nothing of its text
             return event if pacer is None else pad(event)

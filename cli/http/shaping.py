@@ -6,10 +6,11 @@ how much of each step the drafts got right, and the drafts come from stored hist
 channel of "When Speculation Spills Secrets", docs/security.md). Shaped, each event holds one
 token's text, and every token takes one slot of a steady clock, whether its text leaves then or is
 held to leave with a later one (a tool call, a stop string's prefix, a character's first bytes):
-one slot every `interval` seconds (by default the
-learned cost of a one-token pass, the pace of plain decoding), never two at once after a stall.
-A non-streamed answer is held until the same clock would have sent its last token. The output is
-the same; the latency is plain decoding's (speculation still saves the server its passes).
+one slot every `interval` seconds (by default a bound on a plain step: cli/live.py), never two at
+once after a stall; the decoding keeps the same clock and drafts only where it is ahead of it
+(core/serve/pace.py). A non-streamed answer is held until the same clock would have sent its last
+token. The output is the same; the latency is plain decoding's slow steps' (speculation still
+saves the server its passes).
 
 >>> split_tokens("Hello world!", [1, 2, 3], lambda ids: ["Hello", " world", "!"][: len(ids)] and
 ...              "".join(["Hello", " world", "!"][: len(ids)]))
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+
+from ..core.serve.pace import Clock
 
 PAD_BYTES = 256  # a shaped stream's events are padded to a multiple of this (their size says nothing)
 
@@ -49,25 +52,11 @@ def pad(event: bytes, size: int = PAD_BYTES) -> bytes:
     return b":" + b" " * room + b"\n" + event
 
 
-class Pacer:
-    """Releases one event per `interval` seconds: event k at max(its slot, the time it is ready);
-    after a late event the clock goes on from it (no catching up in a burst)."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = max(0.0, float(interval))
-        self.next: float | None = None
-
-    def delay(self, now: float) -> float:
-        """Seconds to wait before the event ready at `now` may leave (and book the next slot)."""
-        slot = now if self.next is None else max(self.next, now)
-        self.next = slot + self.interval
-        return slot - now
+class Pacer(Clock):
+    """The wire's side of a shaped stream's clock (core.serve.pace.Clock): the event ready now
+    waits for its token's slot."""
 
     async def wait(self) -> None:
         wait = self.delay(asyncio.get_running_loop().time())
         if wait > 0:
             await asyncio.sleep(wait)
-
-    def hold_until(self, first: float, tokens: int) -> float:
-        """When a non-streamed answer of `tokens` tokens, its first ready at `first`, may leave."""
-        return first + max(0, tokens - 1) * self.interval

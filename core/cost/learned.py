@@ -20,7 +20,7 @@ from .curve import LearnedCurve
 from .forward import ForwardCost
 from .guard import DraftGuard, tighter
 
-STEP_WINDOW = 512  # the recent steps whose whole time over their pass's says what a step adds to its pass
+STEP_WINDOW = 512  # the recent steps whose whole time over their pass's learned cost says how long a step runs
 STEP_QUANTILE = 0.95  # ... read at this quantile by step_bound
 
 
@@ -41,7 +41,7 @@ class LearnedCost:
         self.curve = LearnedCurve(prior, say=say, state=state)
         self.guard = DraftGuard(self.curve.shape, say)
         self.ceiling: int | None = None  # draft nodes a step verifies at most, whatever pays (None: no ceiling)
-        self._steps: deque[float] = deque(maxlen=STEP_WINDOW)  # recent steps' seconds over their pass's
+        self._steps: deque[float] = deque(maxlen=STEP_WINDOW)  # recent steps' seconds over their pass's cost
         self.kept_at = kept_at
         self.key = dict(key or {})
 
@@ -72,8 +72,9 @@ class LearnedCost:
 
     def step_bound(self, n: int, context: int | None = None) -> float:
         """Seconds a whole step verifying `n` tokens takes at most, but rarely: the pass's learned
-        cost times the STEP_QUANTILE of recent steps' whole time over their pass's (drafting,
-        sampling and the loop's own work; 1 before any step was seen)."""
+        cost times the STEP_QUANTILE of recent steps' whole time over what the curve says their
+        pass costs (the pass's own spread, drafting, sampling and the loop's own work; 1 before
+        any step was seen)."""
         ratios = sorted(self._steps)
         factor = ratios[min(len(ratios) - 1, int(STEP_QUANTILE * len(ratios)))] if ratios else 1.0
         return self.curve(n, context) * max(1.0, factor)
@@ -82,8 +83,9 @@ class LearnedCost:
                      num_out: int, tag: Any = None) -> None:
         """A decode step: its pass teaches the curve, then the step tells the guard whether drafts pay."""
         self.curve.observe(num_tokens, context, verify_seconds, tag=tag)
-        if verify_seconds > 0 and step_seconds >= verify_seconds:
-            self._steps.append(step_seconds / verify_seconds)
+        expected = self.curve(num_tokens, context)
+        if expected > 0 and step_seconds >= verify_seconds > 0:
+            self._steps.append(step_seconds / expected)
         self.guard.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
                                 step_seconds=step_seconds, num_out=num_out)
 

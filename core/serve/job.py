@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from .events import Choice, Event
 from .metrics import Stats
+from .pace import Pace
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Job:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.enqueued = time.perf_counter()
+        self.pace: Pace | None = None  # a shaped stream's clock (core/serve/pace.py): the worker drafts ahead of it
 
     def emit(self, event: Event) -> None:
         """Send an event to the event loop (from the worker thread)."""

@@ -39,6 +39,7 @@ from .batch import Batcher, Member, batchable, fork_drafter, request_stack
 from .events import Choice, ChoiceDone, Delta, Done, Failed
 from .job import Job, LockedTokenizer, Recorder, now_iso, prediction_tokens, record_answer
 from .metrics import Metrics, Stats
+from .pace import Clock, PacedCost
 from .scopes import Drafting, Scopes, ScopedDrafter, tenant_prefix_caches
 
 log = logging.getLogger("specx.serve")
@@ -340,10 +341,13 @@ class Worker:
             drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req.tenant))
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
+        cost = stack.cost if stack.drafter is not None else None
+        clock = Clock(job.pace.interval) if job.pace is not None else None  # the wire's, kept here too
+        cost = PacedCost(cost, job.pace, clock) if clock is not None and cost is not None else cost  # drafts ahead of it
         steps = generate(stack.engine, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
                          eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                          seed=None if req.seed is None else req.seed + index,
-                         cost=stack.cost if stack.drafter is not None else None, stop=text,
+                         cost=cost, stop=text,
                          acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=stack.prefix_cache if self.prefix_caches is None
                          else self.prefix_caches[req.tenant],
                          constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
@@ -357,6 +361,8 @@ class Worker:
                 return False  # the decode is closed without learning
             piece = text.pop()
             if piece:
+                if clock is not None:  # each token its slot, as the wire books them
+                    clock.book(len(run.tokens) - sent, time.monotonic())
                 job.emit(Delta(index, piece, run.tokens[sent:], None if run.logprobs is None else run.logprobs[sent:]))
                 sent = len(run.tokens)
             return True
