@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import typer
 
-from .core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
-                                    predict_groups, projected_speedup, replay_sample)
+from .core.predict.curves import CostCurve, PredictError, builtin_curves, load_cost_curve
+from .core.predict.estimate import learning_curve, predict_groups, projected_speedup, replay_sample
 from .core.predict.sampling import draw_stratified
 from .store.prompts import iter_prompt_tokens
 from .store.selection import PromptMessages

@@ -95,7 +95,7 @@ def prefill_curve(net, sizes=(16, 64, 128, 256, 512), repeats: int = 3):
     import time
 
     from specx.core.cost.forward import ForwardCost
-    from specx.core.predict.estimate import CostCurve
+    from specx.core.predict.curves import CostCurve
 
     rng = np.random.default_rng(0)
     seconds = []
@@ -118,7 +118,8 @@ def projection(prompts, outputs, history, timed, cost, prefill_cost, max_spec_fa
     requests) and on the shipped cpu curve. `decoding`: the passes only, as `specx entropy` projects;
     `with_prefill`: plus one pass over each prompt's uncached tokens (the same for both methods)."""
     from specx.core.cost.forward import ForwardCost
-    from specx.core.predict.estimate import CostCurve, builtin_curves, projected_speedup, replay_sample
+    from specx.core.predict.curves import CostCurve, builtin_curves
+    from specx.core.predict.estimate import projected_speedup, replay_sample
 
     positions = [i for i in range(len(prompts)) if timed(i)]
     context = int(np.median([len(prompts[i]) + len(outputs[i]) // 2 for i in positions]))

@@ -149,7 +149,7 @@ def test_check_curve_worked_cases():
 def test_a_fixed_curve_caps_nothing_and_learns_nothing():
     """The decode loop asks every cost the same (core.cost.forward.PassCost): a fixed curve, measured
     or a projection's relative one, answers with no cap, its own shape, and ignores the steps."""
-    from specx.core.predict.estimate import CostCurve
+    from specx.core.predict.curves import CostCurve
 
     for cost in (ForwardCost((1, 8), (0.01, 0.02)), CostCurve("c", ForwardCost((1, 8), (1.0, 2.0)))):
         before = cost(8)

@@ -10,8 +10,8 @@ import pytest
 from helpers.cli import AGENT_DATA, specx_in_process
 from specx.core.cost.forward import ForwardCost
 from specx.core.cost.shipped import FOLDER
-from specx.core.predict.estimate import (CostCurve, PredictError, builtin_curves, learning_curve, load_cost_curve,
-                                         predict, predict_groups, projected_speedup, replay_sample)
+from specx.core.predict.curves import CostCurve, PredictError, builtin_curves, load_cost_curve
+from specx.core.predict.estimate import learning_curve, predict, predict_groups, projected_speedup, replay_sample
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.predict.replay import replay
 from specx.core.predict.sampling import Sample, SampleError, allocate, draw_sample, draw_stratified, ratio_estimate, systematic_sample
