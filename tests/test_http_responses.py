@@ -7,7 +7,7 @@ import random
 import pytest
 
 from specx.http.responses import HeldText
-from specx.core.serve.tools import parse_tool_calls
+from specx.core.serve.tool_calls import parse_tool_calls
 from specx.core.serve.job import GenerationRequest
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from specx.core.serve.tools import (PARSERS, ToolCall, ToolChoice, ToolsError, call_grammar, call_marker, check_tool_choice,
-                                    check_tools, messages_for_plain_template, parse_tool_calls, parser_for_template,
-                                    tools_system_prompt)
+from specx.core.serve.tool_calls import PARSERS, ToolCall, call_marker, parse_tool_calls
+from specx.core.serve.tools import (ToolChoice, ToolsError, call_grammar, check_tool_choice, check_tools,
+                                    messages_for_plain_template, parser_for_template, tools_system_prompt)
 
 
 WEATHER = {"type": "function", "function": {
@@ -381,7 +381,6 @@ def test_grammar_edge_cases(builtin_vocabulary):
 def test_calls_cut_by_max_tokens_keep_the_complete_ones():
     """An answer cut at max_tokens inside its last call returns the calls before it (before: the
     whole answer came back as text, and smolagents' ToolCallingAgent failed every step on it)."""
-    from specx.core.serve.tools import parse_tool_calls
 
     one = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
     texts = {"hermes": f"<tool_call>\n{one}\n</tool_call>\n<tool_call>\n{one[:20]}",

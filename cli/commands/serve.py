@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..core.serve.tools import PARSERS
+from ..core.serve.tool_calls import PARSERS
 from .options import BackendOpt, DbOpt, DrafterOpt, DtypeOpt, ModelOpt, check_api_key, check_drafters
 from ..home import specx_home, store_path
 

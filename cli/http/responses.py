@@ -13,7 +13,7 @@ from typing import Any
 from ..core.decode.loop import TokenLogprob
 from ..core.serve.events import Choice
 from ..core.serve.metrics import Stats
-from ..core.serve.tools import ToolCall, call_marker, parse_tool_calls
+from ..core.serve.tool_calls import ToolCall, call_marker, parse_tool_calls
 from ..core.serve.job import GenerationRequest
 
 Decode = Callable[[int], str]
@@ -98,7 +98,7 @@ def finish_reason(reason: str, calls: list[ToolCall]) -> str:
 
 class HeldText:
     """A streamed chat answer that may turn into tool calls: text is sent until a call may start
-    (core.serve.tools.call_marker, or a prefix of it at the end), then held; at the end the whole text
+    (core.serve.tool_calls.call_marker, or a prefix of it at the end), then held; at the end the whole text
     is parsed, and what was held goes out as tool-call deltas, or as content if it held no call."""
 
     def __init__(self, req: GenerationRequest) -> None:

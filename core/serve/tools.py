@@ -1,32 +1,20 @@
 """OpenAI tool calls without HTTP or a model: validating `tools` and `tool_choice`, the prompt that
 lists the tools, tool-call history as text for a chat template that renders only role and
-content, parsing a finished output into tool calls, and the grammar that forces a call.
-
-Output formats, as vLLM's parsers read them: "hermes" (Qwen2.5, NousResearch Hermes; also what
-specx prompts for when the template ignores tools) `<tool_call>\\n{"name": ..., "arguments": {...}}
-\\n</tool_call>` per call; "llama3_json" (Llama 3.1) the whole output `{"name": ..., "parameters":
-{...}}`, several joined by "; ", optionally after `<|python_tag|>`; "mistral" `[TOOL_CALLS][{"name":
-..., "arguments": {...}}, ...]` or the newer `[TOOL_CALLS]name[ARGS]{...}` per call. Parsing never
-raises on model output: text that is not well-formed calls stays content.
+content, and the grammar that forces a call. The output formats (hermes, llama3_json, mistral),
+and the calls read from an output, are core/serve/tool_calls.py's.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..decode.grammar import lark_grammar
-
-PARSERS = ("hermes", "llama3_json", "mistral")
+from .tool_calls import PARSERS, check_parser, dumps, loads
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
-_MISTRAL_HEAD = re.compile(r"([a-zA-Z0-9_-]{1,64})(?:\[CALL_ID\]([a-zA-Z0-9]+))?(?:\[ARGS\])?")
-_MARKERS = {"hermes": "<tool_call>", "llama3_json": "{", "mistral": "[TOOL_CALLS]"}
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _DEFAULT_PARAMETERS = {"type": "object", "properties": {}}
 _RESULTS = {"hermes": "<tool_response>\n{}\n</tool_response>", "mistral": "[TOOL_RESULTS]{}[/TOOL_RESULTS]"}
@@ -47,31 +35,6 @@ class ToolChoice:
 
     mode: str
     name: str | None = None
-
-
-def _new_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass
-class ToolCall:
-    """One parsed call: `arguments` is the JSON text of an object (json.dumps, ensure_ascii=False)."""
-
-    name: str
-    arguments: str
-    id: str = field(default_factory=_new_id)
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def _check_parser(parser: str) -> None:
-    if parser not in PARSERS:
-        raise ValueError(f"unknown tool parser {parser!r}: one of {', '.join(PARSERS)}")
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -140,12 +103,12 @@ def parser_for_template(template: str | None) -> str:
 
 def tools_system_prompt(parser: str, functions: list[dict]) -> str:
     """Instructions listing the tool schemas and how to call them in `parser`'s format."""
-    _check_parser(parser)
+    check_parser(parser)
     tools = [{"type": "function", "function": fn} for fn in functions]
     if parser == "hermes":  # as Qwen2.5's and NousResearch Hermes' chat templates write it
         return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-                + "".join(_dumps(t) + "\n" for t in tools) + "</tools>\n\n"
+                + "".join(dumps(t) + "\n" for t in tools) + "</tools>\n\n"
                 "For each function call, return a json object with function name and arguments within "
                 "<tool_call></tool_call> XML tags:\n<tool_call>\n"
                 '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
@@ -156,7 +119,7 @@ def tools_system_prompt(parser: str, functions: list[dict]) -> str:
                 'and its value}. Do not use variables. To call several functions, separate the JSON objects '
                 'with "; ". When you call a function, respond with the JSON only.\n\n'
                 + "".join(json.dumps(t, indent=4, ensure_ascii=False) + "\n\n" for t in tools)).rstrip()
-    return ("[AVAILABLE_TOOLS]" + _dumps(tools) + "[/AVAILABLE_TOOLS]\n"
+    return ("[AVAILABLE_TOOLS]" + dumps(tools) + "[/AVAILABLE_TOOLS]\n"
             "To call one or more of these tools, answer with [TOOL_CALLS] followed by a JSON array of calls:\n"
             '[TOOL_CALLS][{"name": <tool-name>, "arguments": <args-json-object>}]')
 
@@ -171,10 +134,10 @@ def _text(content: Any) -> str:
 def _calls_text(parser: str, calls: list[tuple[str, Any]]) -> str:
     """(name, arguments object) pairs as `parser`'s call text (what call_grammar admits)."""
     if parser == "hermes":
-        return "\n".join("<tool_call>\n" + _dumps({"name": n, "arguments": a}) + "\n</tool_call>" for n, a in calls)
+        return "\n".join("<tool_call>\n" + dumps({"name": n, "arguments": a}) + "\n</tool_call>" for n, a in calls)
     if parser == "llama3_json":
-        return "; ".join(_dumps({"name": n, "parameters": a}) for n, a in calls)
-    return "[TOOL_CALLS]" + _dumps([{"name": n, "arguments": a} for n, a in calls])
+        return "; ".join(dumps({"name": n, "parameters": a}) for n, a in calls)
+    return "[TOOL_CALLS]" + dumps([{"name": n, "arguments": a} for n, a in calls])
 
 
 def _history_calls(tool_calls: Any, at: str) -> list[tuple[str, Any]]:
@@ -186,7 +149,7 @@ def _history_calls(tool_calls: Any, at: str) -> list[tuple[str, Any]]:
         _require(isinstance(fn, dict) and isinstance(fn.get("name"), str), f"{at}[{j}].function",
                  f"'{at}[{j}].function' must be an object with a name")
         arguments = fn.get("arguments") or "{}"
-        arguments = _loads(arguments) if isinstance(arguments, str) else arguments
+        arguments = loads(arguments) if isinstance(arguments, str) else arguments
         _require(arguments is not None, f"{at}[{j}].function.arguments", f"'{at}[{j}].function.arguments' is not JSON")
         calls.append((fn["name"], arguments))
     return calls
@@ -197,7 +160,7 @@ def messages_for_plain_template(parser: str, messages: list[dict], functions: li
     tools prompt goes before the first message's content when that is a system message (else in a
     new system message first), assistant `tool_calls` become call text after the content, and
     (consecutive) tool results become one user message. The input is not changed."""
-    _check_parser(parser)
+    check_parser(parser)
     sep = "" if parser == "mistral" else "\n"
     out: list[dict] = []
     after_tool = False
@@ -228,123 +191,6 @@ def messages_for_plain_template(parser: str, messages: list[dict], functions: li
     return out
 
 
-# ---------------------------------------------------------------------------------- parsing
-
-def call_marker(parser: str) -> str:
-    """The text a call starts with, for a streaming server to hold text back from. For
-    "llama3_json" it is "{" and counts only as the first non-space character of the output (after
-    an optional "<|python_tag|>"): a "{" later in a text answer is not a call."""
-    _check_parser(parser)
-    return _MARKERS[parser]
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _json_values(text: str, sep: str | None, cut: bool = False) -> list | None:
-    """The JSON values `text` consists of, separated by `sep` (None: exactly one value); `cut`: the
-    text was cut short, so a last value that does not parse is left out (the others stand)."""
-    decoder, values, pos = json.JSONDecoder(), [], 0
-    while True:
-        pos = len(text) - len(text[pos:].lstrip())
-        if pos == len(text) and values:  # a trailing separator
-            return values
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except ValueError:
-            return values if cut and values else None
-        values.append(value)
-        pos = len(text) - len(text[pos:].lstrip())
-        if pos == len(text):
-            return values
-        if sep is None or not text.startswith(sep, pos):
-            return None
-        pos += len(sep)
-
-
-def _call(obj: Any, names: Collection[str] | None, call_id: str | None = None) -> ToolCall | None:
-    """A ToolCall from {"name", "arguments" | "parameters", "id"?}, or None if it is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    arguments = obj["arguments"] if "arguments" in obj else obj.get("parameters")
-    if isinstance(arguments, str):
-        arguments = _loads(arguments)
-    if not isinstance(arguments, dict) or (names is not None and obj["name"] not in names):
-        return None
-    call_id = call_id or (obj["id"] if isinstance(obj.get("id"), str) and obj["id"] else None)
-    return ToolCall(obj["name"], _dumps(arguments), call_id or _new_id())
-
-
-def _parse_hermes(text: str, names: Collection[str] | None, cut: bool = False) -> tuple[str, list[ToolCall]] | None:
-    calls, outside, pos = [], [], 0
-    for m in _HERMES_CALL.finditer(text):
-        outside.append(text[pos:m.start()])
-        call = _call(_loads(m.group(1) if m.group(1) is not None else m.group(2)), names)
-        if call is None:
-            if cut and m.group(2) is not None and calls:  # the last call, cut short: the others stand
-                return "".join(outside), calls
-            return None
-        pos = m.end()
-        calls.append(call)
-    return "".join(outside) + text[pos:], calls
-
-
-def _parse_llama3_json(text: str, names: Collection[str] | None, cut: bool = False) -> tuple[str, list[ToolCall]] | None:
-    body = text.strip()
-    body = body[len("<|python_tag|>"):] if body.startswith("<|python_tag|>") else body
-    if not body.lstrip().startswith("{"):
-        return None
-    values = _json_values(body, ";", cut)
-    calls = [_call(obj, names) for obj in values or [None]]
-    return None if None in calls else ("", calls)
-
-
-def _parse_mistral(text: str, names: Collection[str] | None, cut: bool = False) -> tuple[str, list[ToolCall]] | None:
-    start = text.find("[TOOL_CALLS]")
-    if start < 0:
-        return None
-    calls: list[ToolCall | None] = []
-    for part in text[start:].split("[TOOL_CALLS]")[1:]:
-        part = part.strip()
-        if part.startswith("["):  # [{"name": ..., "arguments": ...}, ...]
-            items = _json_values(part, None)
-            if not items and cut:  # cut short inside the list: the items that are whole
-                items = [_json_values(part[1:], ",", cut)]
-            if not items or not isinstance(items[0], list) or not items[0]:
-                return None
-            calls.extend(_call(item, names) for item in items[0])
-        else:  # name[ARGS]{...}, also name[CALL_ID]id[ARGS]{...}
-            m = _MISTRAL_HEAD.match(part)
-            arguments = _json_values(part[m.end():], None) if m else None
-            if not arguments:
-                return None
-            calls.append(_call({"name": m.group(1), "arguments": arguments[0]}, names, m.group(2)))
-    return None if None in calls else (text[:start], calls)  # type: ignore[return-value]
-
-
-def parse_tool_calls(parser: str, text: str, names: Collection[str] | None = None,
-                     cut: bool = False) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of a finished output. With calls, content is the text outside them,
-    stripped (None if empty). Without (no call, JSON that does not parse, a name not in `names`),
-    the original text unchanged (None if empty) and []. `cut`: the output ended at max_tokens, so
-    its last call may be incomplete: that one is dropped and the complete ones are returned.
-
-    >>> parse_tool_calls("hermes", '<tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call><tool_call>{"na',
-    ...                  cut=True)[1][0].name
-    'add'
-    """
-    _check_parser(parser)
-    parsed = {"hermes": _parse_hermes, "llama3_json": _parse_llama3_json, "mistral": _parse_mistral}[parser](
-        text, names, cut)
-    if not parsed or not parsed[1]:
-        return text or None, []
-    return parsed[0].strip() or None, parsed[1]
-
-
 # ---------------------------------------------------------------------------------- grammar
 
 def _call_schema(fn: dict, key: str) -> dict:
@@ -365,7 +211,7 @@ def call_grammar(parser: str, functions: list[dict], choice: ToolChoice, paralle
     calls of any function ("required"; one when not `parallel`), or exactly one call of
     `choice.name` ("named"). The markers are plain text (a tokenizer's special [TOOL_CALLS] token
     is not admitted)."""
-    _check_parser(parser)
+    check_parser(parser)
     if choice.mode not in ("required", "named"):
         raise ValueError(f"no grammar forces tool_choice {choice.mode!r}: only 'required' or a named function")
     chosen = [fn for fn in functions if choice.mode == "required" or fn["name"] == choice.name]
