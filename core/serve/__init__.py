@@ -2,8 +2,9 @@
 
 Owns: requests as they are decoded (`worker`: a bounded queue, one request at a time), what it
 sends back to the HTTP side (`events`: typed, matched by type), what a request reports and the
-Prometheus metrics (`metrics`), OpenAI tool calls without HTTP (`tools`: validation, prompts,
-parsing, the grammar that forces calls). HTTP itself is cli/http/'s.
+Prometheus metrics (`metrics`), OpenAI tool calls without HTTP (`tools`: validation, prompts, the
+grammar that forces calls; `tool_calls`: the output formats, parsing), a shaped stream's clock
+(`pace`). HTTP itself is cli/http/'s.
 
 May import: every other tower.
 """
