@@ -11,6 +11,7 @@ import pytest
 
 from vllm_proposer import Batch, step
 from specx import vllm as plugin
+from specx import vllm_drafter as drafters
 from specx.core.model.load import tokenizer_fingerprint
 from specx.store.calls import insert_tokens
 from specx.store.db import Store
@@ -70,7 +71,7 @@ def serve(drafter, prompt, output, req_id):
 def test_warm_start_and_persistence_round_trip(store_env):
     tok = CharTokenizer()
     output = [40 + (i % 7) for i in range(30)]
-    cold = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    cold = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     assert cold.global_index.num_tokens == 0
     cold_accepted = serve(cold, [1, 2, 3], output, "r1")
     cold.close()
@@ -81,7 +82,7 @@ def test_warm_start_and_persistence_round_trip(store_env):
         session = store.db.execute("SELECT format, model FROM sessions").fetchone()
         assert tuple(session) == (SERVED_FORMAT, "m")
         assert store.index_state(tid).num_calls == 1  # persisted at close: the next start loads it
-    warm = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    warm = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     assert warm.global_index.num_tokens == len(output)
     assert serve(warm, [5, 6, 7], output, "r1") > cold_accepted
     warm.close()
@@ -94,7 +95,7 @@ def test_an_idle_engine_stores_its_last_request_and_persists_the_index(store_env
 
     monkeypatch.setenv("SPECX_IDLE_S", "0.2")
     tok = CharTokenizer()
-    drafter = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    drafter = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     drafter.writer.persist_idle_s = 0.2
     batch = Batch({"a": [1, 2]}, order=["a"])
     step(drafter, batch, {"a": [7, 8, 9]})  # the last request: vLLM never stops it
@@ -114,12 +115,12 @@ def test_the_model_runner_tells_the_drafter_which_requests_finished(store_env, m
         def _update_states(self, scheduler_output):
             return "updated"
 
-    monkeypatch.setitem(plugin._FINISHES, "hooked", False)
+    monkeypatch.setitem(drafters.FINISHES, "hooked", False)
     plugin.hear_finished_requests(types.SimpleNamespace(GPUModelRunner=GPUModelRunner))
     plugin.hear_finished_requests(types.SimpleNamespace(GPUModelRunner=GPUModelRunner))  # wraps once
     monkeypatch.delenv("SPECX_LINGER_S")
     tok = CharTokenizer()
-    drafter = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    drafter = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     assert drafter.cache.linger_s == 600.0  # told when requests finish, a stopped one may wait long
     batch = Batch({"r": [1, 2]}, order=["r"])
     step(drafter, batch, {"r": [40, 41]})
@@ -151,11 +152,11 @@ def test_the_served_output_is_cut_where_the_scheduler_cut_it():
 
 def test_only_rank_zero_records_and_record_can_be_off(store_env, monkeypatch):
     tok = CharTokenizer()
-    other = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=1)
+    other = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=1)
     serve(other, [1], [5, 6, 7], "r")
     other.close()
     monkeypatch.setenv("SPECX_RECORD", "0")
-    quiet = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    quiet = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     serve(quiet, [1], [5, 6, 7], "r")
     quiet.close()
     with Store(store_env) as store:
@@ -175,15 +176,15 @@ def test_a_store_of_another_tokenizer_is_refused_at_start(store_env):
             insert_tokens(store, tid, [(1, [1, 2, 3])])
     before = store_env.read_bytes()
     with pytest.raises(plugin.SpecxVllmError, match="other-model.*not of the served model's tokenizer"):
-        plugin.EngineDrafter(24, tokenizer=CharTokenizer(), model="m", rank=0)
+        drafters.EngineDrafter(24, tokenizer=CharTokenizer(), model="m", rank=0)
     assert store_env.read_bytes() == before
 
 
 def test_other_writers_rows_reach_a_running_drafter(store_env, monkeypatch):
     tok = CharTokenizer()
     monkeypatch.setenv("SPECX_SYNC_S", "0.05")
-    first = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
-    second = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)  # a replica on the same store
+    first = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    second = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)  # a replica on the same store
     serve(first, [1], [50, 51, 52, 53, 54, 55], "a")
     first.close()  # stored
     import time
@@ -215,7 +216,7 @@ def test_register_is_inert_without_specx_db(monkeypatch):
     monkeypatch.delitem(sys.modules, plugin.SHIM, raising=False)
     plugin.register()
     assert sys.modules.get(plugin.SHIM) is None or sys.modules[plugin.SHIM].SuffixDecodingCache \
-        is not plugin.EngineDrafter
+        is not drafters.EngineDrafter
 
 
 def test_install_gives_vllm_the_module_it_imports(monkeypatch):
@@ -225,7 +226,7 @@ def test_install_gives_vllm_the_module_it_imports(monkeypatch):
     assert importlib.util.find_spec("arctic_inference") is not None  # vLLM's has_arctic_inference()
     from arctic_inference.suffix_decoding import SuffixDecodingCache  # what vLLM's proposer runs
 
-    assert SuffixDecodingCache is plugin.EngineDrafter
+    assert SuffixDecodingCache is drafters.EngineDrafter
 
 
 @pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "dev"])
@@ -238,19 +239,19 @@ def test_unsupported_vllm_versions_are_refused(version):
 
 @pytest.mark.parametrize("text, value", [("2G", 2 << 30), ("512M", 512 << 20), ("1000", 1000), ("1.5GiB", 3 << 29)])
 def test_index_budget_sizes(text, value):
-    assert plugin.parse_bytes(text) == value
+    assert drafters.parse_bytes(text) == value
     with pytest.raises(plugin.SpecxVllmError, match="SPECX_INDEX_BYTES"):
-        plugin.parse_bytes("lots")
+        drafters.parse_bytes("lots")
 
 
 def test_the_byte_budget_bounds_the_warm_index(store_env, monkeypatch):
     tok = CharTokenizer()
-    first = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    first = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     for i in range(20):
         serve(first, [1], [40 + i] * 50, f"r{i}")
     first.close()
     monkeypatch.setenv("SPECX_INDEX_BYTES", "4K")
-    small = plugin.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
+    small = drafters.EngineDrafter(24, tokenizer=tok, model="m", rank=0)
     assert small.global_index.nbytes <= 4096 and 0 < small.global_index.num_sequences < 20
     small.close()
 
