@@ -20,7 +20,7 @@ from numba import njit
 from ..draft import Draft
 from ..numba_cache import configure as configure_numba_cache
 from .expand import speculate_index
-from .suffix_array import prefix_array_extend
+from .prefix_array import prefix_array_extend
 from .suffix_index import SuffixIndex
 from .tokens import MAX_TOKEN, SuffixIndexError
 

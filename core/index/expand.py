@@ -20,7 +20,8 @@ from numba import njit
 
 from ..numba_cache import configure as configure_numba_cache
 from .children import children_bound, node_children_into
-from .suffix_array import forward_ranges_into, prefix_narrow
+from .prefix_array import prefix_narrow
+from .suffix_array import forward_ranges_into
 
 configure_numba_cache()  # before any kernel here is decorated
 

@@ -12,10 +12,14 @@ import struct
 from typing import Any
 
 import numpy as np
+from numba import njit
 
+from ..numba_cache import configure as configure_numba_cache
 from .sealed import Sealed, Segment
-from .suffix_array import psi_decode, psi_encode
+from .suffix_array import SEP
 from .tokens import SuffixIndexError
+
+configure_numba_cache()  # before the kernels here are decorated
 
 MAGIC = b"SPECXIDX"
 FORMAT_VERSION = 1
@@ -121,3 +125,47 @@ def load(cls: type, data: bytes | memoryview, text: np.ndarray | None = None) ->
     for k, seq_id in enumerate(header["live_ids"]):
         index.live.restore(seq_id, arrays[f"live{k}.tokens"], arrays[f"live{k}.pa"])
     return index
+
+
+# Compact storage of a suffix array: Psi[r] = rank of the suffix that follows suffix SA[r] in the
+# text (skipping separators). Within the suffixes that start with the same token Psi increases,
+# so its deltas are small numbers that compress several times better than SA itself, and SA
+# comes back from Psi and the text by one walk along the text: no sorting.
+
+
+@njit(cache=True, nogil=True)
+def psi_encode(text: np.ndarray, sa: np.ndarray, text_lo: int, text_hi: int, out: np.ndarray) -> int:
+    """Psi deltas of one segment's block `sa` (positions in text[text_lo:text_hi]) into `out`.
+
+    Returns the rank of the segment's first real position (-1 when it has none).
+    """
+    rank = np.full(text_hi - text_lo, -1, dtype=np.int64)
+    for r in range(len(sa)):
+        rank[sa[r] - text_lo] = r
+    prev = 0
+    for r in range(len(sa)):
+        p = sa[r] + 1
+        while p < text_hi and text[p] == SEP:
+            p += 1
+        psi = rank[p - text_lo] if p < text_hi else -1
+        out[r] = psi - prev
+        prev = psi
+    for p in range(text_lo, text_hi):
+        if text[p] != SEP:
+            return rank[p - text_lo]
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def psi_decode(text: np.ndarray, deltas: np.ndarray, text_lo: int, text_hi: int, start: int, out: np.ndarray) -> None:
+    """The inverse of psi_encode: one segment's suffix array block into `out`."""
+    psi = np.empty(len(deltas), dtype=np.int64)
+    acc = 0
+    for r in range(len(deltas)):
+        acc += deltas[r]
+        psi[r] = acc
+    r = start
+    for p in range(text_lo, text_hi):
+        if text[p] != SEP:
+            out[r] = p
+            r = psi[r]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .suffix_array import prefix_array_build, prefix_array_extend
+from .prefix_array import prefix_array_build, prefix_array_extend
 
 
 class LiveArena:

@@ -189,78 +189,6 @@ def pattern_range(text: np.ndarray, sa: np.ndarray, lo: int, hi: int, pattern: n
     return lo, hi
 
 
-# A live sequence (the request index: prompt + output so far) grows at its end. Appending a token
-# to the text only adds one *prefix*, so its index is a prefix array: end positions sorted by the
-# text read backwards from them (first `depth` tokens; ties by position). An append is one binary
-# search and one shift, and matching the context's last p tokens narrows the same range as p grows.
-
-
-@njit(cache=True, nogil=True)
-def _backward_less(tokens: np.ndarray, e1: int, e2: int, depth: int) -> bool:
-    for k in range(depth):
-        a = tokens[e1 - k] if e1 - k >= 0 else SEP
-        b = tokens[e2 - k] if e2 - k >= 0 else SEP
-        if a != b:
-            return a < b
-        if a == SEP:
-            break
-    return e1 < e2
-
-
-def prefix_array_build(tokens: np.ndarray) -> np.ndarray:
-    """The prefix array of `tokens` in one sort: the suffix array of the reversed text.
-
-    Its order refines the one prefix_array_extend keeps (backward tokens to `depth`, then
-    position), so later appends insert into it correctly.
-    """
-    n = len(tokens)
-    reversed_text = np.empty(n + 1, dtype=np.int32)
-    reversed_text[:n] = tokens[::-1]
-    reversed_text[n] = SEP
-    return (n - 1 - build_suffix_array(reversed_text)).astype(np.int32)
-
-
-@njit(cache=True, nogil=True)
-def prefix_array_extend(tokens: np.ndarray, pa: np.ndarray, start: int, stop: int, depth: int) -> None:
-    """Insert end positions start..stop-1 of `tokens` into `pa` (which holds 0..start-1, sorted)."""
-    for e in range(start, stop):
-        a, b = 0, e
-        while a < b:
-            m = (a + b) >> 1
-            if _backward_less(tokens, pa[m], e, depth):
-                a = m + 1
-            else:
-                b = m
-        for j in range(e, a, -1):
-            pa[j] = pa[j - 1]
-        pa[a] = e
-
-
-@njit(cache=True, nogil=True, inline="always")
-def prefix_narrow(tokens: np.ndarray, pa: np.ndarray, base: int, lo: int, hi: int, k: int, token: int) -> tuple[int, int]:
-    """Sub-range of pa[lo:hi] (equal on backward tokens 0..k-1) whose backward token k is `token`,
-    for the sequence at offset `base` of `tokens` and `pa` (an arena: no view is made, no reference
-    counted, in the drafting kernel's innermost loop)."""
-    a, b = lo, hi
-    while a < b:
-        m = (a + b) >> 1
-        e = pa[base + m]
-        if (tokens[base + e - k] if e - k >= 0 else SEP) < token:
-            a = m + 1
-        else:
-            b = m
-    start = a
-    b = hi
-    while a < b:
-        m = (a + b) >> 1
-        e = pa[base + m]
-        if (tokens[base + e - k] if e - k >= 0 else SEP) <= token:
-            a = m + 1
-        else:
-            b = m
-    return start, a
-
-
 @njit(cache=True, nogil=True)
 def first_out_of_range(tokens: np.ndarray, limit: int) -> int:
     """Index of the first token outside [0, limit], or -1: one pass, for validating hot inputs."""
@@ -268,50 +196,6 @@ def first_out_of_range(tokens: np.ndarray, limit: int) -> int:
         if tokens[i] < 0 or tokens[i] > limit:
             return i
     return -1
-
-
-# Compact storage of a suffix array: Psi[r] = rank of the suffix that follows suffix SA[r] in the
-# text (skipping separators). Within the suffixes that start with the same token Psi increases,
-# so its deltas are small numbers that compress several times better than SA itself, and SA
-# comes back from Psi and the text by one walk along the text: no sorting.
-
-
-@njit(cache=True, nogil=True)
-def psi_encode(text: np.ndarray, sa: np.ndarray, text_lo: int, text_hi: int, out: np.ndarray) -> int:
-    """Psi deltas of one segment's block `sa` (positions in text[text_lo:text_hi]) into `out`.
-
-    Returns the rank of the segment's first real position (-1 when it has none).
-    """
-    rank = np.full(text_hi - text_lo, -1, dtype=np.int64)
-    for r in range(len(sa)):
-        rank[sa[r] - text_lo] = r
-    prev = 0
-    for r in range(len(sa)):
-        p = sa[r] + 1
-        while p < text_hi and text[p] == SEP:
-            p += 1
-        psi = rank[p - text_lo] if p < text_hi else -1
-        out[r] = psi - prev
-        prev = psi
-    for p in range(text_lo, text_hi):
-        if text[p] != SEP:
-            return rank[p - text_lo]
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def psi_decode(text: np.ndarray, deltas: np.ndarray, text_lo: int, text_hi: int, start: int, out: np.ndarray) -> None:
-    """The inverse of psi_encode: one segment's suffix array block into `out`."""
-    psi = np.empty(len(deltas), dtype=np.int64)
-    acc = 0
-    for r in range(len(deltas)):
-        acc += deltas[r]
-        psi[r] = acc
-    r = start
-    for p in range(text_lo, text_hi):
-        if text[p] != SEP:
-            out[r] = p
-            r = psi[r]
 
 
 SCAN_WIDTH = 8  # a range this narrow is checked suffix by suffix: sequential reads beat binary searches

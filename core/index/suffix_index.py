@@ -24,7 +24,8 @@ from .children import node_children
 from .expand import speculate_index
 from .live import LiveArena
 from .sealed import Sealed
-from .suffix_array import SORT_DEPTH, forward_ranges, prefix_narrow
+from .prefix_array import prefix_narrow
+from .suffix_array import SORT_DEPTH, forward_ranges
 from .tokens import MAX_TOKEN, SuffixIndexError, check_tokens
 
 MAX_DEPTH_LIMIT = SORT_DEPTH // 2
