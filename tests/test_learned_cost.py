@@ -180,6 +180,7 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
     import torch
 
     from specx.core.decode.generate import generate, greedy_decode
+    from specx.core.decode.request import Decoding
     from specx.core.model.transformers.engine import TransformersEngine
     from specx.core.model.threads import set_threads
     from helpers.decoding import FakeDrafter, all_right, deep_chain, wide_tree
@@ -198,8 +199,8 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
             prompt = [rng.randrange(1, 90) for _ in range(rng.randrange(2, 12))]
             reference = greedy_decode(model, prompt, 24)
             for make in (all_right, deep_chain, wide_tree):
-                out = [t for s in generate(engine, prompt, FakeDrafter(make, reference), max_new_tokens=24, cost=cost,
-                                           threads=tuner) for t in s.new_tokens]
+                out = [t for s in generate(engine, prompt, FakeDrafter(make, reference), Decoding(max_new_tokens=24),
+                                           cost=cost, threads=tuner) for t in s.new_tokens]
                 assert out == reference
     finally:
         set_threads(threads)

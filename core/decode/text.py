@@ -4,8 +4,9 @@ A TextStream is fed each step's tokens and says where a stop string ends, so gen
 on the exact token that completed it; the text it hands out never contains a stop string, and is
 held back while its end could still become one (or is half of a multi-byte character).
 
-    stream = TextStream(tokenizer, stop=["\\n\\n"])
-    for step in generate(model, prompt, drafter, stop=stream):
+    settings = Decoding(max_new_tokens=64, stop=["\\n\\n"])   # core.decode.request
+    stream = TextStream(tokenizer, stop=settings.stop)
+    for step in generate(model, prompt, drafter, settings, stop=stream):
         print(stream.pop(), end="")
     print(stream.pop(final=True))
 """

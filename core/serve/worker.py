@@ -32,6 +32,7 @@ from typing import Any
 from ..decode.generate import generate
 from ..decode.grammar import GrammarError
 from ..decode.loop import DecodeStats, Decoded, collect
+from ..decode.request import Decoding
 from ..decode.speculate import PredictionDrafter
 from ..decode.stack import Stack
 from ..decode.text import TextStream
@@ -334,20 +335,20 @@ class Worker:
     def _decode(self, job: Job, index: int, stack: Stack) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
         req = job.request
-        text = TextStream(self.tokenizer, stop=req.stop)
+        settings = Decoding(max_new_tokens=req.max_tokens, eos_token_ids=self.eos, temperature=req.temperature,
+                            top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop, grammar=req.grammar,
+                            logprobs=req.logprobs).for_choice(index)
+        text = TextStream(self.tokenizer, stop=settings.stop)
         drafter = stack.drafter
         if drafter is not None and self.scopes is not None:
             drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req.tenant))
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
-        steps = generate(stack.engine, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
-                         eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                         seed=None if req.seed is None else req.seed + index,
-                         cost=stack.cost if stack.drafter is not None else None, stop=text,
+        steps = generate(stack.engine, req.prompt_ids, drafter, settings, stop=text,
+                         constraint=settings.constraint(self.vocabulary),
+                         cost=stack.cost if stack.drafter is not None else None,
                          acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=stack.prefix_cache if self.prefix_caches is None
-                         else self.prefix_caches[req.tenant],
-                         constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
-                         logprobs=req.logprobs, threads=stack.threads,
+                         else self.prefix_caches[req.tenant], threads=stack.threads,
                          successors=stack.successors if stack.drafter is not None else None)
         sent = 0  # tokens whose text went out in a delta
 
