@@ -70,7 +70,8 @@ def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool =
         if not bounded or cost.passes < LEARNED_PASSES:
             return DEFAULT_PACE_S
         # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
-        return cost.step_bound(1 + SHAPED_DRAFT, max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length()))
+        context = len(req.prompt_ids) + req.settings.max_new_tokens
+        return cost.step_bound(1 + SHAPED_DRAFT, max(256, 1 << (context - 1).bit_length()))
 
     if interval_ms is None:
         return learned

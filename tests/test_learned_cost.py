@@ -426,6 +426,7 @@ def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_
     what steps added to their passes; an interval asked below that is raised with tenants."""
     from types import SimpleNamespace
 
+    from specx.core.decode.request import Decoding
     from specx.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
 
     cost = LearnedCost(ForwardCost((1, 8, 16), (0.01, 0.02, 0.03)))
@@ -433,7 +434,7 @@ def test_a_shaped_streams_slot_holds_a_whole_step_with_the_largest_draft_it_may_
         cost.observe_step(num_tokens=1 + i % 3, context=300, verify_seconds=0.01 * (1 + 0.2 * (i % 3)),
                           step_seconds=0.01 * (1 + 0.2 * (i % 3)) * (1.5 if i % 10 == 0 else 1.1), num_out=1 + i % 3)
     stack = SimpleNamespace(cost=cost)
-    req = SimpleNamespace(prompt_ids=list(range(200)), max_tokens=50)
+    req = SimpleNamespace(prompt_ids=list(range(200)), settings=Decoding(max_new_tokens=50))
     pace = stream_pace(stack, None)(req)
     assert cost.max_draft() == SHAPED_DRAFT
     assert pace >= cost(1 + SHAPED_DRAFT, 256) * 1.1 and pace == cost.step_bound(1 + SHAPED_DRAFT, 256)

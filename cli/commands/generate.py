@@ -109,8 +109,8 @@ def generate_cmd(
         if stream:
             output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0
-        return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, eos), "tokens": len(tokens),
-                "steps": totals.steps, "accepted_per_step": totals.accepted_per_step,
+        return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, settings.eos_token_ids),
+                "tokens": len(tokens), "steps": totals.steps, "accepted_per_step": totals.accepted_per_step,
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 
