@@ -7,8 +7,9 @@ unchanged to core.decode.generate.generate.
     steps = generate(engine, prompt_ids, drafter, settings)
 
 What the server or the machine brings to every request (the drafter, the pass cost, the acceptance
-model, the prefix cache, the thread tuner, the successor table) is not in it: generate takes those
-as keywords.
+model, the prefix cache, the thread tuner, the successor table) is not in it, nor whose request it
+is (a server's tenant, core.serve.job.GenerationRequest's: it picks those): generate takes them as
+keywords.
 
 The stop strings and the grammar are kept as asked, as text: each decoding enforces them with an
 object of its own that holds its state (a core.decode.text.TextStream, which needs the tokenizer;
