@@ -72,7 +72,7 @@ def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool =
         if not bounded or cost.passes < LEARNED_PASSES:
             return Pace(DEFAULT_PACE_S if interval_ms is None else interval_ms / 1000)
         # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
-        context = max(256, 1 << (len(req.prompt_ids) + req.max_tokens - 1).bit_length())
+        context = max(256, 1 << (len(req.prompt_ids) + req.settings.max_new_tokens - 1).bit_length())
         steps = tuple(cost.step_bound(1 + n, context) for n in range(SHAPED_DRAFT + 1))
         return Pace(steps[0] if interval_ms is None else max(interval_ms / 1000, steps[0]), steps)
 

@@ -57,6 +57,7 @@ def run_trial(model: str, db: Path | None, requests: int, max_tokens: int, say: 
     makes the bar the requests advance (the CLI's output.progress)."""
     from .core.decode.generate import generate
     from .core.decode.loop import collect
+    from .core.decode.request import Decoding
     from .core.decode.speculate import SuffixDrafter
     from .core.model import llamacpp
     from .core.model.load import ModelError, load_backend, load_tokenizer
@@ -98,6 +99,7 @@ def run_trial(model: str, db: Path | None, requests: int, max_tokens: int, say: 
     say(f"trial: {len(prompts)} prompts ({source}; {sum(map(len, prompts)):,} tokens, {shared:,} of them the start "
         f"of the call before; the first untimed), at most {max_tokens} tokens each, on {', '.join(engines)}")
     eos = tok.eos_token_id
+    settings = Decoding(max_new_tokens=max_tokens, eos_token_ids=eos)
     runners, costs = {}, []
     for engine in engines:
         net, _ = load_backend(model, specx_home() / "models", engine)
@@ -107,8 +109,8 @@ def run_trial(model: str, db: Path | None, requests: int, max_tokens: int, say: 
         threads = net.thread_tuner(say)
         cache = net.new_prefix_cache(PREFIX_CACHE_TOKENS)
         runners[specx_method(engine)] = (lambda net, drafter, cost, threads, cache: lambda prompt: timed(generate(
-            net, prompt, drafter, max_new_tokens=max_tokens, eos_token_ids=eos, cost=cost, threads=threads,
-            learn=False, prefix_cache=cache), collect))(net, drafter, cost, threads, cache)
+            net, prompt, drafter, settings, cost=cost, threads=threads, learn=False, prefix_cache=cache),
+            collect))(net, drafter, cost, threads, cache)
     if "llama.cpp" in engines:
         runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
     with progress() as bar:

@@ -43,6 +43,7 @@ from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.cost.forward import ForwardCost
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
+from specx.core.decode.request import Decoding
 from specx.core.decode.speculate import PromptLookupDrafter, SuffixDrafter
 from specx.core.draft import Draft, subtree
 from specx.core.model.transformers.engine import TransformersEngine
@@ -166,8 +167,8 @@ def main() -> None:
     print(f"decoding {len(prompts)} requests plainly ...", file=sys.stderr)
     for prompt in prompts:
         t0 = time.perf_counter()
-        run = collect(generate(engine, prompt, None, max_new_tokens=args.max_new_tokens, eos_token_ids=tok.eos_token_id,
-                               prefix_cache=prefixes))
+        run = collect(generate(engine, prompt, None, Decoding(max_new_tokens=args.max_new_tokens,
+                                                              eos_token_ids=tok.eos_token_id), prefix_cache=prefixes))
         totals, tokens = run.stats, run.tokens
         outputs.append(tokens)
         prefill.append(time.perf_counter() - t0 - totals.draft_seconds - totals.verify_seconds)

@@ -23,6 +23,7 @@ from specx.stack import assemble
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
+from specx.core.decode.request import Decoding
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
 from specx.core.model.load import BACKENDS, chat_tokens
 from specx.core.serve.job import prediction_tokens
@@ -63,14 +64,15 @@ def main() -> None:
         requests.append((prompt, prediction, len(prediction) + 32))
     methods = {"plain": lambda p: None, "specx": lambda p: SuffixDrafter(),
                "specx_prediction": lambda p: PredictionDrafter(p, SuffixDrafter())}
-    generate(net, requests[0][0][-8:], None, max_new_tokens=2)  # first passes are slow
+    generate(net, requests[0][0][-8:], None, Decoding(max_new_tokens=2))  # first passes are slow
     rows, outputs = {}, {}
     for name, make in methods.items():
         stats, seconds, outs, accepted = DecodeStats(), 0.0, [], 0
         acceptance = AcceptanceModel()  # shared by the requests, as the server shares it
         for prompt, prediction, limit in requests:
             t0 = time.perf_counter()
-            run = collect(generate(net, prompt, make(prediction), max_new_tokens=limit, eos_token_ids=tok.eos_token_id,
+            run = collect(generate(net, prompt, make(prediction), Decoding(max_new_tokens=limit,
+                                                                           eos_token_ids=tok.eos_token_id),
                                    cost=cost if name != "plain" else None, acceptance=acceptance,
                                    prefix_cache=net.new_prefix_cache(0)))
             stats.add(run.stats)

@@ -75,24 +75,26 @@ def oracle_tree(rng: random.Random, out: list[int], reference: list[int], vocab:
 def sampled_plain(engine: object, prompt: list[int], n: int, seed: int) -> list[int]:
     from specx.core.decode.generate import generate
     from specx.core.decode.loop import collect
+    from specx.core.decode.request import Decoding
 
-    return collect(generate(engine, prompt, None, max_new_tokens=n, seed=seed, **SAMPLED)).tokens
+    return collect(generate(engine, prompt, None, Decoding(max_new_tokens=n, seed=seed, **SAMPLED))).tokens
 
 
 def lossless_alone(engine: object, prompts: list[list[int]], n: int) -> dict:
     """Each prompt alone: speculation with oracle trees against plain decoding, greedy and sampled."""
     from specx.core.decode.generate import generate
     from specx.core.decode.loop import collect
+    from specx.core.decode.request import Decoding
 
     report = {"greedy_identical": 0, "sampled_identical": 0, "requests": len(prompts), "tokens_per_step": []}
     for i, prompt in enumerate(prompts):
         plain = engine.plain(prompt, n, None)
-        spec = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), max_new_tokens=n))
+        spec = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), Decoding(max_new_tokens=n)))
         report["greedy_identical"] += spec.tokens == plain
         report["tokens_per_step"].append(round(len(spec.tokens) / max(spec.stats.steps, 1), 2))
         plain = sampled_plain(engine, prompt, n, seed=i)
-        spec = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i), max_new_tokens=n,
-                                seed=i, **SAMPLED))
+        spec = collect(generate(engine, prompt, OracleDrafter(plain, engine.vocab_size, i),
+                                Decoding(max_new_tokens=n, seed=i, **SAMPLED)))
         report["sampled_identical"] += spec.tokens == plain
     return report
 
@@ -181,6 +183,7 @@ def speeds(engine: object, path: Path, prompts: list[list[int]], n: int, eos: in
     greedy `generate` and its prompt lookup in bfloat16 on the same GPU (`hf`)."""
     from specx.core.decode.generate import generate
     from specx.core.decode.loop import collect
+    from specx.core.decode.request import Decoding
     from specx.core.decode.speculate import SuffixDrafter
 
     def rate(run: object) -> dict:
@@ -190,9 +193,9 @@ def speeds(engine: object, path: Path, prompts: list[list[int]], n: int, eos: in
         seconds = time.perf_counter() - started
         return {"tokens_per_s": round(sum(map(len, outs)) / seconds, 1), "outputs": outs}
 
+    settings = Decoding(max_new_tokens=n, eos_token_ids=eos)
     report = {"gpu plain": rate(lambda p: engine.plain(p, n, eos)),
-              "gpu specx suffix": rate(lambda p: collect(generate(engine, p, SuffixDrafter(), max_new_tokens=n,
-                                                                  eos_token_ids=eos)).tokens)}
+              "gpu specx suffix": rate(lambda p: collect(generate(engine, p, SuffixDrafter(), settings)).tokens)}
     if hf:
         from specx.core.model.transformers.engine import hf_generate
         from specx.core.model.load import load_model

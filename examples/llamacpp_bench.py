@@ -54,6 +54,7 @@ from specx.output import progress  # noqa: E402
 from specx.core.cost.acceptance import AcceptanceModel  # noqa: E402
 from specx.core.decode.generate import generate  # noqa: E402
 from specx.core.decode.loop import collect  # noqa: E402
+from specx.core.decode.request import Decoding  # noqa: E402
 from specx.core.model import cpu  # noqa: E402
 from specx.core.model.transformers.engine import TransformersEngine  # noqa: E402
 from specx.core.model.llamacpp import CACHE_TYPES, LlamaModel  # noqa: E402
@@ -163,10 +164,11 @@ def main() -> None:
     def specx_runner(name, engine, cost):
         drafter, acceptance = SuffixDrafter(max_spec_factor=4.0), AcceptanceModel()
         prefixes, threads = engine.new_prefix_cache(8192), engine.thread_tuner(say)
+        settings = Decoding(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
 
         def run(prompt):
-            run = collect(generate(engine, prompt, drafter, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
-                                   cost=cost, acceptance=acceptance, threads=threads, prefix_cache=prefixes))
+            run = collect(generate(engine, prompt, drafter, settings, cost=cost, acceptance=acceptance,
+                                   threads=threads, prefix_cache=prefixes))
             steps[name].append(run.stats.steps)
             return run.tokens
         return run

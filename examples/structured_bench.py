@@ -31,6 +31,7 @@ from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import Vocabulary, json_schema_grammar
 from specx.core.decode.loop import DecodeStats, collect
+from specx.core.decode.request import Decoding
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.model.load import BACKENDS, chat_tokens
 
@@ -94,7 +95,8 @@ def main() -> None:
     stack = assemble("smollm2-135m", backend=args.backend, dtype=args.dtype, say=say, speculation=False)
     net, tok, cost = stack.engine, stack.tokenizer, stack.cost
     vocabulary = Vocabulary(tok, net.vocab_size, tok.eos_token_id)
-    grammar = json_schema_grammar(SCHEMA)
+    settings = Decoding(max_new_tokens=args.max_new_tokens, eos_token_ids=tok.eos_token_id,
+                        grammar=json_schema_grammar(SCHEMA))
     prompts = []
     for chat in spider_chats(args.spider, args.warmup + args.requests):
         prompts.append(chat_tokens(tok, chat))
@@ -105,10 +107,9 @@ def main() -> None:
         stats, seconds, outs, acceptance = DecodeStats(), 0.0, [], AcceptanceModel()
         for i, prompt in enumerate(prompts):
             t0 = time.perf_counter()
-            run = collect(generate(net, prompt, method, max_new_tokens=args.max_new_tokens,
-                                   eos_token_ids=tok.eos_token_id, cost=cost if method is not None else None,
-                                   acceptance=acceptance, prefix_cache=net.new_prefix_cache(0),
-                                   constraint=vocabulary.constraint(grammar)))
+            run = collect(generate(net, prompt, method, settings, constraint=settings.constraint(vocabulary),
+                                   cost=cost if method is not None else None, acceptance=acceptance,
+                                   prefix_cache=net.new_prefix_cache(0)))
             out, request = run.tokens, run.stats
             if i >= args.warmup:
                 stats.add(request)

@@ -33,6 +33,7 @@ from specx.output import progress
 from specx.core.cost.acceptance import AcceptanceModel
 from specx.core.decode.generate import generate
 from specx.core.decode.loop import collect
+from specx.core.decode.request import Decoding
 from specx.core.decode.speculate import SuffixDrafter
 from specx.core.model.load import load_model
 from specx.core.model.prefix_cache import PrefixCache
@@ -73,11 +74,11 @@ def serve_history(engine, tok, prompts, drafter, max_new_tokens, cost, prefix_ca
     Returns the answers."""
     acceptance = AcceptanceModel()
     prefixes = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
+    settings = Decoding(max_new_tokens=max_new_tokens, eos_token_ids=tok.eos_token_id)
     answers = []
     with progress() as bar:
         for prompt in bar.track(prompts, description=f"history: specx serves {len(prompts)} earlier requests"):
-            answers.append(collect(generate(engine, prompt, drafter, max_new_tokens=max_new_tokens,
-                                            eos_token_ids=tok.eos_token_id, cost=cost, acceptance=acceptance,
+            answers.append(collect(generate(engine, prompt, drafter, settings, cost=cost, acceptance=acceptance,
                                             prefix_cache=prefixes)).tokens)
     return answers
 

@@ -57,9 +57,11 @@ class ServedRecorder:
         self.store = Store(self.path)
 
     def record(self, req: Any, choices: list[Any], stats: Any, started_at: str, ended_at: str) -> bool:
+        decoding = req.settings
         settings = {"endpoint": req.endpoint, "request_id": req.id, "prompt_tokens": stats.prompt_tokens,
-                    "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                    "top_k": req.top_k, "seed": req.seed, "stop": req.stop, "speculation": self.speculation,
+                    "max_tokens": decoding.max_new_tokens, "temperature": decoding.temperature,
+                    "top_p": decoding.top_p, "top_k": decoding.top_k, "seed": decoding.seed,
+                    "stop": list(decoding.stop), "speculation": self.speculation,
                     "seconds": round(stats.seconds, 4), "queue_seconds": round(stats.queue_seconds, 4)}
         calls = [Call(session_id=req.id, position=c.index, output_text=c.text, prompt_messages=req.prompt_messages,
                       prompt_text=req.prompt_text, model=req.model, started_at=started_at, ended_at=ended_at,

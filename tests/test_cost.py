@@ -8,6 +8,7 @@ from specx.bench.calibrate import calibrate
 from specx.core.cost.forward import ForwardCost
 from specx.core.cost.sizing import size_draft
 from specx.core.decode.generate import generate, greedy_decode
+from specx.core.decode.request import Decoding
 from specx.core.draft import Draft, subtree
 from specx.core.model.transformers.engine import TransformersEngine
 
@@ -73,7 +74,7 @@ def test_generation_with_cost_sizing_stays_lossless():
         steep = ForwardCost((1, 64), (1.0, rng.choice([1.5, 8.0, 64.0])))
         for make in (all_right, wide_tree):
             out = [t for s in generate(TransformersEngine(model), prompt, FakeDrafter(make, reference),
-                                       max_new_tokens=20, cost=steep)
+                                       Decoding(max_new_tokens=20), cost=steep)
                    for t in s.new_tokens]
             assert out == reference
 

@@ -2,6 +2,7 @@
 
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.loop import limit_depth
+from specx.core.decode.request import Decoding
 from specx.core.draft import Draft
 from specx.core.model.transformers.engine import TransformersEngine
 
@@ -30,7 +32,7 @@ def test_speculative_greedy_equals_plain_greedy(model64, make):
         max_new = rng.randrange(1, 30)
         ref = greedy_decode(model64, prompt, max_new + 30)  # longer than needed: drafts look ahead
         drafter = FakeDrafter(make, ref, seed=trial)
-        out, steps = collect(generate(TransformersEngine(model64), prompt, drafter, max_new_tokens=max_new))
+        out, steps = collect(generate(TransformersEngine(model64), prompt, drafter, Decoding(max_new_tokens=max_new)))
         assert out == ref[:max_new]
         assert drafter.prompt == prompt and drafter.output == out and drafter.finished == [True]
         for step in steps[:-1]:
@@ -50,7 +52,7 @@ def test_drafts_crossing_eos_stop_at_eos(model64, make):
         want = greedy_decode(model64, prompt, 40, eos)
         assert want[-1] == eos and len(want) <= 20
         out, steps = collect(generate(TransformersEngine(model64), prompt, FakeDrafter(make, ref, trial),
-                                      max_new_tokens=40, eos_token_ids=[eos, VOCAB + 5]))
+                                      Decoding(max_new_tokens=40, eos_token_ids=[eos, VOCAB + 5])))
         assert out == want
         assert steps[-1].new_tokens[-1] == eos
 
@@ -73,18 +75,19 @@ def test_stop_strings_end_decoding_on_the_completing_token(model64, make):
         end = text.find(stop) + len(stop)  # the stop string may occur earlier than where it was cut
         stream = TextStream(Letters(), stop=[stop])
         drafter = FakeDrafter(make, ref, trial)
-        out, _ = collect(generate(TransformersEngine(model64), prompt, drafter, max_new_tokens=40, stop=stream))
+        out, _ = collect(generate(TransformersEngine(model64), prompt, drafter, Decoding(max_new_tokens=40),
+                                  stop=stream))
         assert out == ref[:end] and drafter.finished == [True]  # a stop string ends the request normally
         assert stream.text == text[: text.find(stop)] and stream.stopped_by == stop
 
 
 def test_plain_decoding_is_one_token_per_step(model64):
     prompt = [3, 1, 4, 1, 5]
-    out, steps = collect(generate(TransformersEngine(model64), prompt, None, max_new_tokens=12))
+    out, steps = collect(generate(TransformersEngine(model64), prompt, None, Decoding(max_new_tokens=12)))
     assert out == greedy_decode(model64, prompt, 12)
     assert [len(s.new_tokens) for s in steps] == [1] * 12
     assert all(s.draft_size == 0 and s.accepted == 0 for s in steps)
-    assert list(generate(TransformersEngine(model64), prompt, None, max_new_tokens=0)) == []
+    assert list(generate(TransformersEngine(model64), prompt, None, Decoding(max_new_tokens=0))) == []
 
 
 def test_float32_greedy_matches_too():
@@ -94,7 +97,7 @@ def test_float32_greedy_matches_too():
         prompt = [rng.randrange(VOCAB) for _ in range(8)]
         ref = greedy_decode(model, prompt, 50)
         out, _ = collect(generate(TransformersEngine(model), prompt, FakeDrafter(wide_tree, ref, trial),
-                                  max_new_tokens=30))
+                                  Decoding(max_new_tokens=30)))
         assert out == ref[:30]
 
 
@@ -102,13 +105,13 @@ def test_float32_greedy_matches_too():
 def test_seeded_sampling_is_the_same_with_and_without_drafts(model64, top_k, top_p):
     # One uniform draw per emitted token in both paths: same seed, same text, token for token.
     prompt = [11, 22, 33, 44]
-    kwargs = dict(max_new_tokens=40, temperature=0.8, top_k=top_k, top_p=top_p, seed=42)
-    plain, _ = collect(generate(TransformersEngine(model64), prompt, None, **kwargs))
+    settings = Decoding(max_new_tokens=40, temperature=0.8, top_k=top_k, top_p=top_p, seed=42)
+    plain, _ = collect(generate(TransformersEngine(model64), prompt, None, settings))
     ref = plain + [0] * 40  # drafts taken from the sampled text: most are accepted
-    spec, steps = collect(generate(TransformersEngine(model64), prompt, FakeDrafter(deep_chain, ref), **kwargs))
+    spec, steps = collect(generate(TransformersEngine(model64), prompt, FakeDrafter(deep_chain, ref), settings))
     assert spec == plain
     assert len(steps) < len(plain)
-    other, _ = collect(generate(TransformersEngine(model64), prompt, None, **{**kwargs, "seed": 43}))
+    other, _ = collect(generate(TransformersEngine(model64), prompt, None, replace(settings, seed=43)))
     assert other != plain
 
 
@@ -119,10 +122,10 @@ def test_a_temperature_too_small_to_divide_by_decodes_greedily(model64):
     prompt = [11, 22, 33, 44]
     ref = greedy_decode(model64, prompt, 30)
     for temperature in (5e-324, 1e-320, 1e-310, 1e-300, 1e-6):
-        plain, _ = collect(generate(TransformersEngine(model64), prompt, None, max_new_tokens=30,
-                                    temperature=temperature, seed=1))
-        spec, _ = collect(generate(TransformersEngine(model64), prompt, FakeDrafter(deep_chain, ref), max_new_tokens=30,
-                                   temperature=temperature, seed=1))
+        plain, _ = collect(generate(TransformersEngine(model64), prompt, None,
+                                    Decoding(max_new_tokens=30, temperature=temperature, seed=1)))
+        spec, _ = collect(generate(TransformersEngine(model64), prompt, FakeDrafter(deep_chain, ref),
+                                   Decoding(max_new_tokens=30, temperature=temperature, seed=1)))
         assert plain == spec == ref, temperature
 
 
@@ -136,12 +139,26 @@ def test_limit_depth_keeps_shallow_nodes():
 def test_bad_arguments(model64):
     with pytest.raises(ValueError, match="empty"):
         list(generate(TransformersEngine(model64), [], None))
-    with pytest.raises(ValueError, match="top_p"):
-        list(generate(TransformersEngine(model64), [1], None, top_p=0.0))
+    with pytest.raises(ValueError, match="stop="):  # stop strings nothing would enforce
+        list(generate(TransformersEngine(model64), [1], None, Decoding(stop="\n")))
+    with pytest.raises(ValueError, match="constraint="):  # ... or a grammar
+        list(generate(TransformersEngine(model64), [1], None, Decoding(grammar='start: "a"')))
     bad = FakeDrafter(lambda rng, out, ref: Draft([1], [0], [], 0, 0), [])
     with pytest.raises(ValueError, match="parent"):
-        list(generate(TransformersEngine(model64), [1, 2], bad, max_new_tokens=3))
+        list(generate(TransformersEngine(model64), [1, 2], bad, Decoding(max_new_tokens=3)))
     assert bad.finished == [False]  # the request still ends, without learning a broken output
+
+
+def test_decoding_settings_are_checked_where_they_are_made():
+    for name, value in (("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("temperature", -0.5), ("max_new_tokens", -1),
+                        ("logprobs", -2)):
+        with pytest.raises(ValueError, match=f"{name} must be"):
+            Decoding(**{name: value})
+    settings = Decoding(eos_token_ids=2, stop="\n\n", seed=5)
+    assert (settings.eos_token_ids, settings.stop) == ((2,), ("\n\n",))  # kept as tuples: the value is frozen
+    assert Decoding(eos_token_ids=None, stop=None) == Decoding() and Decoding(eos_token_ids=[1, 2]).eos_token_ids == (1, 2)
+    assert [settings.for_choice(i).seed for i in range(3)] == [5, 6, 7] and Decoding().for_choice(3).seed is None
+    assert Decoding().constraint(None) is None  # no grammar: no constraint
 
 
 def test_builtin_model_speculative_greedy_equals_plain(builtin_model):
@@ -156,8 +173,8 @@ def test_builtin_model_speculative_greedy_equals_plain(builtin_model):
     prompt = tokenizer.encode(text)
     eos = tokenizer.eos_token_id
     want = greedy_decode(model, prompt, 32, eos)
-    out, steps = collect(generate(TransformersEngine(model), prompt, SuffixDrafter(), max_new_tokens=32,
-                                  eos_token_ids=eos))
+    out, steps = collect(generate(TransformersEngine(model), prompt, SuffixDrafter(),
+                                  Decoding(max_new_tokens=32, eos_token_ids=eos)))
     assert out == want
     assert len(steps) < len(out)  # the request index drafts the repeated function bodies
 
@@ -219,13 +236,13 @@ def test_a_prediction_drafts_first_and_output_stays_plain_greedy():
                               (list(range(50, 90)), SuffixDrafter()), ([], None)):
         out, steps = collect(generate(TransformersEngine(model), prompt,
                                       PredictionDrafter(prediction, inner, max_spec_tokens=16),
-                                      max_new_tokens=40))
+                                      Decoding(max_new_tokens=40)))
         assert out == want, prediction
         if prediction == want:
             assert len(steps) <= 40 // 16 + 2  # the whole prediction accepted, 16 tokens a step
     edited, steps = collect(generate(TransformersEngine(model), prompt,
                                      PredictionDrafter(want[:10] + [1, 2, 3] + want[14:], None, max_spec_tokens=16),
-                                     max_new_tokens=40))
+                                     Decoding(max_new_tokens=40)))
     assert len(steps) <= 8  # finds its place again after the edit
 
 
@@ -235,8 +252,8 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
     full = torch.log_softmax(model64(torch.tensor([prompt + want])).logits[0].double(), -1)  # [S, V]
     rows = full[len(prompt) - 1 : len(prompt) - 1 + len(want)]  # row i chose want[i]
     for make in (all_right, wide_tree, empty):
-        steps = list(generate(TransformersEngine(model64), prompt, FakeDrafter(make, want), max_new_tokens=24,
-                              logprobs=3))
+        steps = list(generate(TransformersEngine(model64), prompt, FakeDrafter(make, want),
+                              Decoding(max_new_tokens=24, logprobs=3)))
         out = [t for s in steps for t in s.new_tokens]
         logprobs = [lp for s in steps for lp in s.logprobs]
         assert out == want and len(logprobs) == len(want)
@@ -244,7 +261,8 @@ def test_logprobs_are_the_models_whatever_the_drafts(model64):
             assert abs(lp.logprob - float(rows[i, want[i]])) < 1e-9
             assert [t for t, _ in lp.top] == torch.topk(rows[i], 3).indices.tolist()
             assert lp.top[0][0] == want[i]  # greedy: the chosen token is the most likely
-    assert all(s.logprobs is None for s in generate(TransformersEngine(model64), prompt, None, max_new_tokens=4))
+    assert all(s.logprobs is None for s in generate(TransformersEngine(model64), prompt, None,
+                                                    Decoding(max_new_tokens=4)))
 
 
 @pytest.mark.slow
@@ -262,12 +280,12 @@ def test_a_sliding_window_model_verifies_linear_drafts_losslessly():
     assert "sliding-window" in tree_unsupported(model) and tree_unsupported(tiny_model()) is None
     prompt = [3, 17, 42, 5, 9]
     want = greedy_decode(model, prompt, 60)  # well past the window of 8
-    plain, steps = collect(generate(TransformersEngine(model), prompt, None, max_new_tokens=60))
+    plain, steps = collect(generate(TransformersEngine(model), prompt, None, Decoding(max_new_tokens=60)))
     assert plain == want and len(steps) == 60
     for make in MAKERS:  # trees too: the loop passes their best paths
         for seed in range(3):
             out, steps = collect(generate(TransformersEngine(model), prompt, FakeDrafter(make, want, seed),
-                                          max_new_tokens=60))
+                                          Decoding(max_new_tokens=60)))
             assert out == want, (make.__name__, seed)
             if make is all_right:
                 assert len(steps) < 60 // 4

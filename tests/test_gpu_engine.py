@@ -19,6 +19,7 @@ if not CUDA:
 pytest.importorskip("triton", reason="the GPU engine's kernels need Triton (pip install triton)")
 
 from specx.core.decode.generate import generate  # noqa: E402
+from specx.core.decode.request import Decoding  # noqa: E402
 from specx.core.draft import Draft  # noqa: E402
 from specx.core.model.gpu import kernels  # noqa: E402
 from specx.core.model.gpu.engine import GPUEngine, GPUPrefixCache  # noqa: E402
@@ -173,15 +174,15 @@ def test_speculative_greedy_is_the_engines_plain_greedy(tiny):
     prompt = [11, 22, 33, 44, 55]
     want = tiny.plain(prompt, 16, None)
     for make in (all_right, deep_chain, wide_tree):
-        out, _ = collect(generate(tiny, prompt, FakeDrafter(make, want, 0), max_new_tokens=16))
+        out, _ = collect(generate(tiny, prompt, FakeDrafter(make, want, 0), Decoding(max_new_tokens=16)))
         assert out == want, make.__name__
 
 
 def test_seeded_sampling_is_the_same_with_and_without_drafts(tiny):
     prompt = [11, 22, 33, 44]
-    kwargs = dict(max_new_tokens=12, temperature=4.0, top_k=50, top_p=0.99, seed=42)  # a random model is peaked
-    plain, _ = collect(generate(tiny, prompt, None, **kwargs))
-    spec, _ = collect(generate(tiny, prompt, FakeDrafter(wide_tree, plain + [0] * 12), **kwargs))
+    settings = Decoding(max_new_tokens=12, temperature=4.0, top_k=50, top_p=0.99, seed=42)  # a random model is peaked
+    plain, _ = collect(generate(tiny, prompt, None, settings))
+    spec, _ = collect(generate(tiny, prompt, FakeDrafter(wide_tree, plain + [0] * 12), settings))
     assert spec == plain
 
 

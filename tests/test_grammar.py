@@ -2,6 +2,7 @@
 plain greedy decoding token for token, whatever the drafts; refused draft nodes are pruned."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specx.core.decode.generate import generate, greedy_decode
 from specx.core.decode.grammar import GrammarError, Vocabulary, json_schema_grammar, lark_grammar
+from specx.core.decode.request import Decoding
 from specx.core.draft import GRAMMAR, Draft
 from specx.core.model.transformers.engine import TransformersEngine
 
@@ -37,29 +39,30 @@ def test_speculative_constrained_greedy_equals_constrained_plain(model, builtin_
         assert builtin_tokenizer.decode(want).startswith('{"sql": "')  # the grammar, not the random model, decided
         for seed in range(3):
             out, steps = collect(generate(TransformersEngine(model), prompt, FakeDrafter(make, want, seed),
-                                          max_new_tokens=48, eos_token_ids=eos,
+                                          Decoding(max_new_tokens=48, eos_token_ids=eos),
                                           constraint=builtin_vocabulary.constraint(grammar)))
             assert out == want, (make.__name__, seed)
-        plain, steps = collect(generate(TransformersEngine(model), prompt, None, max_new_tokens=48, eos_token_ids=eos,
+        plain, steps = collect(generate(TransformersEngine(model), prompt, None,
+                                        Decoding(max_new_tokens=48, eos_token_ids=eos),
                                         constraint=builtin_vocabulary.constraint(grammar)))
         assert plain == want and len(steps) == len(want)  # no drafter: one token a pass, no forced drafts
 
 
 def test_seeded_sampling_under_a_grammar_is_the_same_with_and_without_drafts(model, builtin_tokenizer,
                                                                              builtin_vocabulary):
-    grammar = json_schema_grammar(SCHEMA)
     prompt = builtin_tokenizer.encode("JSON:")
-    kwargs = dict(max_new_tokens=48, eos_token_ids=builtin_tokenizer.eos_token_id, temperature=0.8, top_p=0.95, seed=7)
-    plain, _ = collect(generate(TransformersEngine(model), prompt, None,
-                                constraint=builtin_vocabulary.constraint(grammar), **kwargs))
+    settings = Decoding(max_new_tokens=48, eos_token_ids=builtin_tokenizer.eos_token_id, temperature=0.8, top_p=0.95,
+                        seed=7, grammar=json_schema_grammar(SCHEMA))
+    plain, _ = collect(generate(TransformersEngine(model), prompt, None, settings,
+                                constraint=settings.constraint(builtin_vocabulary)))
     assert builtin_tokenizer.decode(plain).startswith('{"sql": "')
     for make in MAKERS:
-        spec, steps = collect(generate(TransformersEngine(model), prompt, FakeDrafter(make, plain + [0] * 48),
-                                       constraint=builtin_vocabulary.constraint(grammar), **kwargs))
+        spec, steps = collect(generate(TransformersEngine(model), prompt, FakeDrafter(make, plain + [0] * 48), settings,
+                                       constraint=settings.constraint(builtin_vocabulary)))
         assert spec == plain, make.__name__
-    other, _ = collect(generate(TransformersEngine(model), prompt, None,
-                                constraint=builtin_vocabulary.constraint(grammar),
-                                **{**kwargs, "seed": 8}))
+    other = replace(settings, seed=8)
+    other, _ = collect(generate(TransformersEngine(model), prompt, None, other,
+                                constraint=other.constraint(builtin_vocabulary)))
     assert other != plain
 
 
@@ -88,7 +91,8 @@ def test_forced_tokens_lead_the_draft_and_are_accepted(model, builtin_tokenizer,
     grammar = json_schema_grammar(SCHEMA)
     want = greedy_decode(model, prompt, 40, eos, builtin_vocabulary.constraint(grammar))
     drafter = FakeDrafter(MAKERS[-1], want)  # empty drafts: only the grammar drafts
-    out, steps = collect(generate(TransformersEngine(model), prompt, drafter, max_new_tokens=40, eos_token_ids=eos,
+    out, steps = collect(generate(TransformersEngine(model), prompt, drafter,
+                                  Decoding(max_new_tokens=40, eos_token_ids=eos),
                                   constraint=builtin_vocabulary.constraint(grammar)))
     assert out == want
     assert steps[0].accepted == 3  # the forced {"sql": came in the first pass, + the bonus token
@@ -137,8 +141,8 @@ def test_builtin_model_writes_schema_valid_json_every_time(builtin_model):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         prompt = builtin_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-        out, _ = collect(generate(TransformersEngine(model), prompt, drafter, max_new_tokens=160,
-                                  eos_token_ids=builtin_tokenizer.eos_token_id,
+        out, _ = collect(generate(TransformersEngine(model), prompt, drafter,
+                                  Decoding(max_new_tokens=160, eos_token_ids=builtin_tokenizer.eos_token_id),
                                   constraint=builtin_vocabulary.constraint(grammar)))
         assert out[-1] == builtin_tokenizer.eos_token_id, builtin_tokenizer.decode(out)
         answer = json.loads(builtin_tokenizer.decode(out[:-1]))

@@ -34,9 +34,13 @@ def chat_body(**extra):
 def test_parse_chat_defaults_follow_openai():
     req, stream, include_usage = parse(chat_body())
     assert req.prompt_ids == FakeTokenizer().encode("<user>hi<assistant>")
-    assert req.max_tokens == 64 - len(req.prompt_ids)  # chat: whatever fits
-    assert (req.temperature, req.top_p, req.n, req.stop, req.seed) == (1.0, 1.0, 1, [], None)
+    settings = req.settings  # what the worker hands to generate as it is
+    assert settings.max_new_tokens == 64 - len(req.prompt_ids)  # chat: whatever fits
+    assert (settings.temperature, settings.top_p, req.n, settings.stop, settings.seed) == (1.0, 1.0, 1, (), None)
+    assert (settings.eos_token_ids, settings.grammar, settings.logprobs) == ((), None, -1)  # this tokenizer has no EOS
     assert (stream, include_usage) == (False, False)
+    ends = Tokenizers(FakeTokenizer(), 1000, eos_token_id=0)  # the server's: its model's EOS
+    assert parse_request(chat_body(), "chat.completions", [MODEL], 64, ends)[0].settings.eos_token_ids == (0,)
     assert req.id.startswith("chatcmpl-") and req.prompt_messages == [{"role": "user", "content": "hi"}]
 
 
@@ -44,9 +48,11 @@ def test_parse_completions_and_options():
     req, stream, include_usage = parse({"model": MODEL, "prompt": ["abc"], "stream": True, "max_completion_tokens": 5,
                                         "stream_options": {"include_usage": True}, "stop": "\n", "seed": 3,
                                         "temperature": 0, "n": 2}, "completions")
-    assert (req.prompt_text, req.prompt_ids, req.max_tokens, req.stop) == ("abc", [97, 98, 99], 5, ["\n"])
-    assert (stream, include_usage, req.seed, req.temperature, req.n) == (True, True, 3, 0.0, 2)
-    assert parse({"model": MODEL, "prompt": "abc"}, "completions")[0].max_tokens == 16  # OpenAI's default
+    settings = req.settings
+    assert (req.prompt_text, req.prompt_ids) == ("abc", [97, 98, 99])
+    assert (settings.max_new_tokens, settings.stop) == (5, ("\n",))
+    assert (stream, include_usage, settings.seed, settings.temperature, req.n) == (True, True, 3, 0.0, 2)
+    assert parse({"model": MODEL, "prompt": "abc"}, "completions")[0].settings.max_new_tokens == 16  # OpenAI's default
     assert parse({"model": MODEL, "prompt": [5, 6]}, "completions")[0].prompt_ids == [5, 6]
     text = parse(chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                    {"type": "text", "text": "b"}]},
@@ -108,7 +114,7 @@ def test_parse_accepts_neutral_values_of_unsupported_parameters():
     req = parse(chat_body(logprobs=False, frequency_penalty=0, presence_penalty=0.0, logit_bias={},
                           response_format={"type": "text"}, tools=[{"type": "function", "function": {"name": "f"}}],
                           tool_choice="auto", user="u1", max_tokens=None), context=10_000)[0]
-    assert req.max_tokens >= 1
+    assert req.settings.max_new_tokens >= 1
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -123,7 +129,7 @@ def test_tools_go_into_the_system_prompt_of_a_template_that_ignores_them():
     fake = FakeTokenizer()
     prompt = fake.decode(req.prompt_ids)
     assert prompt.startswith("<system>" + tools_system_prompt("hermes", [TOOLS[0]["function"]]))
-    assert (req.tool_parser, req.tool_names, req.grammar) == ("hermes", ["get_weather"], None)  # auto: no grammar
+    assert (req.tool_parser, req.tool_names, req.settings.grammar) == ("hermes", ["get_weather"], None)  # auto: none
     assert req.prompt_messages == [{"role": "user", "content": "hi"}]  # the client's messages are what is stored
     none = parse(chat_body(tools=TOOLS, tool_choice="none"), context=10_000)[0]
     assert fake.decode(none.prompt_ids) == "<user>hi<assistant>" and none.tool_parser is None
@@ -153,11 +159,11 @@ def test_bad_tools_name_their_param(extra, param):
 
 
 def test_parse_logprobs():
-    assert parse(chat_body())[0].logprobs == -1
-    assert parse(chat_body(logprobs=True))[0].logprobs == 0
-    assert parse(chat_body(logprobs=True, top_logprobs=5))[0].logprobs == 5
-    assert parse({"model": MODEL, "prompt": "a", "logprobs": 2}, "completions")[0].logprobs == 2
-    assert parse({"model": MODEL, "prompt": "a", "logprobs": 0}, "completions")[0].logprobs == 0
+    assert parse(chat_body())[0].settings.logprobs == -1
+    assert parse(chat_body(logprobs=True))[0].settings.logprobs == 0
+    assert parse(chat_body(logprobs=True, top_logprobs=5))[0].settings.logprobs == 5
+    assert parse({"model": MODEL, "prompt": "a", "logprobs": 2}, "completions")[0].settings.logprobs == 2
+    assert parse({"model": MODEL, "prompt": "a", "logprobs": 0}, "completions")[0].settings.logprobs == 0
 
 
 def test_parse_response_format(builtin_vocabulary):
@@ -165,7 +171,7 @@ def test_parse_response_format(builtin_vocabulary):
 
     def fmt(response_format):
         return parse_request(chat_body(response_format=response_format), "chat.completions", [MODEL], 64,
-                             tokenizers)[0].grammar
+                             tokenizers)[0].settings.grammar
 
     assert fmt({"type": "text"}) is None
     assert "json_schema" in fmt({"type": "json_object"})

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from specx.http.responses import HeldText
+from specx.core.decode.request import Decoding
 from specx.core.serve.tool_calls import parse_tool_calls
 from specx.core.serve.job import GenerationRequest
 
@@ -23,8 +24,8 @@ TEXTS = {  # recorded answers in each format, and whether they hold calls
 
 
 def request(parser):
-    return GenerationRequest(id="x", endpoint="chat.completions", model="m", prompt_ids=[1], max_tokens=1,
-                             tool_parser=parser, tool_names=["get_weather"])
+    return GenerationRequest(id="x", endpoint="chat.completions", model="m", prompt_ids=[1],
+                             settings=Decoding(max_new_tokens=1), tool_parser=parser, tool_names=["get_weather"])
 
 
 @pytest.mark.parametrize("parser", list(TEXTS))

@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from specx.core.decode.generate import generate, greedy_decode
+from specx.core.decode.request import Decoding
 from specx.core.model.transformers import attention, kernels, kv_cache, matmul
 from specx.core.model.transformers.engine import TransformersEngine
 from specx.core.model.transformers.tree import keep_accepted, tree_logits
@@ -113,7 +114,7 @@ def test_accelerated_speculative_greedy_equals_plain_greedy(fast32, make):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 30))]
         ref = greedy_decode(fast32, prompt, 50)
         drafter = FakeDrafter(make, ref, seed=rng.randrange(100))
-        out, _ = collect(generate(TransformersEngine(fast32), prompt, drafter, max_new_tokens=20))
+        out, _ = collect(generate(TransformersEngine(fast32), prompt, drafter, Decoding(max_new_tokens=20)))
         assert out == ref[:20]
 
 

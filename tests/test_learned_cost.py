@@ -180,6 +180,7 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
     import torch
 
     from specx.core.decode.generate import generate, greedy_decode
+    from specx.core.decode.request import Decoding
     from specx.core.model.transformers.engine import TransformersEngine
     from specx.core.model.threads import set_threads
     from helpers.decoding import FakeDrafter, all_right, deep_chain, wide_tree
@@ -198,8 +199,8 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
             prompt = [rng.randrange(1, 90) for _ in range(rng.randrange(2, 12))]
             reference = greedy_decode(model, prompt, 24)
             for make in (all_right, deep_chain, wide_tree):
-                out = [t for s in generate(engine, prompt, FakeDrafter(make, reference), max_new_tokens=24, cost=cost,
-                                           threads=tuner) for t in s.new_tokens]
+                out = [t for s in generate(engine, prompt, FakeDrafter(make, reference), Decoding(max_new_tokens=24),
+                                           cost=cost, threads=tuner) for t in s.new_tokens]
                 assert out == reference
     finally:
         set_threads(threads)
@@ -427,6 +428,7 @@ def test_a_shaped_streams_slot_holds_a_plain_step_and_drafts_run_only_ahead_of_i
     next slot, none before its first token."""
     from types import SimpleNamespace
 
+    from specx.core.decode.request import Decoding
     from specx.core.serve.pace import Clock, PacedCost
     from specx.live import LEARNED_PASSES, SHAPED_DRAFT, stream_pace
 
@@ -435,7 +437,7 @@ def test_a_shaped_streams_slot_holds_a_plain_step_and_drafts_run_only_ahead_of_i
         cost.observe_step(num_tokens=1 + i % 3, context=300, verify_seconds=0.01 * (1 + 0.2 * (i % 3)),
                           step_seconds=0.01 * (1 + 0.2 * (i % 3)) * (1.5 if i % 10 == 0 else 1.1), num_out=1 + i % 3)
     stack = SimpleNamespace(cost=cost)
-    req = SimpleNamespace(prompt_ids=list(range(200)), max_tokens=50)
+    req = SimpleNamespace(prompt_ids=list(range(200)), settings=Decoding(max_new_tokens=50))
     pace = stream_pace(stack, None)(req)
     assert cost.max_draft() == SHAPED_DRAFT and len(pace.steps) == SHAPED_DRAFT + 1
     assert pace.interval == pace.steps[0] == cost.step_bound(1, 256) >= cost(1, 256) * 1.1

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup installs it)")
 
 from helpers.cli import specx_in_process  # noqa: E402
+from specx.core.decode.request import Decoding  # noqa: E402
 from specx.core.model.llamacpp import LlamaModel, greedy  # noqa: E402
 from specx.core.model.load import builtin_gguf  # noqa: E402
 
@@ -97,7 +98,8 @@ def test_specx_on_llamacpp_writes_llamacpp_greedy_tokens(llama, prompts, referen
     drafter, accepted = SuffixDrafter(max_spec_factor=4.0), 0
     for prompt, reference in zip(prompts, references):
         out = []
-        for step in generate(llama, prompt, drafter, max_new_tokens=40, eos_token_ids=eos):  # no cost: whole drafts
+        settings = Decoding(max_new_tokens=40, eos_token_ids=eos)
+        for step in generate(llama, prompt, drafter, settings):  # no cost: whole drafts
             out += step.new_tokens
             accepted += step.accepted
         assert out == reference
@@ -122,8 +124,9 @@ def test_grammar_logprobs_and_sampling_on_llamacpp(llama, prompts, builtin_token
     grammar = json_schema_grammar(schema)
     prompt = builtin_tokenizer.encode("A singer as JSON with name and age: ", add_special_tokens=False)
 
-    def run(drafter, **kw):
-        steps = list(generate(llama, prompt, drafter, max_new_tokens=40, eos_token_ids=eos, **kw))
+    def run(drafter, constraint=None, **settings):
+        steps = list(generate(llama, prompt, drafter, Decoding(max_new_tokens=40, eos_token_ids=eos, **settings),
+                              constraint=constraint))
         return [t for s in steps for t in s.new_tokens], steps
 
     plain, _ = run(None, constraint=builtin_vocabulary.constraint(grammar))

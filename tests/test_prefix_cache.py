@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specx.core.decode.generate import generate, greedy_decode
+from specx.core.decode.request import Decoding
 from specx.core.model.transformers.engine import TransformersEngine, hf_generate
 from specx.core.model.transformers.kv_cache import cache_kwarg, new_cache
 from specx.core.model.prefix_cache import PrefixCache
@@ -72,7 +73,7 @@ def test_speculative_greedy_through_the_prefix_cache_equals_plain(make):
     prefixes = TransformersPrefixCache()
     for i, prompt in enumerate(agent_prompts(rng, 6)):
         ref = greedy_decode(model, prompt, 16)
-        steps = generate(TransformersEngine(model), prompt, FakeDrafter(make, ref, seed=i), max_new_tokens=16,
+        steps = generate(TransformersEngine(model), prompt, FakeDrafter(make, ref, seed=i), Decoding(max_new_tokens=16),
                          prefix_cache=prefixes)
         assert [t for s in steps for t in s.new_tokens] == ref
     assert prefixes.hit_tokens >= 5 * len(SHARED)

@@ -6,6 +6,7 @@ type and is batch-invariant, and speculation on the engine is its plain decoding
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 
 from specx.core.decode.generate import generate
 from specx.core.decode.grammar import json_schema_grammar
+from specx.core.decode.request import Decoding
 from specx.core.model.quantized import arch, kernel as qkernel, quant, target
 from specx.core.model.quantized.engine import GGUFError, QuantEngine
 from specx.core.model.quantized.quant import UnsupportedType
@@ -152,9 +154,9 @@ def test_speculative_greedy_is_the_engines_plain_greedy(tiny_engines, qtype):
     want = engine.plain(prompt, 40, None)
     for make in MAKERS:
         for seed in range(2):
-            out, steps = collect(generate(engine, prompt, FakeDrafter(make, want, seed), max_new_tokens=40))
+            out, steps = collect(generate(engine, prompt, FakeDrafter(make, want, seed), Decoding(max_new_tokens=40)))
             assert out == want, (make.__name__, seed)
-    plain, steps = collect(generate(engine, prompt, None, max_new_tokens=40))
+    plain, steps = collect(generate(engine, prompt, None, Decoding(max_new_tokens=40)))
     assert plain == want and len(steps) == len(want)
 
 
@@ -231,12 +233,12 @@ def test_a_kept_prompt_is_the_sessions_own_cache_and_stays_the_prompt(tiny_engin
 def test_seeded_sampling_is_the_same_with_and_without_drafts(tiny_engines):
     engine = tiny_engines[T.Q8_0]
     prompt = [11, 22, 33, 44]
-    kwargs = dict(max_new_tokens=40, temperature=4.0, top_k=50, top_p=0.99, seed=42)  # a random model is peaked
-    plain, _ = collect(generate(engine, prompt, None, **kwargs))
+    settings = Decoding(max_new_tokens=40, temperature=4.0, top_k=50, top_p=0.99, seed=42)  # a random model is peaked
+    plain, _ = collect(generate(engine, prompt, None, settings))
     for make in MAKERS:
-        spec, steps = collect(generate(engine, prompt, FakeDrafter(make, plain + [0] * 40), **kwargs))
+        spec, steps = collect(generate(engine, prompt, FakeDrafter(make, plain + [0] * 40), settings))
         assert spec == plain, make.__name__
-    other, _ = collect(generate(engine, prompt, None, **{**kwargs, "seed": 43}))
+    other, _ = collect(generate(engine, prompt, None, replace(settings, seed=43)))
     assert other != plain
 
 
@@ -245,11 +247,12 @@ def test_constrained_decoding_is_the_same_with_and_without_drafts(tiny_engines, 
     grammar = json_schema_grammar(SCHEMA)
     eos = builtin_tokenizer.eos_token_id
     prompt = builtin_tokenizer.encode("Answer in JSON:")
-    want, _ = collect(generate(engine, prompt, None, max_new_tokens=40, eos_token_ids=eos,
+    want, _ = collect(generate(engine, prompt, None, Decoding(max_new_tokens=40, eos_token_ids=eos),
                                constraint=builtin_vocabulary.constraint(grammar)))
     assert builtin_tokenizer.decode(want).startswith('{"sql": "')
     for make in MAKERS:
-        out, _ = collect(generate(engine, prompt, FakeDrafter(make, want), max_new_tokens=40, eos_token_ids=eos,
+        out, _ = collect(generate(engine, prompt, FakeDrafter(make, want),
+                                  Decoding(max_new_tokens=40, eos_token_ids=eos),
                                   constraint=builtin_vocabulary.constraint(grammar)))
         assert out == want, make.__name__
 
@@ -324,7 +327,7 @@ def test_the_builtin_model_speculates_losslessly_on_its_quantized_weights(builti
         top = engine.start(ids[:-1]).score([ids[-1]], Draft())[0].argmax()
         assert builtin_tokenizer.decode([int(top)]) == next_word
     want = engine.plain(prompt, 24, eos)
-    out, steps = collect(generate(engine, prompt, SuffixDrafter(), max_new_tokens=24, eos_token_ids=eos))
+    out, steps = collect(generate(engine, prompt, SuffixDrafter(), Decoding(max_new_tokens=24, eos_token_ids=eos)))
     assert out == want
     assert len(steps) < len(out)
 
@@ -388,7 +391,7 @@ def test_a_tool_call_repeated_after_chat_answers_is_the_same_drafted_or_not(buil
     curve = ForwardCost((1, 4, 8, 16, 32), (1.0, 1.2, 1.4, 1.9, 3.1))
     for question in ("Tell me about Paris.", "Is London rainy?"):  # answers the index learns
         collect(generate(engine, chat_tokens(tok, [{"role": "user", "content": question}]), SuffixDrafter(index),
-                         max_new_tokens=40, eos_token_ids=eos))
+                         Decoding(max_new_tokens=40, eos_token_ids=eos)))
     drafters = [  # (name, a new drafter over the shared index or around the reference, cost)
         *((f"suffix {size} {'tree' if tree else 'linear'}", lambda want, s=size, t=tree:
            SuffixDrafter(index, max_spec_tokens=s, tree=t), None) for size in (1, 4, 32) for tree in (True, False)),
@@ -396,14 +399,13 @@ def test_a_tool_call_repeated_after_chat_answers_is_the_same_drafted_or_not(buil
         *((make.__name__, lambda want, m=make: FakeDrafter(m, want + [eos] * 40), None)
           for make in MAKERS if make.__name__ in ("deep_chain", "wide_tree"))]
     for temperature in (0.0, 0.9):  # each drafted call learns its output: the next drafts from it
-        kwargs = dict(max_new_tokens=100, eos_token_ids=eos, temperature=temperature, seed=11)
-        want, _ = collect(generate(engine, prompt, None, constraint=builtin_vocabulary.constraint(grammar, [eos]),
-                                   **kwargs))
+        settings = Decoding(max_new_tokens=100, eos_token_ids=eos, temperature=temperature, seed=11, grammar=grammar)
+        want, _ = collect(generate(engine, prompt, None, settings, constraint=settings.constraint(builtin_vocabulary)))
         assert tok.decode(want).startswith('<tool_call>\n{"name": "get_weather_')
         for name, make, cost in drafters:
-            out, steps = collect(generate(engine, prompt, make(want), cost=cost,
+            out, steps = collect(generate(engine, prompt, make(want), settings, cost=cost,
                                           acceptance=AcceptanceModel() if cost else None,
-                                          constraint=builtin_vocabulary.constraint(grammar, [eos]), **kwargs))
+                                          constraint=settings.constraint(builtin_vocabulary)))
             assert out == want, (name, temperature)
             if name == "suffix 32 tree":
                 assert len(steps) < len(want) // 2  # it drafted from the calls before it

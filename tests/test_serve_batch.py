@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from specx.core.cost.sizing import size_draft
+from specx.core.decode.request import Decoding
 from specx.core.draft import Draft
 from specx.core.serve.batch import Batcher, fork_drafter
 from specx.core.serve.events import ChoiceDone, Delta, Done, Failed
@@ -52,20 +53,22 @@ def requests(stack) -> list[GenerationRequest]:
 
     schema = {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}
 
-    def req(i: int, question: str, **kw) -> GenerationRequest:
-        kw.setdefault("temperature", 0.0)
+    eos = stack.tokenizer.eos_token_id
+
+    def req(i: int, question: str, n: int = 1, grammar_param: str | None = None, **kw) -> GenerationRequest:
+        settings = Decoding(**{"max_new_tokens": 40, "eos_token_ids": eos, **kw})
         return GenerationRequest(id=f"r{i}", endpoint="chat.completions", model="m", prompt_ids=chat(stack, question),
-                                 max_tokens=kw.pop("max_tokens", 40), **kw)
+                                 settings=settings, n=n, grammar_param=grammar_param)
 
     return [req(0, "List the names of singers from France."),
-            req(1, "What is the average age of singers?", max_tokens=6),
+            req(1, "What is the average age of singers?", max_new_tokens=6),
             req(2, "Which concerts were held in 2014?", temperature=0.8, top_p=0.9, seed=7),
             req(3, "Show every theme of concerts.", stop=["FROM"]),
             req(4, "Count the concerts per year.", grammar=json_schema_grammar(schema), grammar_param="response_format"),
-            req(5, "Name the oldest singer.", n=2, temperature=0.7, seed=3, max_tokens=24),
+            req(5, "Name the oldest singer.", n=2, temperature=0.7, seed=3, max_new_tokens=24),
             GenerationRequest(id="r6", endpoint="completions", model="m", prompt_text="SELECT",
-                              prompt_ids=stack.tokenizer.encode("SELECT name FROM singer WHERE"), max_tokens=30,
-                              temperature=0.0)]
+                              prompt_ids=stack.tokenizer.encode("SELECT name FROM singer WHERE"),
+                              settings=Decoding(max_new_tokens=30, eos_token_ids=eos))]
 
 
 def run(worker, reqs, *, at_once: bool, cancel: set[str] = frozenset()):
@@ -143,7 +146,8 @@ def test_a_request_that_fails_or_is_cancelled_leaves_the_others_unchanged(stack,
 
     reqs = requests(stack)
     bad = GenerationRequest(id="bad", endpoint="completions", model="m", prompt_text="?",
-                            prompt_ids=[1, 2, stack.engine.vocab_size + 5], max_tokens=8, temperature=0.0)
+                            prompt_ids=[1, 2, stack.engine.vocab_size + 5],
+                            settings=Decoding(max_new_tokens=8, eos_token_ids=stack.tokenizer.eos_token_id))
     worker = Worker(stack, max_batch=8, vocabulary=vocabulary)
     worker.start()
     try:
@@ -166,7 +170,8 @@ def test_prompts_sharing_a_prefill_in_flight_prefill_it_once(stack):
     from specx.core.serve.worker import Worker
 
     system = SYSTEM * 4
-    reqs = [GenerationRequest(id=f"s{i}", endpoint="chat.completions", model="m", temperature=0.0, max_tokens=4,
+    settings = Decoding(max_new_tokens=4, eos_token_ids=stack.tokenizer.eos_token_id)
+    reqs = [GenerationRequest(id=f"s{i}", endpoint="chat.completions", model="m", settings=settings,
                               prompt_ids=chat(stack, q, system)) for i, q in enumerate(("Count singers.", "Count concerts.",
                                                                                          "List themes."))]
     shared = next(i for i, (a, b) in enumerate(zip(reqs[0].prompt_ids, reqs[1].prompt_ids)) if a != b)

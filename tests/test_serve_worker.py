@@ -64,12 +64,13 @@ def tiny_worker(recorder=None):
     return Worker(Stack(TransformersEngine(tiny_model()), CharTokenizer(), "chars", IndexSize()), recorder=recorder)
 
 
-def tiny_request(**kwargs):
+def tiny_request(tenant: str = "", **settings):
+    from specx.core.decode.request import Decoding
     from specx.core.serve.job import GenerationRequest
 
     return GenerationRequest(id="chatcmpl-test", endpoint="chat.completions", model=MODEL, prompt_ids=[5, 6, 7],
-                             max_tokens=4, prompt_messages=[{"role": "user", "content": "q"}], temperature=0.0,
-                             **kwargs)
+                             settings=Decoding(max_new_tokens=4, eos_token_ids=CharTokenizer.eos_token_id, **settings),
+                             prompt_messages=[{"role": "user", "content": "q"}], tenant=tenant)
 
 
 def answer(worker, *requests, timeout=60.0):

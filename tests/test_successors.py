@@ -271,6 +271,7 @@ def test_table_drafts_are_lossless_greedy_and_sampled(alone):
     plain greedy's token for token, seeded sampling the plain sampler's (transformers engine)."""
     from specx.core.decode.generate import generate, greedy_decode
     from specx.core.decode.loop import collect
+    from specx.core.decode.request import Decoding
     from specx.core.model.transformers.engine import TransformersEngine
     from helpers.models import VOCAB, tiny_model
 
@@ -283,13 +284,13 @@ def test_table_drafts_are_lossless_greedy_and_sampled(alone):
     prompts = [rng.integers(0, VOCAB, size=6).tolist() for _ in range(3)]
     drafted = 0
     for prompt in prompts * 2:  # the second time round the table has learnt these prompts' passes
-        run = collect(generate(engine, prompt, drafter, max_new_tokens=40, successors=table))
+        run = collect(generate(engine, prompt, drafter, Decoding(max_new_tokens=40), successors=table))
         assert run.tokens == greedy_decode(model, prompt, 40)
         drafted += run.stats.drafted
     assert len(table) > 20 and drafted > 0
-    kwargs = dict(max_new_tokens=40, temperature=0.8, top_k=10, top_p=0.9, seed=5)
-    plain = collect(generate(engine, prompts[0], None, **kwargs)).tokens
-    spec = collect(generate(engine, prompts[0], drafter, successors=table, **kwargs))
+    settings = Decoding(max_new_tokens=40, temperature=0.8, top_k=10, top_p=0.9, seed=5)
+    plain = collect(generate(engine, prompts[0], None, settings)).tokens
+    spec = collect(generate(engine, prompts[0], drafter, settings, successors=table))
     assert spec.tokens == plain and spec.stats.steps < len(plain)  # drafts were accepted
 
 
@@ -297,6 +298,7 @@ def test_table_drafts_are_lossless_under_a_grammar(builtin_tokenizer, builtin_vo
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specx.core.decode.generate import generate, greedy_decode
+    from specx.core.decode.request import Decoding
     from specx.core.decode.grammar import json_schema_grammar
     from specx.core.decode.loop import collect
     from specx.core.model.transformers.engine import TransformersEngine
@@ -312,7 +314,8 @@ def test_table_drafts_are_lossless_under_a_grammar(builtin_tokenizer, builtin_vo
     prompt = builtin_tokenizer.encode("Answer in JSON:")
     want = greedy_decode(model, prompt, 32, eos, builtin_vocabulary.constraint(grammar))
     for _ in range(2):
-        out = collect(generate(TransformersEngine(model), prompt, drafter, max_new_tokens=32, eos_token_ids=eos,
+        out = collect(generate(TransformersEngine(model), prompt, drafter,
+                               Decoding(max_new_tokens=32, eos_token_ids=eos),
                                constraint=builtin_vocabulary.constraint(grammar), successors=table)).tokens
         assert out == want
     assert len(table) > 0
@@ -324,6 +327,7 @@ def test_table_drafts_are_lossless_on_llamacpp(builtin_tokenizer):
     greedy tokens with the hybrid drafter, and the table learns from its rows."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup installs it)")
     from specx.core.decode.generate import generate
+    from specx.core.decode.request import Decoding
     from specx.core.decode.loop import collect
     from specx.core.model.llamacpp import LlamaModel, greedy
     from specx.core.model.load import builtin_gguf
@@ -337,7 +341,8 @@ def test_table_drafts_are_lossless_on_llamacpp(builtin_tokenizer):
         steps = 0
         for prompt in prompts:
             reference = greedy(llama, prompt, 32, [eos])
-            run = collect(generate(llama, prompt, drafter, max_new_tokens=32, eos_token_ids=eos, successors=table))
+            run = collect(generate(llama, prompt, drafter, Decoding(max_new_tokens=32, eos_token_ids=eos),
+                                   successors=table))
             assert run.tokens == reference
             steps += run.stats.steps
         assert len(table) > 20 and steps < sum(len(greedy(llama, p, 32, [eos])) for p in prompts)

@@ -41,7 +41,7 @@ def test_no_stop_string_gives_all_text_and_tokens():
     shown, kept = feed(stream, "abc zz abc", 3)
     assert shown == "abc zz abc" and len(kept) == 10 and stream.stopped_by is None
     assert stream.finish_reason(max_tokens=10) == "length" and stream.finish_reason(max_tokens=11) == "stop"
-    assert stream.finish_reason(max_tokens=10, eos_token_id=ord("c")) == "stop"  # the last token was EOS
+    assert stream.finish_reason(max_tokens=10, eos_token_ids=[ord("c")]) == "stop"  # the last token was EOS
 
 
 def test_a_possible_stop_prefix_is_held_back_until_decided():

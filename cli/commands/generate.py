@@ -65,6 +65,7 @@ def generate_cmd(
     from ..core.decode.generate import generate
     from ..core.decode.grammar import GrammarError, Vocabulary
     from ..core.decode.loop import collect
+    from ..core.decode.request import Decoding
     from ..core.decode.hybrid import HybridDrafter
     from ..core.decode.speculate import SuffixDrafter
     from ..core.decode.text import TextStream
@@ -85,9 +86,6 @@ def generate_cmd(
     else:
         prompt_ids = chat_tokens(tok, [{"role": "user", "content": prompt}])
     eos = tok.eos_token_id
-    sampling = dict(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
-                    top_k=top_k, seed=seed)
-
     grammar = vocabulary = None
     if json_schema is not None:
         grammar, vocabulary = _schema_grammar(json_schema), Vocabulary(tok, engine.vocab_size, eos)
@@ -95,22 +93,24 @@ def generate_cmd(
             vocabulary.check(grammar)
         except GrammarError as exc:
             raise typer.BadParameter(str(exc), param_hint="--json-schema") from None
+    settings = Decoding(max_new_tokens=max_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p,
+                        top_k=top_k, seed=seed, stop=stop, grammar=grammar)
 
     def run(drafter: SuffixDrafter | HybridDrafter | None, stream: bool) -> dict:
-        text = TextStream(tok, stop=stop)
+        text = TextStream(tok, stop=settings.stop)
         t0 = time.perf_counter()
-        constraint = vocabulary.constraint(grammar) if grammar is not None else None
-        run = collect(generate(engine, prompt_ids, drafter, cost=cost if drafter is not None else None, stop=text,
-                               constraint=constraint, threads=stack.threads, learn=False,
-                               successors=stack.successors if drafter is not None else None, **sampling),
+        run = collect(generate(engine, prompt_ids, drafter, settings, stop=text,
+                               constraint=settings.constraint(vocabulary), cost=cost if drafter is not None else None,
+                               threads=stack.threads, learn=False,
+                               successors=stack.successors if drafter is not None else None),
                       (lambda step, so_far: output.stdout.out(text.pop(), end="", highlight=False)) if stream else None)
         assert run is not None
         totals, tokens = run.stats, run.tokens
         if stream:
             output.stdout.out(text.pop(final=True), end="", highlight=False)
         seconds = time.perf_counter() - t0
-        return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, eos), "tokens": len(tokens),
-                "steps": totals.steps, "accepted_per_step": totals.accepted_per_step,
+        return {"text": text.text, "finish_reason": text.finish_reason(max_tokens, settings.eos_token_ids),
+                "tokens": len(tokens), "steps": totals.steps, "accepted_per_step": totals.accepted_per_step,
                 "drafted": totals.drafted, "seconds": seconds,
                 "tokens_per_s": len(tokens) / seconds if seconds else 0.0, "token_ids": tokens}
 

@@ -77,7 +77,7 @@ class Api:
         `announce` (the log's "ready" lines) runs before /health says ok, so a log never lags it."""
         self.context_length = context_length
         self.tokenizers = Tokenizers(worker.tokenizer, worker.stack.engine.vocab_size, worker.vocabulary,
-                                    self.tool_parser)
+                                    self.tool_parser, worker.eos)
         worker.start()
         announce()
         self.worker = worker

@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..core.decode.grammar import GrammarError, json_schema_grammar
+from ..core.decode.request import Decoding
 from ..core.serve.tools import call_grammar
 from ..core.serve.job import GenerationRequest
 
@@ -86,13 +87,13 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                             f"completion.", name, "context_length_exceeded")
     prediction = _prediction(body, tokenizers, context_length)
     grammar, grammar_param = (tools_grammar, "tools") if tools_grammar else _response_format(body, tokenizers)
-    logprobs = _logprobs(body, endpoint)
+    settings = Decoding(max_new_tokens=max_tokens, eos_token_ids=tokenizers.eos_token_id, temperature=temperature,
+                        top_p=top_p, top_k=max(top_k, 0), seed=seed, stop=stop, grammar=grammar,
+                        logprobs=_logprobs(body, endpoint))
     prefix = "chatcmpl" if endpoint == "chat.completions" else "cmpl"
     request = GenerationRequest(id=f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint=endpoint, model=model,
-                                prompt_ids=prompt_ids, max_tokens=max_tokens, prompt_messages=prompt_messages,
-                                prompt_text=prompt_text, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                                seed=seed, stop=stop, n=n, prediction_ids=prediction,
-                                grammar=grammar, grammar_param=grammar_param, logprobs=logprobs,
+                                prompt_ids=prompt_ids, settings=settings, prompt_messages=prompt_messages,
+                                prompt_text=prompt_text, n=n, prediction_ids=prediction, grammar_param=grammar_param,
                                 tool_parser=tool_parser, tool_names=tool_names)
     return request, stream, include_usage
 

@@ -167,8 +167,8 @@ def logprobs_json(req: GenerationRequest, tokens: list[int], logprobs: list[Toke
     for text in texts:
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": texts, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{decode(t): v for t, v in lp.top} for lp in logprobs] if req.logprobs > 0 else None,
+    top = [{decode(t): v for t, v in lp.top} for lp in logprobs] if req.settings.logprobs > 0 else None
+    return {"tokens": texts, "token_logprobs": [lp.logprob for lp in logprobs], "top_logprobs": top,
             "text_offset": offsets}
 
 

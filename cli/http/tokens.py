@@ -21,9 +21,10 @@ class Tokenizers:
     """How a validated request becomes prompt tokens (the same calls as `specx generate`)."""
 
     def __init__(self, tokenizer: LockedTokenizer, vocab_size: int, vocabulary: Any = None,
-                 tool_parser: str | None = None) -> None:
+                 tool_parser: str | None = None, eos_token_id: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id  # the model's end token: every request's decoding ends at it
         self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: grammars are checked against it
         template = getattr(getattr(tokenizer, "tokenizer", tokenizer), "chat_template", None)
         self.renders_tools = self._renders_tools()  # False: tools go into the system prompt (core.serve.tools)

@@ -2,7 +2,7 @@
 verifier, through core.decode.verifiers.model.ModelVerifier.
 
     engine, tokenizer = load_backend("smollm2-135m")   # core.model.load
-    steps = generate(engine, prompt_ids, SuffixDrafter(index), max_new_tokens=64, eos_token_ids=[2])
+    steps = generate(engine, prompt_ids, SuffixDrafter(index), Decoding(max_new_tokens=64, eos_token_ids=[2]))
     output = [tok for step in steps for tok in step.new_tokens]
 """
 
@@ -20,53 +20,58 @@ from ..index.successors import SuccessorTable
 from ..model.engine import Engine
 from ..model.threads import ThreadTuner
 from .loop import Step, decode
+from .request import Decoding, as_ids
 from .speculate import Drafter
 from .verifiers.model import ModelVerifier
 from .verify import Sampling, mask_logits
 
 
-def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None = None, *, max_new_tokens: int = 256,
-             eos_token_ids: Iterable[int] | int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None, cost: PassCost | None = None,
-             stop: Callable[[list[int]], int | None] | None = None,
-             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None,
-             constraint: Any = None, logprobs: int = -1, threads: ThreadTuner | None = None,
+def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None = None,
+             settings: Decoding = Decoding(), *, cost: PassCost | None = None,
+             stop: Callable[[list[int]], int | None] | None = None, constraint: Any = None,
+             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None, threads: ThreadTuner | None = None,
              learn: bool = True, successors: SuccessorTable | None = None) -> Iterator[Step]:
-    """Decode up to `max_new_tokens` after `prompt_ids` with the model, yielding one Step per
-    forward pass of `engine`: core.decode.loop.decode with a ModelVerifier (its docstring says what `drafter`,
-    `cost`, `stop` and `acceptance` do).
+    """Decode what `settings` (a core.decode.request.Decoding: the limit, end tokens, sampling and
+    log-probabilities the request asks for) after `prompt_ids` with the model, yielding one Step
+    per forward pass of `engine`: core.decode.loop.decode with a ModelVerifier (its docstring says
+    what `drafter`, `cost`, `stop` and `acceptance` do).
 
     Greedy output (temperature 0) equals plain greedy decoding token for token; with temperature
-    > 0 every token has exactly the plain sampler's distribution, and the same `seed` gives the
+    > 0 every token has exactly the plain sampler's distribution, and the same seed gives the
     same text with or without a drafter (up to floating-point differences between the two
-    passes). `prefix_cache` (a core.model.prefix_cache.PrefixCache shared by the requests, from the
-    engine's new_prefix_cache) skips the prefill of the prompt's longest prefix it has seen before
-    (llama.cpp keeps its own). `constraint` (a
-    core.decode.grammar.Constraint, fresh for this decoding): every token follows its grammar, and the
-    output equals constrained plain decoding's. `logprobs` >= 0: each Step carries its tokens'
-    log-probabilities and that many top alternatives (core.decode.verify.token_logprobs). `threads` (the
-    engine's `thread_tuner()`) picks each pass's thread count from the passes' times (a busy machine).
-    `learn`: the drafter learns the output at the end (False: its indexes stay as they were).
-    `successors` (a core.index.successors.SuccessorTable, the one a HybridDrafter drafts from): every
-    pass's rows teach it the model's likely next tokens (core.decode.verify.learn_successors).
+    passes). `settings.logprobs` >= 0: each Step carries its tokens' log-probabilities and that
+    many top alternatives (core.decode.verify.token_logprobs).
+
+    What enforces the settings' stop strings and grammar is this decoding's own, made by the caller:
+    `stop` (a core.decode.text.TextStream of the stop strings) and `constraint` (a fresh
+    core.decode.grammar.Constraint, `settings.constraint(vocabulary)`: every token follows its
+    grammar, and the output equals constrained plain decoding's).
+
+    The rest is the runner's, not the request's. `prefix_cache` (a core.model.prefix_cache.PrefixCache, from
+    the engine's new_prefix_cache) skips the prefill of the prompt's longest prefix it has seen
+    before (llama.cpp keeps its own). `threads` (the engine's `thread_tuner()`) picks each pass's
+    thread count from the passes' times (a busy machine). `learn`: the drafter learns the output at
+    the end (False: its indexes stay as they were). `successors` (a
+    core.index.successors.SuccessorTable, the one a HybridDrafter drafts from): every pass's rows
+    teach it the model's likely next tokens (core.decode.verify.learn_successors).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ValueError("the prompt is empty: decoding needs at least one token")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0 or temperature < 0:
-        raise ValueError("top_k and temperature must be >= 0")
+    if settings.stop and stop is None:
+        raise ValueError("the settings have stop strings: pass stop=, a TextStream of them")
+    if settings.grammar and constraint is None:
+        raise ValueError("the settings have a grammar: pass constraint=settings.constraint(vocabulary)")
     generator = torch.Generator(device="cpu")
-    if seed is None:
+    if settings.seed is None:
         generator.seed()
     else:
-        generator.manual_seed(seed)
-    sampling = Sampling(float(temperature), int(top_k), float(top_p), generator)
-    verifier = ModelVerifier(engine, sampling, prefix_cache=prefix_cache, constraint=constraint, logprobs=logprobs,
-                             successors=successors)
-    yield from decode(verifier, prompt, drafter, max_new_tokens, _eos_set(eos_token_ids), cost, stop, acceptance,
-                      learn=learn, constraint=constraint, threads=threads)
+        generator.manual_seed(settings.seed)
+    sampling = Sampling(float(settings.temperature), int(settings.top_k), float(settings.top_p), generator)
+    verifier = ModelVerifier(engine, sampling, prefix_cache=prefix_cache, constraint=constraint,
+                             logprobs=settings.logprobs, successors=successors)
+    yield from decode(verifier, prompt, drafter, settings.max_new_tokens, settings.eos_token_ids, cost, stop,
+                      acceptance, learn=learn, constraint=constraint, threads=threads)
 
 
 @torch.inference_mode()
@@ -78,7 +83,7 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
     allows: constrained greedy."""
     from ..model.transformers.kv_cache import cache_kwarg, new_cache
 
-    eos = _eos_set(eos_token_ids)
+    eos = as_ids(eos_token_ids)
     cache = new_cache(model)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, S]
     out: list[int] = []
@@ -95,13 +100,3 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
             constraint.advance([tok])
         ids = torch.tensor([[tok]], dtype=torch.long, device=model.device)  # [1, 1]
     return out
-
-
-def _eos_set(eos_token_ids: Iterable[int] | int | None) -> set[int]:
-    if eos_token_ids is None:
-        return set()
-    if isinstance(eos_token_ids, int):
-        return {eos_token_ids}
-    return {int(t) for t in eos_token_ids}
-
-

@@ -4,15 +4,16 @@ A TextStream is fed each step's tokens and says where a stop string ends, so gen
 on the exact token that completed it; the text it hands out never contains a stop string, and is
 held back while its end could still become one (or is half of a multi-byte character).
 
-    stream = TextStream(tokenizer, stop=["\\n\\n"])
-    for step in generate(model, prompt, drafter, stop=stream):
+    settings = Decoding(max_new_tokens=64, stop=["\\n\\n"])   # core.decode.request
+    stream = TextStream(tokenizer, stop=settings.stop)
+    for step in generate(model, prompt, drafter, settings, stop=stream):
         print(stream.pop(), end="")
     print(stream.pop(final=True))
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -63,10 +64,10 @@ class TextStream:
                 return i + 1
         return None
 
-    def finish_reason(self, max_tokens: int, eos_token_id: int | None = None) -> str:
+    def finish_reason(self, max_tokens: int, eos_token_ids: Collection[int] = ()) -> str:
         """OpenAI's finish_reason once decoding ended: "stop" (a stop string, or the model ended,
-        EOS) or "length" (max_tokens reached)."""
-        ended = self.stopped_by is not None or bool(self.tokens and self.tokens[-1] == eos_token_id)
+        one of `eos_token_ids`) or "length" (max_tokens reached)."""
+        ended = self.stopped_by is not None or bool(self.tokens and self.tokens[-1] in eos_token_ids)
         return "stop" if ended or len(self.tokens) < max_tokens else "length"
 
     def pop(self, final: bool = False) -> str:

@@ -1,7 +1,7 @@
 """A GGUF model on llama.cpp (llama-cpp-python) as an Engine (core.model.engine).
 
     model = LlamaModel("SmolLM2-135M-Instruct.Q4_1.gguf")
-    steps = generate(model, prompt_ids, SuffixDrafter(), max_new_tokens=64, eos_token_ids=[2])
+    steps = generate(model, prompt_ids, SuffixDrafter(), Decoding(max_new_tokens=64, eos_token_ids=[2]))
 
 llama.cpp holds one sequence in its KV cache: the tokens of the last request (`LlamaModel.cached`).
 A new request keeps the longest prefix it shares with them and prefills the rest (an agent's

@@ -23,6 +23,7 @@ from ..cost.acceptance import AcceptanceModel
 from ..cost.forward import ForwardCost
 from ..decode.generate import generate
 from ..decode.loop import DecodeStats, collect
+from ..decode.request import Decoding
 from ..index.successors import SuccessorTable
 from ..model.engine import Engine
 from ..model.transformers.engine import hf_generate
@@ -81,6 +82,7 @@ def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, m
     prefixes = {m: engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
     acceptance = {m: AcceptanceModel() for m in specx}  # what the drafts are worth, learned across prompts
     threads = engine.thread_tuner()  # specx's passes choose the thread count; the other methods run on its choice
+    settings = Decoding(max_new_tokens=max_new_tokens, eos_token_ids=eos_token_id)  # greedy, as the other methods
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             for method in methods:
@@ -91,10 +93,9 @@ def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, m
                 missed = prefixes[method].miss_tokens if prefixes[method] is not None else 0
                 engine.clear()  # what the engine keeps between requests is not shared by the methods
                 if method in specx:
-                    decoded = collect(generate(engine, prompt, specx[method].drafter, max_new_tokens=max_new_tokens,
-                                               eos_token_ids=eos_token_id, cost=cost, acceptance=acceptance[method],
-                                               prefix_cache=prefixes[method], threads=threads,
-                                               successors=specx[method].successors))
+                    decoded = collect(generate(engine, prompt, specx[method].drafter, settings, cost=cost,
+                                               acceptance=acceptance[method], prefix_cache=prefixes[method],
+                                               threads=threads, successors=specx[method].successors))
                     assert decoded is not None
                     out, totals = decoded.tokens, decoded.stats
                 elif method == STOCK:

@@ -9,10 +9,11 @@ import difflib
 import threading
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from ..decode.request import Decoding
 from .events import Choice, Event
 from .metrics import Stats
 from .pace import Pace
@@ -20,25 +21,20 @@ from .pace import Pace
 
 @dataclass
 class GenerationRequest:
-    """A validated request: what to decode and how."""
+    """A validated request: what to decode (`settings`: the limit, end tokens, sampling, stop
+    strings, grammar and logprobs, made once from the HTTP body and handed to generate as they
+    are) and what the server does around it."""
 
     id: str
     endpoint: str  # "chat.completions" or "completions"
     model: str  # the name the client asked for
     prompt_ids: list[int]
-    max_tokens: int
+    settings: Decoding  # core.decode.request: each choice decodes settings.for_choice(its index)
     prompt_messages: list[dict[str, Any]] | None = None  # chat
     prompt_text: str | None = None  # completions
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
     n: int = 1
     prediction_ids: list[int] | None = None  # OpenAI's Predicted Outputs: the first draft source
-    grammar: str | None = None  # an llguidance grammar every output token follows (response_format, tool_choice)
-    grammar_param: str | None = None  # the request's param it came from (named when it fails)
-    logprobs: int = -1  # >= 0: report each token's log-probability and that many top alternatives
+    grammar_param: str | None = None  # the request's param the settings' grammar came from (named when it fails)
     tool_parser: str | None = None  # the output may hold tool calls in this core.serve.tools format
     tool_names: list[str] | None = None  # of the request's functions
     tenant: str = ""  # whose key sent it ('': a server without tenants): what it drafts from and teaches

@@ -68,7 +68,7 @@ class Worker:
         self.prefix_caches = tenant_prefix_caches(stack.engine, stack.prefix_cache, scopes)  # None: the stack's
         self.debug = debug
         self._drafting: dict[str, Drafting] = {}  # each scope's acceptance model and guards (_drafting_of)
-        self.eos = stack.tokenizer.eos_token_id
+        self.eos = stack.tokenizer.eos_token_id  # the HTTP side puts it in each request's settings
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.jobs.qsize)
@@ -335,24 +335,22 @@ class Worker:
     def _decode(self, job: Job, index: int, stack: Stack) -> Choice | None:
         """One choice, streamed as deltas; None when the client went away."""
         req = job.request
-        text = TextStream(self.tokenizer, stop=req.stop)
+        settings = req.settings.for_choice(index)
+        text = TextStream(self.tokenizer, stop=settings.stop)
         drafter = stack.drafter
         if drafter is not None and self.scopes is not None:
             drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req.tenant))
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
-        cost = stack.cost if stack.drafter is not None else None
+        prefix_cache = stack.prefix_cache if self.prefix_caches is None else self.prefix_caches[req.tenant]
+        speculating = stack.drafter is not None
+        cost = stack.cost if speculating else None
         clock = Clock(job.pace.interval) if job.pace is not None else None  # the wire's, kept here too
         cost = PacedCost(cost, job.pace, clock) if clock is not None and cost is not None else cost  # drafts ahead of it
-        steps = generate(stack.engine, req.prompt_ids, drafter, max_new_tokens=req.max_tokens,
-                         eos_token_ids=self.eos, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                         seed=None if req.seed is None else req.seed + index,
-                         cost=cost, stop=text,
-                         acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=stack.prefix_cache if self.prefix_caches is None
-                         else self.prefix_caches[req.tenant],
-                         constraint=self.vocabulary.constraint(req.grammar, [self.eos]) if req.grammar else None,
-                         logprobs=req.logprobs, threads=stack.threads,
-                         successors=stack.successors if stack.drafter is not None else None)
+        steps = generate(stack.engine, req.prompt_ids, drafter, settings, stop=text,
+                         constraint=settings.constraint(self.vocabulary), cost=cost,
+                         acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=prefix_cache,
+                         threads=stack.threads, successors=stack.successors if speculating else None)
         sent = 0  # tokens whose text went out in a delta
 
         def stream(step: Any, run: Decoded) -> bool:
@@ -367,15 +365,15 @@ class Worker:
                 sent = len(run.tokens)
             return True
 
-        run = collect(steps, stream, logprobs=req.logprobs >= 0)
+        run = collect(steps, stream, logprobs=settings.logprobs >= 0)
         if run is None:
             return None
         tokens, logprobs = run.tokens, run.logprobs
         piece = text.pop(final=True)
         if piece or (logprobs and sent < len(tokens)):
             job.emit(Delta(index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:]))
-        return Choice(index, text.text, tokens, text.finish_reason(req.max_tokens, self.eos), run.stats,
-                      prediction_tokens(req.prediction_ids, tokens), logprobs)
+        return Choice(index, text.text, tokens, text.finish_reason(settings.max_new_tokens, settings.eos_token_ids),
+                      run.stats, prediction_tokens(req.prediction_ids, tokens), logprobs)
 
     def _scope(self, tenant: str) -> str:  # the scope a tenant's request drafts in and teaches
         return tenant if self.scopes is not None and self.scopes.tenants else ""
