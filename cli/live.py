@@ -12,6 +12,8 @@ from .core.cost.learned import LearnedCost
 from .core.serve.pace import Pace
 
 DEFAULT_PACE_S = 0.05  # a shaped stream's seconds per token until a pass cost is learned (or with --fixed-size)
+PACE_MARGIN = 0.03  # a shaped stream's slots are a plain step's mean time apart and this share more
+PACE_SPREADS = 3.0  # ... and the k-th after the first token this many spreads of a plain step x sqrt(k) further
 LEARNED_PASSES = 16  # passes the cost must have seen (this run's or kept ones) before it sets the pace
 # Draft nodes a step of a shaped server verifies at most, where its request is far enough ahead of
 # its clock (core/serve/pace.py): a shaped stream's pace cannot gain from drafts (its slots are a
@@ -53,16 +55,16 @@ def live_store(stack: Any, db: Path, tenants: list[str], say: Callable[[str], No
 
 
 def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool = False) -> Callable[[Any], Pace]:
-    """A shaped stream's clock for a request (core.serve.pace.Pace): a slot of `interval_ms`, else a
-    bound on a plain step on a cache as long as the request can grow, rounded up to a power of two:
-    the learned cost of a one-token pass times what the recent steps took over their passes' cost,
-    at a high quantile (core.cost.learned.step_bound); and the same bound for steps verifying 1 to
-    SHAPED_DRAFT draft nodes, by which the request drafts only where it is ahead of its clock (so
-    the gaps say nothing of the drafts: docs/security.md). DEFAULT_PACE_S, and drafts by the cost
-    alone, until the cost has seen LEARNED_PASSES passes: before, its level is the shipped
-    curve's, not seconds. `at_least_plain` (tenants): never faster than that bound, whatever
-    `interval_ms` asks (a faster clock would let drafted stretches run on it and others lag, and
-    the gaps tell them apart)."""
+    """A shaped stream's clock for a request (core.serve.pace.Pace), from a plain step on a cache as
+    long as the request can grow, rounded up to a power of two (core.cost.learned.plain_step): slots
+    its mean time apart plus PACE_MARGIN, the k-th a further PACE_SPREADS of its spread x sqrt(k)
+    out; `interval_ms`, if asked, instead of the mean. The bounds of steps verifying 0 to
+    SHAPED_DRAFT draft nodes at a high quantile (core.cost.learned.step_bound), by which the request
+    drafts only where it is ahead of its clock (so the gaps say nothing of the drafts:
+    docs/security.md). DEFAULT_PACE_S a slot, and drafts by the cost alone, until the cost has seen
+    LEARNED_PASSES passes: before, its level is the shipped curve's, not seconds. `at_least_plain`
+    (tenants): never faster than the plain step, whatever `interval_ms` asks (a faster clock would
+    let drafted stretches run on it and others lag, and the gaps tell them apart)."""
     cost = stack.cost
     bounded = isinstance(cost, LearnedCost) and (interval_ms is None or at_least_plain)
     if bounded:
@@ -73,7 +75,9 @@ def stream_pace(stack: Any, interval_ms: float | None, *, at_least_plain: bool =
             return Pace(DEFAULT_PACE_S if interval_ms is None else interval_ms / 1000)
         # the context rounded up to a power of two: the pace tells a prompt's length no closer than that
         context = max(256, 1 << (len(req.prompt_ids) + req.settings.max_new_tokens - 1).bit_length())
+        mean, spread = cost.plain_step(context)
+        interval = mean * (1 + PACE_MARGIN)
         steps = tuple(cost.step_bound(1 + n, context) for n in range(SHAPED_DRAFT + 1))
-        return Pace(steps[0] if interval_ms is None else max(interval_ms / 1000, steps[0]), steps)
+        return Pace(interval if interval_ms is None else max(interval_ms / 1000, interval), PACE_SPREADS * spread, steps)
 
     return pace

@@ -10,6 +10,7 @@ where it is kept between runs, a file its caller names.
 from __future__ import annotations
 
 import copy
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from .guard import DraftGuard, tighter
 
 STEP_WINDOW = 512  # the recent steps whose whole time over their pass's learned cost says how long a step runs
 STEP_QUANTILE = 0.95  # ... read at this quantile by step_bound
+PLAIN_SEEN = 32  # one-token steps seen before their own spread is a plain step's (all steps' until then)
 
 
 class LearnedCost:
@@ -42,6 +44,7 @@ class LearnedCost:
         self.guard = DraftGuard(self.curve.shape, say)
         self.ceiling: int | None = None  # draft nodes a step verifies at most, whatever pays (None: no ceiling)
         self._steps: deque[float] = deque(maxlen=STEP_WINDOW)  # recent steps' seconds over their pass's cost
+        self._plain: deque[float] = deque(maxlen=STEP_WINDOW)  # ... of the one-token steps among them
         self.kept_at = kept_at
         self.key = dict(key or {})
 
@@ -79,6 +82,18 @@ class LearnedCost:
         factor = ratios[min(len(ratios) - 1, int(STEP_QUANTILE * len(ratios)))] if ratios else 1.0
         return self.curve(n, context) * max(1.0, factor)
 
+    def plain_step(self, context: int | None = None) -> tuple[float, float]:
+        """(mean, spread) of a plain step's whole seconds on a `context`-token cache: the one-token
+        pass's learned cost times the mean of recent one-token steps' time over their pass's cost,
+        and times their spread (the interquartile range over 1.349: a standard deviation that a
+        rare stall does not inflate); all steps' until PLAIN_SEEN one-token ones were seen."""
+        ratios = sorted(self._plain if len(self._plain) >= PLAIN_SEEN else self._steps)
+        one = self.curve(1, context)
+        if len(ratios) < 4:
+            return one, 0.0
+        quartile = len(ratios) // 4
+        return one * statistics.fmean(ratios), one * (ratios[-1 - quartile] - ratios[quartile]) / 1.349
+
     def observe_step(self, *, num_tokens: int, context: int, verify_seconds: float, step_seconds: float,
                      num_out: int, tag: Any = None) -> None:
         """A decode step: its pass teaches the curve, then the step tells the guard whether drafts pay."""
@@ -86,6 +101,8 @@ class LearnedCost:
         expected = self.curve(num_tokens, context)
         if expected > 0 and step_seconds >= verify_seconds > 0:
             self._steps.append(step_seconds / expected)
+            if num_tokens == 1:
+                self._plain.append(step_seconds / expected)
         self.guard.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
                                 step_seconds=step_seconds, num_out=num_out)
 

@@ -1,22 +1,28 @@
 """A shaped stream's clock, as the wire and the decoding both keep it, and drafts that only run ahead of it.
 
-Shaped (cli/http/shaping.py), every token of an answer takes one slot of a steady clock: the k-th
-leaves at max(its slot, when it is ready), and after a late one the clock goes on from it. The
-slot is a bound on a plain step (`Pace.interval`). A step that verifies a draft costs more than a
-plain one; if its draft loses, its one token comes later than a plain step's would. So a shaped
+Shaped (cli/http/shaping.py), every token of an answer takes one slot of a clock: the k-th leaves
+at max(its slot, when it is ready), and after a late one the clock goes on from it. The slots are
+a plain step's mean time apart plus a little (`Pace.interval`), and the k-th slot after the first
+token lies a further `Pace.spread` x sqrt(k) out: a plain decoding whose steps vary at random
+stays ahead of it with high probability however long it runs (its lag after k steps spreads as
+sqrt(k)), for about the mean step per token and sqrt(k) spreads in all, where slots a rare slow
+step apart would cost that step at every token. A step that verifies a draft costs more than a
+plain one; if its draft loses, its token comes later than a plain step's would. So a shaped
 request drafts only where it is ahead of its clock by enough that such a step, and a plain one
-after it, still end before their slots (`PacedCost`): a drafted token then never makes an event
-late, and the gaps on the wire are the clock's, or a plain step's where decoding falls behind,
-whatever the drafts did. The clock can so be a plain step's bound, not a drafted step's: the
-answer comes at the pace of plain decoding's slow steps (speculation still saves the server passes).
+after it, still end before their slots, both at a high quantile (`PacedCost`): a drafted token
+then never makes an event late, and the gaps on the wire are the clock's, or a plain step's where
+decoding falls behind, whatever the drafts did (speculation still saves the server passes).
 
 >>> clock = Clock(0.1)
 >>> [round(clock.delay(t), 2) for t in (0.0, 0.05, 0.5, 0.55)], round(clock.slack(0.55), 2)
 ([0.0, 0.05, 0.0, 0.05], 0.15)
+>>> clock = Clock(0.1, spread=0.02)  # gaps 0.1 + 0.02 (sqrt(k) - sqrt(k - 1)): 0.12, 0.108, ...
+>>> [round(clock.delay(0.0), 3) for _ in range(3)], round(clock.hold_until(0.0, 3), 3)
+([0.0, 0.12, 0.228], 0.228)
 """
-
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,24 +33,32 @@ from ..cost.guard import tighter
 
 @dataclass(frozen=True)
 class Pace:
-    """A shaped request's clock: `interval` seconds a token; `steps[n]`: a whole step verifying
-    1 + n tokens takes at most that many seconds, but rarely (core.cost.learned.LearnedCost.step_bound;
-    empty while no cost is learned: drafts then go by the cost alone)."""
+    """A shaped request's clock: slots `interval` seconds apart, the k-th after the first token
+    `spread` x sqrt(k) further out; `steps[n]`: a whole step verifying 1 + n tokens takes at most
+    that many seconds, but rarely (core.cost.learned.LearnedCost.step_bound; empty while no cost
+    is learned: drafts then go by the cost alone)."""
     interval: float
+    spread: float = 0.0
     steps: tuple[float, ...] = ()
 
 
 class Clock:
-    """One slot every `interval` seconds: `delay(now)` books the next token's (the one ready at `now`)."""
+    """A Pace's slots: `delay(now)` books the next token's (the one ready at `now`)."""
 
-    def __init__(self, interval: float) -> None:
-        self.interval = max(0.0, float(interval))
+    def __init__(self, interval: float, spread: float = 0.0) -> None:
+        self.interval, self.spread = max(0.0, float(interval)), max(0.0, float(spread))
         self.next: float | None = None  # the next token's slot (None: the first token starts the clock)
+        self.booked = 0  # tokens booked
+
+    def gap(self, k: int) -> float:
+        """Seconds between the slots of the (k-1)-th and k-th tokens after the first (k >= 1)."""
+        return self.interval + self.spread * (math.sqrt(k) - math.sqrt(k - 1))
 
     def delay(self, now: float) -> float:
         """Seconds to wait before the token ready at `now` may leave (and book the next slot)."""
         slot = now if self.next is None else max(self.next, now)
-        self.next = slot + self.interval
+        self.booked += 1
+        self.next = slot + self.gap(self.booked)
         return slot - now
 
     def book(self, tokens: int, now: float) -> None:
@@ -58,7 +72,8 @@ class Clock:
 
     def hold_until(self, first: float, tokens: int) -> float:
         """When an answer of `tokens` tokens, its first ready at `first`, has had all its slots."""
-        return first + max(0, tokens - 1) * self.interval
+        k = max(0, tokens - 1)
+        return first + k * self.interval + self.spread * math.sqrt(k)
 
 
 class PacedCost:
