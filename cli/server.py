@@ -116,7 +116,7 @@ def run_server(s: ServeSettings) -> None:
             if s.shaped:  # set before the worker answers anything (until ready, every request gets 503)
                 api.pace = stream_pace(stack, s.stream_interval, at_least_plain=bool(tenants))
             log.info("stream: %s; speculation figures %s to clients", "shaped (one token per event, %s)" % (
-                f"{s.stream_interval:g} ms apart" if s.stream_interval is not None else "a slot a plain step's bound, drafts only ahead of it")
+                f"{s.stream_interval:g} ms apart" if s.stream_interval is not None else "slots a plain step's mean time apart and spreading, drafts only ahead of them")
                 if s.shaped else "one event per verification step (not shaped)",
                 "shown" if api.show_speculation else "hidden")
             context_length = stack.engine.context_length

@@ -44,8 +44,8 @@ def serve_cmd(
                                                          "which drafts were accepted (default: on with --tenant).",
                                                          show_default=False)] = None,
     stream_interval: Annotated[Optional[float], typer.Option(min=0, help="With shaping: milliseconds between "
-                                                             "tokens (default: a bound on a plain step, learned: "
-                                                             "plain decoding's slow steps).", show_default=False)] = None,
+                                                             "tokens (default: a plain step's mean time, learned, "
+                                                             "and a little more).", show_default=False)] = None,
     show_speculation: Annotated[Optional[bool], typer.Option("--show-speculation/--hide-speculation", help="Tell "
                                                              "clients their speculation figures (the body's `specx` "
                                                              "and accepted prediction tokens; default: shown "

@@ -6,11 +6,11 @@ how much of each step the drafts got right, and the drafts come from stored hist
 channel of "When Speculation Spills Secrets", docs/security.md). Shaped, each event holds one
 token's text, and every token takes one slot of a steady clock, whether its text leaves then or is
 held to leave with a later one (a tool call, a stop string's prefix, a character's first bytes):
-one slot every `interval` seconds (by default a bound on a plain step: cli/live.py), never two at
-once after a stall; the decoding keeps the same clock and drafts only where it is ahead of it
-(core/serve/pace.py). A non-streamed answer is held until the same clock would have sent its last
-token. The output is the same; the latency is plain decoding's slow steps' (speculation still
-saves the server its passes).
+slots about a plain step's mean time apart, spreading as sqrt(k) (core/serve/pace.py, cli/live.py),
+never two at once after a stall; the decoding keeps the same clock and drafts only where it is
+ahead of it. A non-streamed answer is held until the same clock would have sent its last token.
+The output is the same; the latency about plain decoding's (speculation still saves the server
+its passes).
 
 >>> split_tokens("Hello world!", [1, 2, 3], lambda ids: ["Hello", " world", "!"][: len(ids)] and
 ...              "".join(["Hello", " world", "!"][: len(ids)]))
