@@ -62,7 +62,8 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     from .core.decode.stack import Stack
     from .core.index.successors import SuccessorTable
     from .core.index.suffix_index import SuffixIndex
-    from .core.model.load import load_backend, tokenizer_fingerprint, use_chat_template
+    from .core.model.chat import use_chat_template
+    from .core.model.load import load_backend, tokenizer_fingerprint
     from .store.successors import table_key
 
     from .backends import resolve_backend

@@ -165,7 +165,8 @@ def _trial_prompts(tok: Any, db: Path, requests: int) -> tuple[Any, list[list[in
     """The global index and the trial's prompts: the store's latest conversations for this
     tokenizer (`_conversations`), else the built-in prompts."""
     from .core.index.suffix_index import SuffixIndex
-    from .core.model.load import render_prompt, tokenizer_fingerprint
+    from .core.model.chat import render_prompt
+    from .core.model.load import tokenizer_fingerprint
 
     if db.is_file():
         from .store.db import Store

@@ -25,7 +25,8 @@ from specx.core.decode.generate import generate
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.request import Decoding
 from specx.core.decode.speculate import PredictionDrafter, SuffixDrafter
-from specx.core.model.load import BACKENDS, chat_tokens
+from specx.core.model.chat import chat_tokens
+from specx.core.model.load import BACKENDS
 from specx.core.serve.job import prediction_tokens
 
 HERE = Path(__file__).resolve().parent

@@ -33,7 +33,8 @@ from specx.core.decode.grammar import Vocabulary, json_schema_grammar
 from specx.core.decode.loop import DecodeStats, collect
 from specx.core.decode.request import Decoding
 from specx.core.decode.speculate import SuffixDrafter
-from specx.core.model.load import BACKENDS, chat_tokens
+from specx.core.model.chat import chat_tokens
+from specx.core.model.load import BACKENDS
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPIDER = HERE.parent.parent / "shared" / "agent-data" / "text2sql-spider-dail-spider2"

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.model.load import chatml_block, chatml_blocks, render_prompt
+from ..core.model.chat import chatml_block, chatml_blocks, render_prompt
 
 from .db import Store
 from .selection import CallRef, PromptMessages, prompt_texts

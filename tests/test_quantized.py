@@ -378,7 +378,8 @@ def test_a_tool_call_repeated_after_chat_answers_is_the_same_drafted_or_not(buil
     from specx.core.cost.forward import ForwardCost
     from specx.core.decode.speculate import SuffixDrafter
     from specx.core.index.suffix_index import SuffixIndex
-    from specx.core.model.load import builtin_gguf, chat_tokens
+    from specx.core.model.chat import chat_tokens
+    from specx.core.model.load import builtin_gguf
     from specx.core.serve.tools import ToolChoice, call_grammar, check_tools, messages_for_plain_template
 
     engine = QuantEngine(builtin_gguf("smollm2-135m"))

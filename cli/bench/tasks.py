@@ -165,7 +165,7 @@ class TokenCounter:
         self.tokenizer = tokenizer
 
     def prompt(self, messages: Messages) -> int:
-        from ..core.model.load import render_prompt
+        from ..core.model.chat import render_prompt
 
         return self._count(render_prompt(self.tokenizer, messages, generation_prompt=True))
 

@@ -69,7 +69,7 @@ def generate_cmd(
     from ..core.decode.hybrid import HybridDrafter
     from ..core.decode.speculate import SuffixDrafter
     from ..core.decode.text import TextStream
-    from ..core.model.load import chat_tokens
+    from ..core.model.chat import chat_tokens
     from ..core.predict.compare import busy_note, steady
 
     from ..stack import assemble, keep_successors

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.decode.grammar import GrammarError
-from ..core.model.load import chat_tokens
+from ..core.model.chat import chat_tokens
 from ..core.serve.job import LockedTokenizer
 from ..core.serve.tools import (ToolChoice, ToolsError, check_tool_choice, check_tools, messages_for_plain_template,
                                 parser_for_template)
