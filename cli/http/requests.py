@@ -17,6 +17,7 @@ from ..core.serve.tools import call_grammar
 from ..core.serve.job import GenerationRequest
 
 from .errors import ApiError
+from .fields import bool_field, check_ids, int_field, is_ids, json_object, model_name, number_field
 from .limits import PREDICTION_CHARS_PER_TOKEN, bound_chars, bound_ids, bound_prompt_chars, refuse_lone_surrogates
 
 if TYPE_CHECKING:
@@ -34,12 +35,12 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; cha
 def parse_request(body: Any, endpoint: str, model_names: list[str], context_length: int,
                   tokenizers: Tokenizers) -> tuple[GenerationRequest, bool, bool]:
     """(request, stream, include_usage) from a decoded JSON body, or ApiError."""
-    body = _object(body)
+    body = json_object(body)
     refuse_lone_surrogates(body)
     tool_parser, tool_names, tools_grammar = None, None, None
-    model = _model(body, model_names, required=True)
+    model = model_name(body, model_names, required=True)
     _refuse_unsupported(body, endpoint)
-    stream = _bool(body, "stream", False)
+    stream = bool_field(body, "stream", False)
     stream_options = body.get("stream_options")
     include_usage = False
     if stream_options is not None:
@@ -47,14 +48,14 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", "stream_options")
         if not isinstance(stream_options, dict):
             raise ApiError(400, "'stream_options' must be an object", "stream_options", "invalid_type")
-        include_usage = _bool(stream_options, "include_usage", False, "stream_options.include_usage")
-    n = _int(body, "n", 1, 1, MAX_N)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        include_usage = bool_field(stream_options, "include_usage", False, "stream_options.include_usage")
+    n = int_field(body, "n", 1, 1, MAX_N)
+    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0)
     if top_p <= 0.0:
         raise ApiError(400, "Invalid 'top_p': must be greater than 0", "top_p", "invalid_value")
-    top_k = _int(body, "top_k", 0, -1, 1 << 31)  # a vLLM extension; -1 or 0 means all tokens
-    seed = _int(body, "seed", None, -(1 << 63), (1 << 63) - 1 - MAX_N)
+    top_k = int_field(body, "top_k", 0, -1, 1 << 31)  # a vLLM extension; -1 or 0 means all tokens
+    seed = int_field(body, "seed", None, -(1 << 63), (1 << 63) - 1 - MAX_N)
     stop = _stop(body)
     if endpoint == "chat.completions":
         messages = _messages(body)
@@ -62,7 +63,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
         prompt_ids, functions, choice = tokenizers.chat_tools(messages, body.get("tools"), body.get("tool_choice"))
         prompt_messages, prompt_text, prompt_param = messages, None, "messages"
         if choice.mode in ("required", "named"):  # the output is calls: a grammar enforces them
-            parallel = _bool(body, "parallel_tool_calls", True)
+            parallel = bool_field(body, "parallel_tool_calls", True)
             tools_grammar = tokenizers.grammar(call_grammar(tokenizers.tool_parser, functions, choice, parallel),
                                                "tools")
         if choice.mode != "none":
@@ -79,7 +80,7 @@ def parse_request(body: Any, endpoint: str, model_names: list[str], context_leng
                             f"{prompt_param}.", prompt_param, "context_length_exceeded")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     default = room if endpoint == "chat.completions" else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-    max_tokens = _int(body, name, default, 1, None)
+    max_tokens = int_field(body, name, default, 1, None)
     if max_tokens > room:
         raise ApiError(400, f"This model's maximum context length is {context_length} tokens. However, you requested "
                             f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the {prompt_param}, "
@@ -103,9 +104,9 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers,
     """POST /tokenize (vLLM's): {"model"?, "prompt"} or {"model"?, "messages", "add_generation_prompt"?,
     "tools"?} -> the token ids the completion endpoints would feed the model, or ApiError. With
     `context_length`, text longer than PROMPT_CHARS_PER_TOKEN per context token is refused untokenized."""
-    body = _object(body)
+    body = json_object(body)
     refuse_lone_surrogates(body)
-    _model(body, model_names, required=False)
+    model_name(body, model_names, required=False)
     if "messages" in body:
         messages = body["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -113,7 +114,7 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers,
         if context_length:
             bound_prompt_chars(messages, body.get("tools"), context_length)
         return tokenizers.chat_tools(messages, body.get("tools"), body.get("tool_choice"),
-                                     _bool(body, "add_generation_prompt", True))[0]
+                                     bool_field(body, "add_generation_prompt", True))[0]
     if isinstance(body.get("prompt"), str):
         if context_length:
             bound_chars("prompt", len(body["prompt"]), context_length)
@@ -124,46 +125,16 @@ def parse_tokenize(body: Any, model_names: list[str], tokenizers: Tokenizers,
 def parse_detokenize(body: Any, model_names: list[str], vocab_size: int, context_length: int | None = None) -> list[int]:
     """POST /detokenize (vLLM's): {"model"?, "tokens": [ids]} -> the ids, checked, or ApiError;
     with `context_length`, more ids than that are refused undecoded (limits.bound_ids)."""
-    body = _object(body)
+    body = json_object(body)
     if context_length and isinstance(body.get("tokens"), list):
         bound_ids("tokens", len(body["tokens"]), context_length)
     refuse_lone_surrogates(body)
-    _model(body, model_names, required=False)
+    model_name(body, model_names, required=False)
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not _is_ids(tokens):
+    if not isinstance(tokens, list) or not is_ids(tokens):
         raise ApiError(400, "'tokens' must be a list of token ids (integers)", "tokens", "invalid_type")
-    _check_ids(tokens, vocab_size, "tokens")
+    check_ids(tokens, vocab_size, "tokens")
     return tokens
-
-
-def _object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
-
-
-def _model(body: dict[str, Any], model_names: list[str], required: bool) -> str | None:
-    model = body.get("model")
-    if model is None:
-        if required:
-            raise ApiError(400, "you must provide a model parameter", "model", "missing_required_parameter")
-        return None
-    if not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", "model", "invalid_type")
-    if model not in model_names:
-        raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it. "
-                            f"This server serves: {', '.join(model_names)}.", "model", "model_not_found")
-    return model
-
-
-def _is_ids(values: list[Any]) -> bool:
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in values)
-
-
-def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ApiError(400, f"token id {bad} is outside the vocabulary (0-{vocab_size - 1})", param, "invalid_value")
 
 
 def _prediction(body: dict[str, Any], tokenizers: Tokenizers, context_length: int) -> list[int] | None:
@@ -199,9 +170,9 @@ def _logprobs(body: dict[str, Any], endpoint: str) -> int:
     """How many top alternatives to report with each token's log-probability (-1: no logprobs).
     Chat: logprobs (boolean) and top_logprobs; completions: logprobs (an integer)."""
     if endpoint == "completions":
-        return _int(body, "logprobs", -1, 0, MAX_TOP_LOGPROBS)
-    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
-    if not _bool(body, "logprobs", False):
+        return int_field(body, "logprobs", -1, 0, MAX_TOP_LOGPROBS)
+    top = int_field(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if not bool_field(body, "logprobs", False):
         if top:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
         return -1
@@ -240,7 +211,7 @@ def _response_format(body: dict[str, Any], tokenizers: Tokenizers) -> tuple[str 
     if not isinstance(schema, dict):
         raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object",
                        "response_format.json_schema.schema", "invalid_type")
-    _bool(spec, "strict", False, "response_format.json_schema.strict")
+    bool_field(spec, "strict", False, "response_format.json_schema.strict")
     param = "response_format.json_schema.schema"
     try:
         grammar = json_schema_grammar(schema or {})
@@ -336,8 +307,8 @@ def _prompt(body: dict[str, Any], tokenizers: Tokenizers, context_length: int) -
     if isinstance(prompt, str):
         bound_chars("prompt", len(prompt), context_length)
         return prompt, tokenizers.text(prompt)
-    if isinstance(prompt, list) and prompt and _is_ids(prompt):
-        _check_ids(prompt, tokenizers.vocab_size, "prompt")
+    if isinstance(prompt, list) and prompt and is_ids(prompt):
+        check_ids(prompt, tokenizers.vocab_size, "prompt")
         return tokenizers.tokenizer.decode(prompt), list(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise ApiError(400, "one prompt per request (send several requests, or use n)", "prompt",
@@ -357,42 +328,3 @@ def _stop(body: dict[str, Any]) -> list[str]:
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise ApiError(400, f"each 'stop' string may be at most {MAX_STOP_CHARS:,} characters", "stop", "invalid_value")
     return stops
-
-
-def _bool(body: dict[str, Any], name: str, default: bool, param: str | None = None) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"Invalid type for '{param or name}': expected a boolean", param or name, "invalid_type")
-    return value
-
-
-def _int(body: dict[str, Any], name: str, default: Any, low: int, high: int | None) -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ApiError(400, f"Invalid type for '{name}': expected an integer, but got {type(value).__name__}",
-                       name, "invalid_type")
-    if value < low:
-        raise ApiError(400, f"Invalid '{name}': integer below minimum value. Expected a value >= {low}, but got "
-                            f"{value} instead.", name, "integer_below_min_value")
-    if high is not None and value > high:
-        raise ApiError(400, f"Invalid '{name}': integer above maximum value. Expected a value <= {high}, but got "
-                            f"{value} instead.", name, "integer_above_max_value")
-    return value
-
-
-def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-        raise ApiError(400, f"Invalid type for '{name}': expected a number", name, "invalid_type")
-    if not low <= value <= high:
-        raise ApiError(400, f"Invalid '{name}': expected a number in [{low:g}, {high:g}], but got {value}", name,
-                       "invalid_value")
-    return float(value)
