@@ -240,7 +240,7 @@ class Api:
                         choices.append(choice)
                     case Done(stats):
                         if job.pace is not None and first is not None:  # held as a shaped stream would end
-                            await asyncio.sleep(max(0.0, Pacer(job.pace.interval, job.pace.spread).hold_until(
+                            await asyncio.sleep(max(0.0, Pacer.of(job.pace).hold_until(
                                 first, stats.completion_tokens) - loop.time()))
                         return JSONResponse(completion_json(job.request, created, choices, stats,
                                                             index_tokens=self.worker.scope_tokens(job.request.tenant),
@@ -273,7 +273,7 @@ class Api:
             offsets[index] += len(text or "")
             return chunk(req, created, [delta(req, index, text, None, logprobs=lp, **kwargs)], include_usage)
 
-        pacer = Pacer(job.pace.interval, job.pace.spread) if job.pace is not None else None  # shaping.py: one token per event
+        pacer = Pacer.of(job.pace) if job.pace is not None else None  # shaping.py: one token per event
 
         def wire(event: bytes) -> bytes:  # shaped: padded, its size says nothing of its text
             return event if pacer is None else pad(event)

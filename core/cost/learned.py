@@ -100,9 +100,9 @@ class LearnedCost:
         self.curve.observe(num_tokens, context, verify_seconds, tag=tag)
         expected = self.curve(num_tokens, context)
         if expected > 0 and step_seconds >= verify_seconds > 0:
-            self._steps.append(step_seconds / expected)
+            self._steps.append(ratio := step_seconds / expected)
             if num_tokens == 1:
-                self._plain.append(step_seconds / expected)
+                self._plain.append(ratio)
         self.guard.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
                                 step_seconds=step_seconds, num_out=num_out)
 

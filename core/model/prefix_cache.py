@@ -105,27 +105,27 @@ class PrefixCache:
         they share a part, is marked recently used."""
         self._clock += 1
         reuse, key = self.longest_prefix(tokens) if usable else (0, None)
-        turn = self._traced(tokens, reuse)
-        if key is None:
+        stored, kept = self._entries[key] if key is not None else (None, None)
+        whole = stored is not None and reuse == len(stored)
+        turn = Turn(self._clock, self._clock - self._turns[key].at) if whole else self._traced(tokens, reuse)
+        if stored is None:
             return 0, None, turn
-        stored, kept = self._entries[key]
-        if reuse == len(stored):
-            turn = Turn(self._clock, self._clock - self._turns[key].at)
         if reuse == len(stored) < len(tokens):
             del self._entries[key]  # the new prompt extends it (an agent's next turn): it replaces it
             del self._turns[key]
             self._held -= len(stored)
         else:
             self._entries.move_to_end(key)
-            if reuse == len(stored):
+            if whole:
                 self._turns[key] = turn
         return reuse, kept, turn
 
     def _traced(self, tokens: list[int], reuse: int) -> Turn:
         """This claim's Turn, its pace from the longest entry pushed out that `tokens` start with,
         if one is longer than the `reuse` a stored entry gives (its trace is then dropped)."""
+        query = np.asarray(tokens, dtype=np.int64)
         for n, digest in sorted(self._gone, reverse=True):
-            if reuse < n <= len(tokens) and _digest(tokens[:n]) == digest:
+            if reuse < n <= len(query) and _digest(query[:n]) == digest:
                 return Turn(self._clock, self._clock - self._gone.pop((n, digest)))
         return Turn(self._clock)
 

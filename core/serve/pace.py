@@ -50,6 +50,10 @@ class Clock:
         self.next: float | None = None  # the next token's slot (None: the first token starts the clock)
         self.booked = 0  # tokens booked
 
+    @classmethod
+    def of(cls, pace: Pace) -> Clock:
+        return cls(pace.interval, pace.spread)
+
     def gap(self, k: int) -> float:
         """Seconds between the slots of the (k-1)-th and k-th tokens after the first (k >= 1)."""
         return self.interval + self.spread * (math.sqrt(k) - math.sqrt(k - 1))

@@ -345,7 +345,7 @@ class Worker:
         prefix_cache = stack.prefix_cache if self.prefix_caches is None else self.prefix_caches[req.tenant]
         speculating = stack.drafter is not None
         cost = stack.cost if speculating else None
-        clock = Clock(job.pace.interval, job.pace.spread) if job.pace is not None else None  # the wire's, kept here too
+        clock = Clock.of(job.pace) if job.pace is not None else None  # the wire's, kept here too
         cost = PacedCost(cost, job.pace, clock) if clock is not None and cost is not None else cost  # drafts ahead of it
         steps = generate(stack.engine, req.prompt_ids, drafter, settings, stop=text,
                          constraint=settings.constraint(self.vocabulary), cost=cost,
