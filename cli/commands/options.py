@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from ..home import store_path
-from ..stack import DRAFTERS
+from ..stack import DRAFTERS, SettingError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]
 
@@ -25,6 +27,16 @@ def existing_store(db: Path | None) -> Path:
     if not path.exists():
         raise StoreError(f"no store at {path} (run `specx ingest` first, or pass --db)")
     return path
+
+
+@contextmanager
+def option_errors() -> Iterator[None]:
+    """What the library finds wrong with an option (stack.SettingError: the server's settings, a
+    replay's, a generation's) as typer's usage error naming the option (exit status 2)."""
+    try:
+        yield
+    except SettingError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option) from None
 
 
 def check_api_key(api_key: str | None) -> str | None:
@@ -65,6 +77,11 @@ DrafterOpt = Annotated[Optional[str], typer.Option(
          "table, learned from its verification passes and kept in the store), or hybrid (both in one tree, sized "
          "by the learned cost). Default: hybrid where trees are verified on a GPU, else suffix.",
     envvar="SPECX_DRAFTER", show_default=False)]
+
+MaxSpecTokensOpt = Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")]
+ChatTemplateOpt = Annotated[Optional[str], typer.Option(help="Chat template (Jinja) for the model, or a file "
+                                                        "holding one (default: the model's own).",
+                                                        show_default=False)]
 
 
 def check_drafters(value: str | None, *, many: bool = False) -> list[str]:
