@@ -63,8 +63,9 @@ def serve_settings(*, model: str, dtype: str, backend: str, db: Path, host: str,
                    tool_call_parser: str | None) -> ServeSettings:
     """`specx serve`'s options (commands/serve_options.py says what each is; `engine` and `drafter`
     already checked to be known) checked against each other and assembled, or SettingError naming
-    the first wrong one: the tenants of --tenant and --tenant-file (keyed apart from `api_key`), the
-    memory of --kv-memory (default: stack.default_kv_memory), and what tenants and vLLM rule out.
+    the first wrong one: the tenants of --tenant and --tenant-file (each key its own, none the
+    operator's `api_key`), the bytes of --kv-memory (default: stack.default_kv_memory), and what
+    tenants and vLLM rule out.
     Defaults that hang on the tenants: a shaped stream and hidden speculation figures with tenants,
     the suffix drafter for them; the names clients use default to the model's."""
     from .core.model.prefix_cache import parse_bytes
