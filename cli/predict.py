@@ -1,4 +1,5 @@
-"""The predictor behind `specx entropy` and the projection behind `specx replay`: store to core.predict.estimate.
+"""The figures behind `specx entropy` (the outputs' entropy per group, the predictor) and the projection
+behind `specx replay`: store to core.predict.estimate.
 
 The prediction replays a sample of the selected calls with the history a full `specx replay`
 would give them (core/predict/estimate.py says why that is exact per call), with replay's default
@@ -23,6 +24,8 @@ from .store.prompts import iter_prompt_tokens
 from .store.selection import PromptMessages
 
 from . import output
+from .home import specx_home
+from .stack import SettingError
 
 if TYPE_CHECKING:
     from .core.predict.methods import MethodReplays
@@ -72,6 +75,72 @@ def speedups_cell(by: dict[str, Any]) -> str:
 
 def curves_json(curves: Sequence[CostCurve]) -> dict[str, Any]:
     return {c.name: {"about": c.about, "cost": c.points()} for c in curves}
+
+
+def stored_calls(store: Any, fingerprint: str, tokenizer: str, **selection: Any) -> tuple[int, list[Any]]:
+    """(tokenizer id, the calls `selection` picks: store.selection.select_calls) for the tokenizer
+    with this fingerprint; SettingError naming the option when the store has no tokens for it or
+    nothing matches (entropy and replay)."""
+    from .store.selection import select_calls
+
+    tokenizer_id = store.tokenizer_id(fingerprint)
+    if tokenizer_id is None:
+        raise SettingError("--tokenizer", f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}")
+    calls = select_calls(store, tokenizer_id, **selection)
+    if not calls:
+        raise SettingError("--format/--source/...", "no stored call matches the selection")
+    return tokenizer_id, calls
+
+
+def entropy_selection(path: Path, tokenizer: str, selection: dict[str, Any], *, by: str, sample: int | None,
+                      seed: int, max_depth: int, predict: bool, curves: Sequence[CostCurve],
+                      sample_calls: int | None, sampling: str
+                      ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None]:
+    """(a row per group, the overall row, the prediction) for the calls `selection` picks in the
+    store at `path`, from `tokenizer`'s stored tokens, grouped `by`: each group's empirical entropy
+    over contexts of 1 to `max_depth` tokens (of `sample` outputs drawn at random, when given) and,
+    with `predict`, predict_selection's figures on `curves` added to each row."""
+    from .core.model.load import load_tokenizer, tokenizer_fingerprint
+    from .core.predict.entropy import empirical_entropy
+    from .store.db import Store
+
+    tok = load_tokenizer(tokenizer, specx_home() / "models")
+    rng = np.random.default_rng(seed)
+    with Store(path, readonly="auto") as store:
+        tokenizer_id, calls = stored_calls(store, tokenizer_fingerprint(tok), tokenizer, **selection)
+        groups: dict[str, list] = {}
+        for call in calls:
+            groups.setdefault(call.group(by), []).append(call)
+        rows = []
+        everything = []
+        for key, members in sorted(groups.items()):
+            if sample is not None and len(members) > sample:
+                members = [members[i] for i in sorted(rng.choice(len(members), size=sample, replace=False))]
+            tokens = [store.call_tokens(c.id, tokenizer_id) for c in members]
+            everything += tokens
+            rows.append({"key": key, **_entropy_row(empirical_entropy(tokens, max_depth=max_depth), len(members))})
+        overall = {"key": "overall", **_entropy_row(empirical_entropy(everything, max_depth=max_depth),
+                                                    sum(r["calls"] for r in rows))}
+        prediction = None
+        if predict:
+            n = sample_size(sample_calls, len(calls))
+            output.note(f"predicting: replaying about {n:,} of {len(calls):,} calls (drawn within each {by}) with "
+                        "their history")
+            with output.progress() as bar:
+                task = bar.add_task("predict", total=n)
+                prediction = predict_selection(store, tok, tokenizer_id, calls, by=by, curves=curves,
+                                               sample_calls=sample_calls, seed=seed, sampling=sampling,
+                                               on_call=lambda: bar.advance(task),
+                                               on_sample=lambda k: bar.update(task, total=k))
+            for row in rows:
+                row.update(prediction["groups"][row["key"]])
+            overall.update(prediction["overall"])
+    return rows, overall, prediction
+
+
+def _entropy_row(result: Any, calls: int) -> dict[str, Any]:
+    return {"calls": calls, "tokens": result.num_tokens, "entropy_bits": result.entropy_bits,
+            "order_bits": result.order_bits, "contexts": result.num_contexts}
 
 
 def predict_selection(store: Any, tokenizer: Any, tokenizer_id: int, calls: list, *, by: str,

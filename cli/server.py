@@ -1,7 +1,7 @@
 """The server `specx serve` runs, assembled from its settings: the HTTP API (http/app.py) answering
 503 loading while a thread loads the stack (stack.assemble), follows the store (live.py) and starts
 the worker (core/serve/worker.py); then uvicorn until a signal. The command (commands/serve.py)
-parses and checks the options and hands a ServeSettings here."""
+parses the options; serve_settings checks them and assembles the ServeSettings run_server takes."""
 
 from __future__ import annotations
 
@@ -17,19 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from .home import keep_cost
-
-
-class SettingError(ValueError):
-    """A setting found wrong only once the model is loaded; `option` names it."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
+from .stack import SettingError
 
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """What `specx serve` was asked for, checked (commands/serve.py's options say what each is)."""
+    """What `specx serve` was asked for, checked (serve_settings; commands/serve_options.py says what each is)."""
 
     model: str
     dtype: str
@@ -58,6 +51,66 @@ class ServeSettings:
     allowed_origins: list[str] | None
     tool_call_parser: str | None
     keys_on_command_line: bool = False
+
+
+def serve_settings(*, model: str, dtype: str, backend: str, db: Path, host: str, port: int, api_key: str | None,
+                   engine: str, drafter: str | None, tenant: list[str] | None, tenant_file: Path | None,
+                   tenant_tokens: int, shape_stream: bool | None, stream_interval: float | None,
+                   show_speculation: bool | None, served_model_name: list[str] | None, speculation: bool,
+                   max_queue: int, max_batch: int | None, max_spec_tokens: int, max_spec_factor: float,
+                   cost_aware: bool, kv_memory: str | None, prefix_cache_tokens: int | None,
+                   max_model_len: int | None, chat_template: str | None, allowed_origins: list[str] | None,
+                   tool_call_parser: str | None) -> ServeSettings:
+    """`specx serve`'s options (commands/serve_options.py says what each is; `engine` and `drafter`
+    already checked to be known) checked against each other and assembled, or SettingError naming
+    the first wrong one: the tenants of --tenant and --tenant-file (each key its own, none the
+    operator's `api_key`), the bytes of --kv-memory (default: stack.default_kv_memory), and what
+    tenants and vLLM rule out.
+    Defaults that hang on the tenants: a shaped stream and hidden speculation figures with tenants,
+    the suffix drafter for them; the names clients use default to the model's."""
+    from .core.model.prefix_cache import parse_bytes
+    from .core.serve.tool_calls import PARSERS
+    from .http.auth import parse_tenants, read_tenant_file
+    from .stack import default_kv_memory
+
+    if drafter not in (None, "suffix") and engine == "vllm":
+        raise SettingError("--drafter", "inside vLLM specx drafts from its suffix index only (the successor table "
+                                        "learns from the logits, which vLLM keeps to itself)")
+    try:
+        kv_bytes = parse_bytes(kv_memory) if kv_memory is not None else default_kv_memory()
+    except ValueError as exc:
+        raise SettingError("--kv-memory", str(exc)) from None
+    try:
+        from_file = read_tenant_file(tenant_file) if tenant_file is not None else []
+    except ValueError as exc:
+        raise SettingError("--tenant-file", str(exc)) from None
+    try:
+        tenants = parse_tenants([*(tenant or []), *from_file], api_key)
+    except ValueError as exc:
+        raise SettingError("--tenant", str(exc)) from None
+    if tenants and stream_interval is not None and stream_interval <= 0:
+        raise SettingError("--stream-interval", "with tenants the stream is paced (0 would send each step's tokens "
+                           "as they come, and the gaps would show which came from another's history): give a pace "
+                           "in ms, or leave it to the learned one")
+    if tenants and engine == "vllm":
+        raise SettingError("--tenant", "tenants are specx's own server's (vLLM's drafter reads one store)")
+    if tenants and drafter not in (None, "suffix"):
+        raise SettingError("--drafter", "with tenants specx drafts from the suffix index only: the successor table "
+                           "learns from every request's logits and would carry one tenant's text into another's "
+                           "drafts")
+    if tool_call_parser is not None and tool_call_parser not in PARSERS:
+        raise SettingError("--tool-call-parser", f"must be one of {', '.join(PARSERS)}")
+    return ServeSettings(
+        model=model, dtype=dtype, backend=backend, db=db, host=host, port=port, api_key=api_key, tenants=tenants,
+        tenant_tokens=tenant_tokens, shaped=shape_stream if shape_stream is not None else bool(tenants),
+        stream_interval=stream_interval,
+        show_speculation=show_speculation if show_speculation is not None else not tenants,
+        names=served_model_name or [model], speculation=speculation, drafter=drafter or ("suffix" if tenants else None),
+        max_queue=max_queue, max_batch=max_batch, max_spec_tokens=max_spec_tokens, max_spec_factor=max_spec_factor,
+        cost_aware=cost_aware, kv_bytes=kv_bytes, prefix_cache_tokens=prefix_cache_tokens,
+        max_model_len=max_model_len, chat_template=chat_template, allowed_origins=allowed_origins,
+        tool_call_parser=tool_call_parser,
+        keys_on_command_line=bool(tenant) and not os.environ.get("SPECX_TENANTS"))
 
 
 def run_server(s: ServeSettings) -> None:

@@ -20,6 +20,15 @@ if TYPE_CHECKING:
 DRAFTERS = ("suffix", "table", "hybrid")  # --drafter's choices (assemble builds them)
 
 
+class SettingError(ValueError):
+    """An option found wrong by what the commands call (serve's settings, or once the model is
+    loaded, replay's and generate's); `option` names it, as the command's usage error does."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 def default_drafter(engine: Any) -> str:
     """What serve, generate and replay --model draft with unless told on `engine` (a
     core.model.engine.Engine): the hybrid where it verifies trees on an accelerator (an H200: 1.23x

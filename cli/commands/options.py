@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from ..home import store_path
-from ..stack import DRAFTERS
+from ..stack import DRAFTERS, SettingError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]
 
@@ -25,6 +27,16 @@ def existing_store(db: Path | None) -> Path:
     if not path.exists():
         raise StoreError(f"no store at {path} (run `specx ingest` first, or pass --db)")
     return path
+
+
+@contextmanager
+def option_errors() -> Iterator[None]:
+    """What the library finds wrong with an option (stack.SettingError: the server's settings, a
+    replay's, a generation's) as typer's usage error naming the option (exit status 2)."""
+    try:
+        yield
+    except SettingError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option) from None
 
 
 def check_api_key(api_key: str | None) -> str | None:
@@ -66,6 +78,17 @@ DrafterOpt = Annotated[Optional[str], typer.Option(
          "by the learned cost). Default: hybrid where trees are verified on a GPU, else suffix.",
     envvar="SPECX_DRAFTER", show_default=False)]
 
+MaxSpecTokensOpt = Annotated[int, typer.Option(min=0, help="Most draft tokens per step.")]
+ChatTemplateOpt = Annotated[Optional[str], typer.Option(help="Chat template (Jinja) for the model, or a file "
+                                                        "holding one (default: the model's own).",
+                                                        show_default=False)]
+
+# which stored calls entropy and replay read (store.selection.select_calls)
+FormatsOpt = Annotated[ListOpt, typer.Option("--format", help="Only calls from logs of this format (repeatable).")]
+SourcesOpt = Annotated[ListOpt, typer.Option(help="Only calls whose log path contains this (repeatable).")]
+LlmsOpt = Annotated[ListOpt, typer.Option(help="Only calls made by a model whose name contains this.")]
+AgentsOpt = Annotated[ListOpt, typer.Option(help="Only calls of this agent role (repeatable).")]
+
 
 def check_drafters(value: str | None, *, many: bool = False) -> list[str]:
     """--drafter's value as a list (`many`: a comma-separated list; None, not given: empty, the
@@ -97,18 +120,3 @@ def tenant_option(help: str) -> Any:
     """The --tenant option of ingest, merge, entropy and replay, checked as it is parsed."""
     return typer.Option("--tenant", help=help, callback=_checked_tenant, show_default=False)
 
-
-def stored_calls(store: Any, fingerprint: str, tokenizer: str, **selection: Any) -> tuple[int, list[Any]]:
-    """(tokenizer id, the calls `selection` picks: store.selection.select_calls) for the tokenizer
-    with this fingerprint; a usage error naming the option when the store has no tokens for it or
-    nothing matches (entropy and replay)."""
-    from ..store.selection import select_calls
-
-    tokenizer_id = store.tokenizer_id(fingerprint)
-    if tokenizer_id is None:
-        raise typer.BadParameter(f"the store has no tokens for {tokenizer!r}: ingest with --model {tokenizer}",
-                                 param_hint="--tokenizer")
-    calls = select_calls(store, tokenizer_id, **selection)
-    if not calls:
-        raise typer.BadParameter("no stored call matches the selection", param_hint="--format/--source/...")
-    return tokenizer_id, calls
