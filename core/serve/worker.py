@@ -35,11 +35,12 @@ from ..decode.loop import DecodeStats, Decoded, collect
 from ..decode.speculate import PredictionDrafter
 from ..decode.stack import Stack
 from ..decode.text import TextStream
-from .batch import Batcher, Member, batchable, fork_drafter, request_stack
+from .batch import Batcher, Member, batchable
 from .events import Choice, ChoiceDone, Delta, Done, Failed
 from .job import Job, LockedTokenizer, Recorder, now_iso, prediction_tokens, record_answer
 from .metrics import Metrics, Stats
 from .pace import Clock, PacedCost
+from .request_view import fork_drafter, request_stack
 from .scopes import Drafting, Scopes, ScopedDrafter, tenant_prefix_caches
 
 log = logging.getLogger("specx.serve")
