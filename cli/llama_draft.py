@@ -40,8 +40,8 @@ class SpecxDraft(LlamaDraftModel):
 
     def __init__(self, db: str | Path | None = None, tokenizer: str = "smollm2-135m", max_draft: int = 8,
                  learn: bool = True) -> None:
-        from .core.decode.loop import best_path
         from .core.decode.speculate import SuffixDrafter
+        from .core.draft import best_path
         from .core.index.suffix_index import SuffixIndex
         from .core.model.load import load_tokenizer, tokenizer_fingerprint
 

@@ -32,7 +32,7 @@ from specx.core.serve.job import prediction_tokens
 HERE = Path(__file__).resolve().parent
 # Files of this repository (MIT, ours), cut to a function or two each; (path, start line, lines, old, new).
 TASKS = [("core/index/sealed.py", "class Segment:", 35, "Segment", "Block"),
-         ("core/decode/loop.py", "def add_guesses(", 22, "draft", "tree"),
+         ("core/draft.py", "def add_guesses(", 22, "draft", "tree"),
          ("core/draft.py", "def subtree(", 10, "keep", "mask"),
          ("examples/quickstart.py", "past_outputs = [", 14, "past_outputs", "history")]
 

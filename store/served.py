@@ -38,7 +38,7 @@ SERVED_FORMAT = "served"
 
 
 class ServedRecorder:
-    """`specx serve`'s "request finished" hook (core.serve.worker.Recorder): each answered request
+    """`specx serve`'s "request finished" hook (core.serve.keeper.Recorder): each answered request
     stored as a served session (record_served, one transaction), the global index persisted when
     the worker asks (update_index: the persisted index plus every token row added since, whoever
     added it), so the next start loads it instead of rebuilding, and with it the drafter's successor

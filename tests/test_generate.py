@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from specx.core.decode.generate import generate, greedy_decode
-from specx.core.decode.loop import limit_depth
 from specx.core.decode.request import Decoding
-from specx.core.draft import Draft
+from specx.core.draft import Draft, limit_depth
 from specx.core.model.transformers.engine import TransformersEngine
 
 from helpers.cli import specx_in_process

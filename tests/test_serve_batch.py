@@ -17,9 +17,10 @@ import pytest
 from specx.core.cost.sizing import size_draft
 from specx.core.decode.request import Decoding
 from specx.core.draft import Draft
-from specx.core.serve.batch import Batcher, fork_drafter
+from specx.core.serve.batch import Batcher
 from specx.core.serve.events import ChoiceDone, Delta, Done, Failed
 from specx.core.serve.job import GenerationRequest, Job
+from specx.core.serve.request_view import fork_drafter
 
 SYSTEM = ("You write SQLite queries for this schema.\nCREATE TABLE singer (singer_id, name, country, age);\n"
           "CREATE TABLE concert (concert_id, concert_name, theme, stadium_id, year);\n"
@@ -358,7 +359,7 @@ def _prefill_two(a_cache, b_cache) -> dict[str, object]:
     until both prompts are in: what b saw when its prefill ended (a's still in flight or not, the
     passes so far), and whether b was ever parked. Nothing here depends on timing: a pass runs only
     once every member that is not parked has put its part in."""
-    from specx.core.serve.batch import BatchedEngine
+    from specx.core.serve.request_view import BatchedEngine
 
     engine = _ChunkedEngine()
     batcher = Batcher(engine.Model())

@@ -52,7 +52,7 @@ def check_api_key(api_key: str | None) -> str | None:
     ...     print(exc.format_message())
     Invalid value for --api-key: the API key holds 'é' (U+00E9): clients send the key in an HTTP header, ...
     """
-    from ..http.app import api_key_problem
+    from ..http.auth import api_key_problem
 
     problem = api_key_problem(api_key)
     if problem:

@@ -1,10 +1,11 @@
-"""The OpenAI-compatible HTTP API of `specx serve` (Starlette): routes, SSE streaming, errors.
+"""The OpenAI-compatible HTTP API of `specx serve` (Starlette): routes, the request body, errors.
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health   GET /metrics
     POST /tokenize   POST /detokenize   (vLLM's: a prompt or chat messages to token ids, and back)
 
 Requests are validated and tokenized (requests.py, tokens.py), then handed to the one model worker
-(core/serve/worker.py) through a bounded queue. Every error is an OpenAI-style body with a 4xx/5xx status:
+(core/serve/worker.py) through a bounded queue; its events become the answer, one JSON body or an
+SSE stream, in delivery.py. Every error is an OpenAI-style body with a 4xx/5xx status:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": "..."}}
 """
@@ -29,15 +30,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..core.serve.events import Cancelled, Choice, ChoiceDone, Delta, Done, Failed
 from ..core.serve.job import Job
 from ..core.serve.pace import Pace
 from ..core.serve.worker import Worker
-from .auth import Keys, api_key_problem  # noqa: F401 - api_key_problem: cli/commands/options.py's
+from .auth import Keys
+from .delivery import Delivery
 from .errors import ApiError
 from .requests import parse_detokenize, parse_request, parse_tokenize
-from .responses import HeldText, chunk, completion_json, delta, finish_reason, logprobs_json, sse, usage_json
-from .shaping import Pacer, pad, split_tokens
 from .tokens import Tokenizers
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -218,117 +217,15 @@ class Api:
             self.metrics.requests.labels(endpoint, str(exc.status)).inc()
             return exc.response()
         created = int(time.time())
+        delivery = Delivery(self.tokenizers.tokenizer.decode, self.worker.scope_tokens, self.show_speculation)
         if stream:
             self.metrics.requests.labels(endpoint, "200").inc()  # sent at once; a later error goes in the stream
-            return StreamingResponse(self._stream(request, job, created, include_usage),
+            return StreamingResponse(delivery.stream(request, job, created, include_usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response = await self._collect(request, job, created)
+        response = await delivery.collect(request, job, created)
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
-
-    async def _collect(self, request: Request, job: Job, created: int) -> Response:
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
-        loop, first = asyncio.get_running_loop(), None  # when the first token was ready (shaping's clock)
-        try:
-            choices: list[Choice] = []
-            while True:
-                match await job.events.get():
-                    case Delta():
-                        first = loop.time() if first is None else first
-                    case ChoiceDone(choice):
-                        choices.append(choice)
-                    case Done(stats):
-                        if job.pace is not None and first is not None:  # held as a shaped stream would end
-                            await asyncio.sleep(max(0.0, Pacer.of(job.pace).hold_until(
-                                first, stats.completion_tokens) - loop.time()))
-                        return JSONResponse(completion_json(job.request, created, choices, stats,
-                                                            index_tokens=self.worker.scope_tokens(job.request.tenant),
-                                                            decode=self._token_text,
-                                                            speculation=self.show_speculation))
-                    case Failed() as failed:
-                        return ApiError.from_failure(failed).response()
-                    case Cancelled():
-                        return Response(status_code=499)  # nobody reads it: the client has gone
-        finally:
-            watcher.cancel()
-            job.cancelled.set()  # no effect once the worker is done with it
-
-    def _token_text(self, token: int) -> str:
-        return self.tokenizers.tokenizer.decode([token])
-
-    def _ids_text(self, ids: list[int]) -> str:
-        return self.tokenizers.tokenizer.decode(ids)
-
-    async def _stream(self, request: Request, job: Job, created: int, include_usage: bool) -> AsyncIterator[bytes]:
-        req = job.request
-        offsets = [0] * req.n  # completions' logprobs: text_offset of each choice's next token
-        held = [HeldText(req) for _ in range(req.n)]  # text that may be a tool call waits for its end
-        unsent: list[list[Any]] = [[[], []] for _ in range(req.n)]  # tokens and logprobs not sent yet
-
-        def piece(index: int, text: str | None, **kwargs: Any) -> bytes:
-            tokens, logprobs = unsent[index]
-            lp = logprobs_json(req, tokens, logprobs, self._token_text, offsets[index]) if tokens else None
-            unsent[index] = [[], []]
-            offsets[index] += len(text or "")
-            return chunk(req, created, [delta(req, index, text, None, logprobs=lp, **kwargs)], include_usage)
-
-        pacer = Pacer.of(job.pace) if job.pace is not None else None  # shaping.py: one token per event
-
-        def wire(event: bytes) -> bytes:  # shaped: padded, its size says nothing of its text
-            return event if pacer is None else pad(event)
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
-        try:
-            if req.endpoint == "chat.completions":  # OpenAI's first chunk names the role
-                yield wire(chunk(req, created, [delta(req, i, None, None, role=True) for i in range(req.n)],
-                                 include_usage))
-            while True:
-                match await job.events.get():
-                    case Delta(index, text, tokens, logprobs):
-                        parts = [text] if pacer is None else split_tokens(text, tokens, self._ids_text)
-                        for i, part in enumerate(parts):
-                            if logprobs is not None:
-                                one = slice(None) if pacer is None else slice(i, i + 1)
-                                unsent[index][0] += tokens[one]
-                                unsent[index][1] += logprobs[one]
-                            part = held[index].push(part)
-                            if pacer is not None:  # every token its slot, sent or held (a tool call's,
-                                await pacer.wait()  # a stop string's, a character's first bytes)
-                            if part:
-                                yield wire(piece(index, part))
-                    case ChoiceDone(choice):
-                        rest, call_deltas, calls = held[choice.index].finish(choice.finish_reason)
-                        if pacer is not None:
-                            await pacer.wait()
-                        if rest or unsent[choice.index][0] and not call_deltas:
-                            yield wire(piece(choice.index, rest))
-                        for calls_delta in call_deltas:
-                            yield wire(piece(choice.index, None, calls=calls_delta))
-                        yield wire(chunk(req, created, [delta(req, choice.index, None, finish_reason(
-                            choice.finish_reason, calls))], include_usage))
-                    case Done(stats):
-                        if include_usage:
-                            kind = "chat.completion.chunk" if req.endpoint == "chat.completions" else "text_completion"
-                            body = {"id": req.id, "object": kind, "created": created, "model": req.model,
-                                    "system_fingerprint": None, "choices": [],
-                                    "usage": usage_json(stats, self.show_speculation)}
-                            if self.show_speculation:
-                                body["specx"] = {**stats.to_json(),
-                                                 "global_index_tokens": self.worker.scope_tokens(req.tenant)}
-                            yield wire(sse(body))
-                        yield b"data: [DONE]\n\n"
-                        return
-                    case Failed() as failed:  # the stream still ends as a stream does
-                        error = ApiError.from_failure(failed)
-                        yield sse({"error": {"message": error.message, "type": error.kind, "param": error.param,
-                                             "code": error.code}})
-                        yield b"data: [DONE]\n\n"
-                        return
-                    case Cancelled():
-                        return
-        finally:
-            watcher.cancel()
-            job.cancelled.set()  # the client closed the stream early: the worker stops at its next step
 
     def _check_ready(self) -> None:
         if self.worker is None:
@@ -369,16 +266,6 @@ def _log_refused(endpoint: str, exc: ApiError) -> None:
     """A refused request is one log line: status, code, parameter, message (the operator's view of a 4xx)."""
     log.info("refused %s: %d %s%s: %s", endpoint, exc.status, exc.code or exc.kind,
              f" (param {exc.param})" if exc.param else "", exc.message)
-
-
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client disconnects (the body has been read: only a disconnect comes)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancelled.set()
-            job.events.put_nowait(Cancelled())
-            return
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

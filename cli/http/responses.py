@@ -1,6 +1,6 @@
 """OpenAI API response bodies of `specx serve`: completions, stream chunks, usage, logprobs.
 
-Pure formatting, no HTTP: app.py sends what these return. `decode` turns one token id into its
+Pure formatting, no HTTP: delivery.py sends what these return. `decode` turns one token id into its
 text (the server's tokenizer), for logprobs.
 """
 

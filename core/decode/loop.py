@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ..cost.acceptance import AcceptanceModel
 from ..cost.forward import PassCost
 from ..cost.sizing import size_draft
-from ..draft import GRAMMAR, MODEL, Draft, check_draft, subtree
+from ..draft import Draft, add_guesses, best_path, check_draft, forced_draft, limit_depth
 from ..model.threads import ThreadTuner
 from .speculate import Drafter
 
@@ -310,69 +310,3 @@ def _learn_step(cost: PassCost | None, threads: ThreadTuner | None, *, tag: Any,
     if cost is not None:
         cost.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
                           step_seconds=step_seconds, num_out=num_out, tag=tag)
-
-
-GUESS_PROB = 0.5  # a guess's D before the acceptance model has seen guesses verified
-
-
-def add_guesses(draft: Draft, guesses: Sequence[int]) -> Draft:
-    """The draft with the model's guesses (Verdict.guesses) as extra roots, tagged MODEL; a root
-    the drafter proposed too keeps its place and gains the MODEL bit.
-
-    >>> add_guesses(Draft([5, 6], [-1, 0], [0.9, 0.5], 1.4, 2).tagged(1), [5, 8]).sources
-    [5, 1, 4]
-    """
-    guess = Draft(list(guesses), [-1] * len(guesses), [GUESS_PROB] * len(guesses), GUESS_PROB * len(guesses), 1)
-    return draft.merge(guess.tagged(MODEL), len(draft) + len(guesses))
-
-
-def best_path(draft: Draft, probs: Sequence[float] | None = None) -> Draft:
-    """The draft's root-to-node path with the highest expected accepted length (the sum along it
-    of each node's chance: `probs`, an AcceptanceModel's estimates, else the drafter's D; the first
-    such path in a tie): what a verifier of linear drafts gets. The estimates matter where sources
-    mix: the successor table's D is the model's own probability, which verification shows to be
-    worth much less than a suffix node's D of the same size.
-
-    >>> best_path(Draft([5, 6, 7, 8], [-1, 0, -1, 2], [0.5, 0.1, 0.4, 0.3], 1.3, 2)).token_ids
-    [7, 8]
-    >>> best_path(Draft([5, 6, 7, 8], [-1, 0, -1, 2], [0.5, 0.1, 0.4, 0.3], 1.3, 2), [0.9, 0.5, 0.4, 0.3]).token_ids
-    [5, 6]
-    """
-    n = len(draft)
-    if n == 0 or all(p == i - 1 for i, p in enumerate(draft.parents)):
-        return draft
-    if probs is None:
-        probs = draft.probs if len(draft.probs) == n else [1.0] * n
-    total: list[float] = []
-    for par, d in zip(draft.parents, probs):
-        total.append(d + (total[par] if par >= 0 else 0.0))
-    node, keep = max(range(n), key=total.__getitem__), [False] * n
-    while node >= 0:
-        keep[node], node = True, draft.parents[node]
-    return subtree(draft, keep)
-
-
-FORCED_PROB = 0.95  # a forced token's D before the acceptance model has seen forced tokens verified
-
-
-def forced_draft(tokens: Sequence[int]) -> Draft:
-    """A grammar's forced tokens as a chain tagged GRAMMAR.
-
-    >>> forced_draft([7, 8]).parents
-    [-1, 0]
-    """
-    n = len(tokens)
-    probs = [FORCED_PROB ** (k + 1) for k in range(n)]
-    return Draft(list(tokens), list(range(-1, n - 1)), probs, float(sum(probs)), 0, [GRAMMAR] * n, [0] * n)
-
-
-def limit_depth(draft: Draft, max_depth: int) -> Draft:
-    """The draft's nodes of depth <= max_depth (parents re-indexed; order kept).
-
-    >>> limit_depth(Draft([5, 6, 7], [-1, 0, -1], [0.5, 0.25, 0.2], 0.95, 2), 1).token_ids
-    [5, 7]
-    """
-    depths = draft.depths()
-    if all(d <= max_depth for d in depths):
-        return draft
-    return subtree(draft, [d <= max_depth for d in depths])

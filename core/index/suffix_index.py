@@ -3,8 +3,9 @@
 An enhanced suffix array instead of a pointer tree (docs/design.md, "The index"): sealed (finished)
 sequences in one text and one suffix array of sorted segments that merge like a binary counter
 (core/index/sealed.py); live sequences (the request index: prompt plus output so far) in a prefix array
-that takes one token in O(log n) (core/index/live.py). Everything is flat arrays: `to_bytes` writes
-them, `from_bytes` maps them back without a rebuild.
+that takes one token in O(log n) (core/index/live.py). Everything is flat arrays: the compiled
+kernels take them as one tuple (core/index/kernel_view.py), `to_bytes` writes them, `from_bytes`
+maps them back without a rebuild.
 
 >>> index = SuffixIndex.build([[1, 2, 3, 1, 2, 4]])
 >>> index.count([1, 2]), index.children([1, 2])
@@ -22,6 +23,7 @@ from ..draft import Draft
 from . import index_format
 from .children import node_children
 from .expand import speculate_index
+from .kernel_view import make_view, sync_live
 from .live import LiveArena
 from .sealed import Sealed
 from .prefix_array import prefix_narrow
@@ -123,7 +125,7 @@ class SuffixIndex:
         if self.live.tok is not arena or self._kernel_args is None:
             self._kernel_args = None
         else:
-            self._sync_live_args()
+            sync_live(self._kernel_args, self.live)
 
     def hot_args(self, seq_id: int, room: int = 0) -> tuple[tuple, int, int]:
         """For a kernel that appends in place (core.index.engine_step): the kernels' view of the index
@@ -136,7 +138,7 @@ class SuffixIndex:
         if self.live.tok is not arena:
             self._kernel_args = None
         elif self._kernel_args is not None and region[1] != cap:
-            self._sync_live_args()  # the region moved (and a compaction moves others)
+            sync_live(self._kernel_args, self.live)  # the region moved (and a compaction moves others)
         return self._args(), self._slots[seq_id], region[1]
 
     def kernel_view(self) -> tuple:
@@ -282,37 +284,11 @@ class SuffixIndex:
             self.evict(self.budget_bytes)
 
     def _args(self) -> tuple:
-        """The kernels' view of the index: text, sa, segment bounds, live arenas, bases, lengths."""
+        """The kernels' view of the index (kernel_view.py), made again after a change of layout."""
         if self._kernel_args is None:
             self._slots = {seq_id: k for k, seq_id in enumerate(self.live.regions)}
-            regions = list(self.live.regions.values())
-            sealed = self.sealed
-            tables = sealed.tables()
-            offsets, vocabs, parts, at = [], [], [], 0
-            for table in tables:
-                offsets.append(at if table is not None else -1)
-                vocabs.append(len(table) - 1 if table is not None else 0)
-                if table is not None:
-                    parts.append(table)
-                    at += len(table)
-            self._kernel_args = (
-                sealed.text, sealed.sa,
-                np.array([s.sa_lo for s in sealed.segments], dtype=np.int64),
-                np.array([s.sa_hi for s in sealed.segments], dtype=np.int64),
-                np.array(offsets, dtype=np.int64), np.array(vocabs, dtype=np.int64),
-                np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32),
-                self.live.tok, self.live.pa,
-                np.array([r[0] for r in regions], dtype=np.int64),
-                np.array([r[2] for r in regions], dtype=np.int64),
-            )
+            self._kernel_args = make_view(self.sealed, self.live)
         return self._kernel_args
-
-    def _sync_live_args(self) -> None:
-        # Appends change live lengths (and, after a move, bases) in place; arenas stay the same objects.
-        bases, lens = self._kernel_args[-2:]
-        for k, (base, _, n) in enumerate(self.live.regions.values()):
-            bases[k] = base
-            lens[k] = n
 
     def _check_pattern(self, pattern: Sequence[int]) -> np.ndarray:
         pat = check_tokens(pattern, self.vocab_size, "pattern")

@@ -1,7 +1,7 @@
 """What the worker tells the HTTP side about a job: typed events on the job's queue, and the Choice.
 
-The worker (worker.py) sends them from its thread through `Job.emit`; the HTTP side
-(cli/http/app.py) matches them by type:
+The worker (worker.py; a choice's deltas, choice_stream.py) sends them from its thread through
+`Job.emit`; the HTTP side (cli/http/delivery.py) matches them by type:
 
     Delta(index, text, tokens, logprobs)   new text of choice `index`, safe to show (stop strings
                                            held back), the tokens decoded since the last delta and

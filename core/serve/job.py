@@ -1,21 +1,19 @@
 """What the worker decodes and how it answers: a validated request (GenerationRequest), the Job
 that carries it through the worker with the channel its events go back on, the tokenizer behind
-a lock, the Recorder protocol (where finished requests go), and the prediction's accounting."""
+a lock, and the prediction's accounting. Where finished requests go is core/serve/keeper.py's."""
 
 from __future__ import annotations
 
 import asyncio
 import difflib
 import threading
-import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from ..decode.request import Decoding
-from .events import Choice, Event
-from .metrics import Stats
+from .events import Event
 from .pace import Pace
 
 
@@ -77,34 +75,6 @@ class LockedTokenizer:
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
             return self.tokenizer.apply_chat_template(*args, **kwargs)
-
-
-class Recorder(Protocol):
-    """Where finished requests go, called on the worker's thread only: `open` when the thread
-    starts, `record` after each answered request (True when it was stored), `persist` to save the
-    global index (every PERSIST_EVERY records and when idle; False: it failed, try again later),
-    `close` when the thread ends. A failure is the recorder's to log: the worker keeps serving (and
-    logs what a recorder raises all the same: the answer still goes out)."""
-
-    def open(self) -> None: ...
-
-    def record(self, request: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
-               ended_at: str) -> bool: ...
-
-    def persist(self) -> bool: ...
-
-    def close(self) -> None: ...
-
-
-def record_answer(recorder: Recorder, req: GenerationRequest, choices: list[Choice], stats: Stats, started_at: str,
-                  debug: bool = False) -> bool:
-    """Hand a finished request to `recorder`; what it raises is logged, and the answer still goes out."""
-    try:
-        return bool(recorder.record(req, choices, stats, started_at, now_iso()))
-    except Exception as exc:  # noqa: BLE001 - a recorder's failure must not cost the answer or the worker
-        logging.getLogger("specx.serve").error("%s: could not store the request: %s: %s", req.id,
-                                               type(exc).__name__, exc, exc_info=debug)
-        return False
 
 
 def now_iso() -> str:

@@ -9,14 +9,12 @@ the event loop through `loop.call_soon_threadsafe` into the job's asyncio.Queue 
 Delta of new text per step, a ChoiceDone per choice, then Done with the request's Stats; or Failed
 with an HTTP status, a message and the request's parameter at fault).
 
-A client that goes away sets `job.cancelled`; the worker checks it between verification steps
-and closes the decode loop, which ends the request without learning from it (a batched request
-leaves the batch; the others go on). A finished request has already entered the global index (its
-scope's, core/serve/scopes.py: the drafter's finish_request); the worker then hands it to
-its Recorder (the "request finished" hook: `specx serve` passes store.served.ServedRecorder,
-which stores it in one transaction) and now and then asks it to persist the index, so a
-restarted server drafts from everything it served. This module reads no store and no
-environment: what it needs is passed in (the engine, drafter and cost in a core.decode.stack.Stack).
+A choice decodes and streams in core/serve/choice_stream.py. A client that goes away sets
+`job.cancelled`; the worker checks it between verification steps and closes the decode loop,
+which ends the request without learning from it (a batched request leaves the batch; the others go
+on). A finished request goes to the worker's Keeper (core/serve/keeper.py: its Recorder stores it,
+and the index is persisted now and then). This module reads no store and no environment: what it
+needs is passed in (the engine, drafter and cost in a core.decode.stack.Stack).
 """
 
 from __future__ import annotations
@@ -29,23 +27,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..decode.generate import generate
 from ..decode.grammar import GrammarError
-from ..decode.loop import DecodeStats, Decoded, collect
+from ..decode.loop import DecodeStats
 from ..decode.speculate import PredictionDrafter
 from ..decode.stack import Stack
-from ..decode.text import TextStream
-from .batch import Batcher, Member, batchable, fork_drafter, request_stack
-from .events import Choice, ChoiceDone, Delta, Done, Failed
-from .job import Job, LockedTokenizer, Recorder, now_iso, prediction_tokens, record_answer
+from .batch import Batcher, Member, batchable
+from .choice_stream import stream_choice
+from .events import Choice, ChoiceDone, Done, Failed
+from .job import Job, LockedTokenizer, now_iso
+from .keeper import Keeper, Recorder
 from .metrics import Metrics, Stats
-from .pace import Clock, PacedCost
+from .request_view import fork_drafter, request_stack
 from .scopes import Drafting, Scopes, ScopedDrafter, tenant_prefix_caches
 
 log = logging.getLogger("specx.serve")
-
-PERSIST_EVERY = 16  # requests between index saves while busy (a save costs ~0.1 s per 350k tokens)
-PERSIST_IDLE_S = 10.0  # save after this long with unsaved requests and nothing queued
 
 
 class Worker:
@@ -61,9 +56,8 @@ class Worker:
         # the thread tuner, the prefix cache: shared by the requests
         self.stack = stack
         self.tokenizer = LockedTokenizer(stack.tokenizer)  # the event loop encodes while this thread decodes
-        self.save_cost = save_cost  # keeps what the learned cost has learned, with the index
+        self.keeper = Keeper(recorder, save_cost, debug)  # stores finished requests, persists the index
         self.vocabulary = vocabulary  # core.decode.grammar.Vocabulary: requests with a grammar decode under it
-        self.recorder = recorder
         self.scopes = scopes  # whose history drafts whose request (None: the stack's global index for all)
         self.prefix_caches = tenant_prefix_caches(stack.engine, stack.prefix_cache, scopes)  # None: the stack's
         self.debug = debug
@@ -87,8 +81,6 @@ class Worker:
             lambda: self.batcher.rows / self.batcher.passes if self.batcher is not None and self.batcher.passes else 0.0)
         self.died: str | None = None  # why the worker thread ended, when a bug ended it
         self._thread: threading.Thread | None = None
-        self._unsaved = 0  # requests stored since the index was last persisted
-        self._saved_at = time.monotonic()
 
     @property
     def index_tokens(self) -> int:  # in the global indexes requests draft from (every scope's)
@@ -162,22 +154,11 @@ class Worker:
                 job.emit(Failed(503, f"the model worker has stopped ({self.died}); retry once it is restarted"))
 
     def _serve(self) -> None:
-        if self.recorder is not None:
-            try:
-                self.recorder.open()  # on this thread: a store's connection belongs to the thread that opens it
-            except Exception as exc:  # noqa: BLE001 - answering matters more than storing
-                log.error("cannot store answered requests: %s: %s", type(exc).__name__, exc, exc_info=self.debug)
-                self.recorder = None
+        self.keeper.open()  # on this thread: a store's connection belongs to the thread that opens it
         try:
             (self._serve_batched if self.batched else self._serve_serial)()
         finally:
-            if self._unsaved:
-                self._persist()
-            if self.recorder is not None:
-                try:
-                    self.recorder.close()
-                except Exception as exc:  # noqa: BLE001
-                    log.error("cannot close the store of answered requests: %s: %s", type(exc).__name__, exc)
+            self.keeper.close()
 
     def _serve_serial(self) -> None:  # one job at a time, to its end
         while True:
@@ -186,7 +167,7 @@ class Worker:
             except queue.Empty:
                 if self._stopping.is_set():
                     return
-                self._persist_due(idle=True)
+                self.keeper.due(idle=True)
                 if self.scopes is not None:
                     self.scopes.apply()  # rows the store's watcher read, added while nothing decodes
                 continue
@@ -196,7 +177,7 @@ class Worker:
             self._running[job] = None
             stack = dataclasses.replace(self.stack, cost=self._drafting_of(job.request.tenant).cost)
             self._finish(job, self._guarded(job, stack))  # (a bug before it: still running, _run answers it)
-            self._persist_due()
+            self.keeper.due()
 
     def _serve_batched(self) -> None:
         """Admit jobs up to max_batch, each on a thread of its own (core/serve/batch.py); run a pass
@@ -228,12 +209,12 @@ class Worker:
                     finished, self._finished = self._finished, []
                     for job, answer in finished:
                         self._finish(job, answer)
-                    self._persist_due()
+                    self.keeper.due()
             if not self._running:
                 if self._stopping.is_set() and self.jobs.empty():
                     return
                 with batcher.baton:
-                    self._persist_due(idle=True)
+                    self.keeper.due(idle=True)
                     if self.scopes is not None:
                         self.scopes.apply()
 
@@ -324,75 +305,28 @@ class Worker:
             self._running.pop(job, None)
             return
         choices, stats, started_at = answer
-        if self.recorder is not None and record_answer(self.recorder, job.request, choices, stats, started_at, self.debug):  # ~1 ms
+        if self.keeper.record(job.request, choices, stats, started_at):
             self.metrics.stored.inc()  # the answer is durable when it arrives
-            self._unsaved += 1
             if self.scopes is not None:  # learned already (the drafter's finish_request): not added again
-                self.scopes.learned(self._scope(job.request.tenant), getattr(self.recorder, "last_rowids", ()))
+                self.scopes.learned(self._scope(job.request.tenant), self.keeper.last_rowids)
         self._running.pop(job, None)
         job.emit(Done(stats))
 
     def _decode(self, job: Job, index: int, stack: Stack) -> Choice | None:
-        """One choice, streamed as deltas; None when the client went away."""
+        """One choice, streamed as deltas (choice_stream.py) with the request's drafter (its scope's
+        index; its prediction first) and its tenant's prefix cache; None when the client went away."""
         req = job.request
-        settings = req.settings.for_choice(index)
-        text = TextStream(self.tokenizer, stop=settings.stop)
         drafter = stack.drafter
         if drafter is not None and self.scopes is not None:
             drafter = ScopedDrafter(fork_drafter(drafter), self.scopes, self._scope(req.tenant))
         if drafter is not None and req.prediction_ids:
             drafter = PredictionDrafter(req.prediction_ids, drafter, max_spec_tokens=drafter.max_spec_tokens)
         prefix_cache = stack.prefix_cache if self.prefix_caches is None else self.prefix_caches[req.tenant]
-        speculating = stack.drafter is not None
-        cost = stack.cost if speculating else None
-        clock = Clock.of(job.pace) if job.pace is not None else None  # the wire's, kept here too
-        cost = PacedCost(cost, job.pace, clock) if clock is not None and cost is not None else cost  # drafts ahead of it
-        steps = generate(stack.engine, req.prompt_ids, drafter, settings, stop=text,
-                         constraint=settings.constraint(self.vocabulary), cost=cost,
-                         acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=prefix_cache,
-                         threads=stack.threads, successors=stack.successors if speculating else None)
-        sent = 0  # tokens whose text went out in a delta
-
-        def stream(step: Any, run: Decoded) -> bool:
-            nonlocal sent
-            if job.cancelled.is_set():
-                return False  # the decode is closed without learning
-            piece = text.pop()
-            if piece:
-                if clock is not None:  # each token its slot, as the wire books them
-                    clock.book(len(run.tokens) - sent, time.monotonic())
-                job.emit(Delta(index, piece, run.tokens[sent:], None if run.logprobs is None else run.logprobs[sent:]))
-                sent = len(run.tokens)
-            return True
-
-        run = collect(steps, stream, logprobs=settings.logprobs >= 0)
-        if run is None:
-            return None
-        tokens, logprobs = run.tokens, run.logprobs
-        piece = text.pop(final=True)
-        if piece or (logprobs and sent < len(tokens)):
-            job.emit(Delta(index, piece, tokens[sent:], None if logprobs is None else logprobs[sent:]))
-        return Choice(index, text.text, tokens, text.finish_reason(settings.max_new_tokens, settings.eos_token_ids),
-                      run.stats, prediction_tokens(req.prediction_ids, tokens), logprobs)
+        return stream_choice(job, index, stack, drafter, tokenizer=self.tokenizer, vocabulary=self.vocabulary,
+                             acceptance=self._drafting_of(req.tenant).acceptance, prefix_cache=prefix_cache)
 
     def _scope(self, tenant: str) -> str:  # the scope a tenant's request drafts in and teaches
         return tenant if self.scopes is not None and self.scopes.tenants else ""
 
     def _drafting_of(self, tenant: str) -> Drafting:  # what its scope's drafts taught (with tenants: its own)
         return Drafting.of(self._drafting, self._scope(tenant), self.stack.cost, self.batched)
-
-    def _persist_due(self, idle: bool = False) -> None:
-        """Persist after PERSIST_EVERY stored requests, or (`idle`) PERSIST_IDLE_S after the last."""
-        if self._unsaved >= PERSIST_EVERY or (
-                idle and self._unsaved and time.monotonic() - self._saved_at >= PERSIST_IDLE_S):
-            self._persist()
-
-    def _persist(self) -> None:
-        self._saved_at = time.monotonic()
-        try:
-            if self.save_cost is not None:
-                self.save_cost()
-            if self.recorder is None or self.recorder.persist():
-                self._unsaved = 0
-        except Exception as exc:  # noqa: BLE001 - tried again later; the worker goes on
-            log.error("could not persist the index: %s: %s", type(exc).__name__, exc, exc_info=self.debug)

@@ -37,7 +37,7 @@ def tree_unsupported(model: Any) -> str | None:
     attention that takes an arbitrary 4D mask and a KV cache whose rows can be reordered:
     sliding-window layers (Gemma 2/3, Mistral's windowed layers) build their own masks and keep a
     rolling cache. Such a model verifies linear drafts (the tree's best path,
-    core.decode.loop.best_path) with the model's own causal masks, its rejected tokens cropped off."""
+    core.draft.best_path) with the model's own causal masks, its rejected tokens cropped off."""
     config = model.config
     impl = getattr(config, "_attn_implementation", "sdpa")
     if impl not in _MASKABLE:
