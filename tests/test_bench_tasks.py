@@ -266,7 +266,7 @@ def test_specx_against_plain_specx_on_recorded_tasks(tmp_path):
     same answers (lossless), the second turn of a task reusing the first's prompt KV, steps told."""
     done = specx_in_process("bench", "tasks", "--logs", str(FIXTURES / "swe_agent"), "--logs",
                             str(FIXTURES / "openhands_output.jsonl"), "--start", "specx,specx-plain",
-                            "--tasks", "2", "--max-tokens", "8", "--json")
+                            "--serve-arg=--backend=quantized", "--tasks", "2", "--max-tokens", "8", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     specx, plain = result["servers"]
@@ -277,5 +277,8 @@ def test_specx_against_plain_specx_on_recorded_tasks(tmp_path):
         assert row["prompt_tokens_reused"] > 0  # each task's second turn starts with its first's prompt
         assert row["peak_rss_bytes"] > 100 * 2**20  # the model's weights at least, read from /proc
         assert row["kv_budget_tokens"] > 0 and row["kv_evicted_tokens"] == 0 and row["kv_kept_tokens"] > 0
+        use = row["passes"]  # the run's batched passes, from the server's /metrics before and after it
+        assert 0 < use["busy_s"] < row["wall_s"] and use["passes"] >= row["turns"]
+        assert 0 < use["prefill_rows"] <= row["prompt_tokens_computed"] and use["step_rows"] >= row["turns"]
     assert specx["identical"] == specx["compared"] == 4
     assert plain["tokens_per_step"] == 1.0

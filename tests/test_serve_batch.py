@@ -271,6 +271,11 @@ def test_a_real_server_batches_concurrent_openai_clients(tmp_path, tmp_path_fact
         srv.stop()
     assert four == one
     assert metrics["specx_running_requests"] == 0 and metrics["specx_tokens_per_pass"] > 1
+    # the passes' own figures (what `specx bench tasks` reads to say how busy the model was)
+    prefill, step = metrics['specx_forward_rows{kind="prefill"}'], metrics['specx_forward_rows{kind="step"}']
+    assert metrics["specx_forward_passes"] >= 1 and metrics["specx_forward_seconds"] > 0
+    assert prefill > 0 and step > 0
+    assert (prefill + step) / metrics["specx_forward_passes"] == pytest.approx(metrics["specx_tokens_per_pass"])
     assert "up to 4 requests share each forward pass" in srv.log()
 
 

@@ -116,34 +116,47 @@ def served_model(url: str, api_key: str | None = None, timeout: float = 10.0) ->
 
 KV_GAUGES = {"specx_kv_memory_budget_tokens": "kv_budget_tokens", "specx_kv_memory_tokens": "kv_kept_tokens",
              "specx_kv_evicted_tokens": "kv_evicted_tokens"}
+PASS_GAUGES = {"specx_forward_seconds": "busy_s", "specx_forward_passes": "passes",
+               'specx_forward_rows{kind="prefill"}': "prefill_rows", 'specx_forward_rows{kind="step"}': "step_rows"}
 
 
-def kv_memory(url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, int]:
+def server_gauges(url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, float]:
     """What a server's /metrics says of the conversations' KV it keeps across turns (specx's
-    `--kv-memory` gauges: budget, kept and pushed-out tokens); {} where it says nothing of them
-    (another server, no /metrics, no access).
+    `--kv-memory` gauges: budget, kept and pushed-out tokens) and of its batched passes (seconds
+    the model computed, passes, rows of prefill and of steps, since it started); {} where it says
+    nothing of them (another server, no /metrics, no access).
     """
     root = url[:-3] if url.endswith("/v1") else url
     try:
         with urllib.request.urlopen(urllib.request.Request(root + "/metrics", headers=_headers(api_key)),
                                     timeout=timeout) as response:
-            return parse_kv_gauges(response.read().decode("utf-8", "replace"))
+            return parse_gauges(response.read().decode("utf-8", "replace"))
     except (urllib.error.URLError, OSError, ValueError):
         return {}
 
 
-def parse_kv_gauges(text: str) -> dict[str, int]:
-    """The KV gauges of a Prometheus text page, by their row names.
+def parse_gauges(text: str) -> dict[str, float]:
+    """The KV and pass gauges of a Prometheus text page, by their row names.
 
-    >>> parse_kv_gauges("# HELP x\\nspecx_kv_memory_tokens 1234.0\\nspecx_kv_evicted_tokens 0.0\\nother 5")
-    {'kv_kept_tokens': 1234, 'kv_evicted_tokens': 0}
+    >>> parse_gauges('# HELP x\\nspecx_kv_memory_tokens 1234.0\\nspecx_forward_rows{kind="step"} 7.0\\nother 5')
+    {'kv_kept_tokens': 1234.0, 'step_rows': 7.0}
     """
     found = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in KV_GAUGES:
-            found[KV_GAUGES[name]] = int(float(value))
+        name, _, value = line.rpartition(" ")
+        key = KV_GAUGES.get(name) or PASS_GAUGES.get(name)
+        if key is not None:
+            found[key] = float(value)
     return found
+
+
+def pass_use(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The pass gauges' growth over a run (seconds computed, passes, rows); {} where the server has none.
+
+    >>> pass_use({"busy_s": 1.0, "passes": 2.0}, {"busy_s": 4.5, "passes": 10.0, "kv_kept_tokens": 3.0})
+    {'busy_s': 3.5, 'passes': 8.0}
+    """
+    return {key: after[key] - before.get(key, 0.0) for key in PASS_GAUGES.values() if key in after}
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:

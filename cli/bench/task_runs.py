@@ -12,7 +12,7 @@ from typing import Any
 from .. import output
 
 from . import task_bench, tasks as task_lib
-from .chat_stream import ServerError, base_url, kv_memory, served_model, stream_chat
+from .chat_stream import KV_GAUGES, ServerError, base_url, pass_use, server_gauges, served_model, stream_chat
 from .task_servers import KINDS, start_server
 
 BUILTIN_CONTEXT = 8192  # SmolLM2-135M-Instruct's
@@ -123,12 +123,17 @@ def bench(plan: Plan, *, source: Path | list[Path], num_tasks: int, agents: int,
                     models[name] = served_model(url)
                 key = None if started else api_key
                 stream_chat(url, models[name], WARM_UP, 1, key)
+                before = server_gauges(url, key)
                 with output.progress() as bar:
                     task = bar.add_task(name, total=num_turns)
                     runs.append(task_bench.run_tasks(name, url, models[name], tasks, agents=agents,
                                                      think_time=think_time, api_key=key, count_tokens=counter.answer,
                                                      on_turn=lambda answer: bar.advance(task)))
-                memory[name] = {"peak_rss_bytes": started.peak_rss() if started else None, **kv_memory(url, key)}
+                after = server_gauges(url, key)
+                kv = {k: int(after[k]) for k in KV_GAUGES.values() if k in after}
+                use = pass_use(before, after)
+                memory[name] = {"peak_rss_bytes": started.peak_rss() if started else None, **kv,
+                                **({"passes": use} if use.get("passes") else {})}
             except ServerError as exc:
                 problems[name] = str(exc)
                 output.note(f"{name}: skipped: {exc}")
@@ -196,3 +201,9 @@ def print_table(result: dict[str, Any]) -> None:
             output.note(f"{row['name']}: conversations' KV kept at the end {row.get('kv_kept_tokens', 0):,} tokens of "
                         f"a {row['kv_budget_tokens']:,}-token --kv-memory; {row.get('kv_evicted_tokens', 0):,} tokens "
                         "pushed out (prefilled again on their next turn)")
+        if row.get("passes"):
+            use = row["passes"]
+            rows = use.get("prefill_rows", 0) + use.get("step_rows", 0)
+            output.note(f"{row['name']}: the model computed {use['busy_s']:.1f} s of the run's {row['wall_s']:.1f} s, "
+                        f"{int(use['passes']):,} batched passes of {int(rows):,} rows, "
+                        f"{use.get('prefill_rows', 0) / max(rows, 1):.0%} of them prompts' prefill")

@@ -91,6 +91,7 @@ class Batcher:
         self.passes = 0
         self.rows = 0  # rows of every pass, added up (tokens per pass: rows / passes)
         self.prefill_rows = 0
+        self.seconds = 0.0  # the passes' time, added up
         self.guard = DraftGuard(lambda n, context: 1.0, say)  # whether drafts pay in the shared passes
         self._last: Pass | None = None
         self._fit = np.zeros(5)  # decayed sums of 1, rows, seconds, rows^2, rows * seconds over the shared passes
@@ -239,6 +240,7 @@ class Batcher:
         self.passes += 1
         self.rows += rows
         self.prefill_rows += prefill
+        self.seconds += seconds
         if error is None and len(parts) > 1:
             self._fit = FIT_DECAY * self._fit + np.array([1.0, rows, seconds, rows * rows, rows * seconds])
         for m, part, result, failed in zip(members, parts, results, errors):

@@ -73,6 +73,12 @@ class Metrics:
         self.tokens_per_pass = Gauge("specx_tokens_per_pass", "Mean tokens (rows: pending, draft and prefill "
                                      "tokens of every running request) per batched forward pass, since start.",
                                      registry=r)
+        self.forward_seconds = Gauge("specx_forward_seconds", "Seconds the model spent in batched forward passes, "
+                                     "since start (against the wall time: how busy it was).", registry=r)
+        self.forward_passes = Gauge("specx_forward_passes", "Batched forward passes run, since start.", registry=r)
+        self.forward_rows = Gauge("specx_forward_rows", "Rows of the batched forward passes since start, by kind: "
+                                  "prefill (prompts' chunks) or step (pending and draft tokens).", ["kind"],
+                                  registry=r)
         self.index_tokens = Gauge("specx_global_index_tokens", "Tokens in the global suffix index.", registry=r)
         self.kv_tokens = Gauge("specx_kv_memory_tokens", "Tokens of conversations whose KV entries are kept for "
                                "their next turns (all tenants).", registry=r)
@@ -88,6 +94,14 @@ class Metrics:
         self.kv_tokens.set_function(lambda: sum(c.num_tokens for c in caches))
         self.kv_budget_tokens.set_function(lambda: sum(c.max_tokens for c in caches))
         self.kv_evicted_tokens.set_function(lambda: sum(c.evicted_tokens for c in caches))
+
+    def watch_passes(self, batcher: Any) -> None:
+        """Read the batched passes' figures (core.serve.batch.Batcher's counts) at each scrape."""
+        self.tokens_per_pass.set_function(lambda: batcher.rows / batcher.passes if batcher.passes else 0.0)
+        self.forward_seconds.set_function(lambda: batcher.seconds)
+        self.forward_passes.set_function(lambda: batcher.passes)
+        self.forward_rows.labels("prefill").set_function(lambda: batcher.prefill_rows)
+        self.forward_rows.labels("step").set_function(lambda: batcher.rows - batcher.prefill_rows)
 
     def observe(self, stats: Stats, tenant: str = "") -> None:
         d = stats.decode

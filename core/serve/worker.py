@@ -77,8 +77,8 @@ class Worker:
         self._running: dict[Job, Member | None] = {}  # the jobs being decoded
         self._finished: list[tuple[Job, Any]] = []  # batched jobs decoded, to be stored and answered (this thread)
         self.metrics.running.set_function(lambda: len(self._running))
-        self.metrics.tokens_per_pass.set_function(
-            lambda: self.batcher.rows / self.batcher.passes if self.batcher is not None and self.batcher.passes else 0.0)
+        if self.batcher is not None:
+            self.metrics.watch_passes(self.batcher)
         self.died: str | None = None  # why the worker thread ended, when a bug ended it
         self._thread: threading.Thread | None = None
 
