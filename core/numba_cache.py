@@ -58,7 +58,43 @@ def configure() -> pathlib.Path:
         config.CACHE_DIR = str(_folder)
         _pickle_llvm_types_without_caches()
         _parallel_loops_named_per_process()
+        _cache_files_locked()
     return _folder
+
+
+def _cache_files_locked() -> None:
+    """numba saves a compiled function in two steps, each file replaced whole: it reads the index
+    (key -> data file), adds the new key with the first unused data file's name, writes the index,
+    then the data. Two processes that compile one function at once (a server and a command, the
+    tests' processes, every new cache) both take the same name: one's index entry is lost and the
+    data file may hold the other's code under it, which a third process then loads for a key it
+    was not compiled for (numba/numba#10128; seen here: 1 to 3 of 8 processes' entries lost,
+    and a quantized engine's start aborted in parse_bitcode). A lock on the index (flock, beside it) makes
+    a save one step and a load see an index and its data together."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): numba's own behaviour
+        return
+    from numba.core import caching
+
+    def locked(method, mode):  # noqa: ANN001, ANN202
+        def run(self, *args):  # noqa: ANN001, ANN002, ANN202
+            try:
+                fd = os.open(self._index_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:  # a cache folder this process cannot write: read as numba would
+                return method(self, *args)
+            try:
+                fcntl.flock(fd, mode)
+                return method(self, *args)
+            finally:
+                os.close(fd)  # releases the lock
+        run.specx_locked = True
+        return run
+
+    files = caching.IndexDataCacheFile
+    if not getattr(files.save, "specx_locked", False):
+        files.save = locked(files.save, fcntl.LOCK_EX)
+        files.load = locked(files.load, fcntl.LOCK_SH)
 
 
 def _parallel_loops_named_per_process() -> None:

@@ -361,6 +361,47 @@ def test_every_kernel_source_keys_numbas_cache_folder():
     assert {p.relative_to(numba_cache._HERE).as_posix() for p in room.rglob("*.py") if p.name != "__init__.py"} <= keyed
 
 
+
+KERNEL = """
+import sys, time
+from specx.core import numba_cache
+numba_cache.configure()
+import numba, numpy as np
+
+@numba.njit(cache=True)
+def twice(x):
+    return x * 2 + 1
+
+VALUES = [np.int64(3), np.float64(3), np.complex128(3), np.int32(3), np.float32(3), np.int16(3), np.uint8(3), np.uint64(3)]
+if sys.argv[1] == "check":  # every signature loaded from the cache, and right
+    assert all(complex(twice(v)) == complex(v * 2 + 1) for v in VALUES)
+    print(sum(twice.stats.cache_hits.values()), sum(twice.stats.cache_misses.values()))
+else:
+    while time.time() < float(sys.argv[2]):  # all at one instant
+        time.sleep(0.001)
+    twice(VALUES[int(sys.argv[1])])
+"""
+
+
+def test_processes_filling_one_kernel_cache_at_once_lose_nothing(tmp_path):
+    """numba saves a compiled function in two steps (the index, then the data file it names), so
+    processes compiling one function at once took one data file name: entries were lost (5 to 7
+    of these 8 kept, 12 times in 14) and a file could hold another key's code (numba/numba#10128).
+    Under specx's lock (core/numba_cache.py) eight processes compiling eight signatures of one
+    function at one instant leave all eight, each loaded back right."""
+    import time
+
+    (tmp_path / "kern.py").write_text(KERNEL)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+    start = time.time() + 8  # past every child's imports: they compile together
+    children = [subprocess.Popen([sys.executable, str(tmp_path / "kern.py"), str(i), str(start)], env=env,
+                                 stderr=subprocess.PIPE, text=True) for i in range(8)]
+    for child in children:
+        assert child.wait(timeout=120) == 0, child.stderr.read()[-2000:]
+    done = subprocess.run([sys.executable, str(tmp_path / "kern.py"), "check"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["8", "0"], (done.stdout, done.stderr[-2000:])
+
 def _weather(city: str) -> dict:
     return {"type": "function", "function": {"name": f"get_weather_{city.lower()}", "description": f"The weather in {city}.",
                                              "parameters": {"type": "object", "properties": {
