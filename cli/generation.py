@@ -59,7 +59,7 @@ class Generation:
         t0 = time.perf_counter()
         run = collect(generate(stack.engine, self.prompt_ids, drafter, settings, stop=text,
                                constraint=settings.constraint(self.vocabulary),
-                               cost=stack.cost if drafter is not None else None, threads=stack.threads, learn=False,
+                               cost=stack.cost if drafter is not None else None, learn=False,
                                successors=stack.successors if drafter is not None else None),
                       (lambda step, so_far: on_text(text.pop())) if on_text is not None else None)
         assert run is not None

@@ -114,8 +114,9 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
     if kv_memory is not None:
         prefix_cache_tokens = kv_budget_tokens(engine, kv_memory, say)
     prefix_cache = engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None
+    engine.tune_threads(cost.shape if cost is not None else None, say)  # its passes choose their threads
     return Stack(engine, tokenizer, fingerprint, global_index, drafter=chosen, cost=cost,
-                 threads=engine.thread_tuner(say), prefix_cache=prefix_cache, successors=successors,
+                 prefix_cache=prefix_cache, successors=successors,
                  successors_key=table_key(Path(model).name, fingerprint) if successors is not None else None)
 
 

@@ -106,11 +106,11 @@ def run_trial(model: str, db: Path | None, requests: int, max_tokens: int, say: 
         cost = model_cost(net, model, say)
         costs.append(cost)
         drafter = SuffixDrafter(global_index)
-        threads = net.thread_tuner(say)
+        net.tune_threads(cost.shape, say)
         cache = net.new_prefix_cache(PREFIX_CACHE_TOKENS)
-        runners[specx_method(engine)] = (lambda net, drafter, cost, threads, cache: lambda prompt: timed(generate(
-            net, prompt, drafter, settings, cost=cost, threads=threads, learn=False, prefix_cache=cache),
-            collect))(net, drafter, cost, threads, cache)
+        runners[specx_method(engine)] = (lambda net, drafter, cost, cache: lambda prompt: timed(generate(
+            net, prompt, drafter, settings, cost=cost, learn=False, prefix_cache=cache),
+            collect))(net, drafter, cost, cache)
     if "llama.cpp" in engines:
         runners[REFERENCE] = _stock_llama_runner(path, max_tokens, eos)
     with progress() as bar:

@@ -163,12 +163,13 @@ def main() -> None:
 
     def specx_runner(name, engine, cost):
         drafter, acceptance = SuffixDrafter(max_spec_factor=4.0), AcceptanceModel()
-        prefixes, threads = engine.new_prefix_cache(8192), engine.thread_tuner(say)
+        prefixes = engine.new_prefix_cache(8192)
+        engine.tune_threads(cost.shape if cost is not None else None, say)
         settings = Decoding(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
 
         def run(prompt):
             run = collect(generate(engine, prompt, drafter, settings, cost=cost, acceptance=acceptance,
-                                   threads=threads, prefix_cache=prefixes))
+                                   prefix_cache=prefixes))
             steps[name].append(run.stats.steps)
             return run.tokens
         return run

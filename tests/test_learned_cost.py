@@ -174,9 +174,10 @@ def test_the_thread_tuner_switches_back_when_the_load_goes():
 
 
 def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
-    """The real decode loop with a tiny model: the learned cost and the guard cut drafts, the tuner
-    switches threads between passes (forced here by a tuner that always probes), and the output
-    equals plain greedy decoding token for token."""
+    """The real decode loop with a tiny model: the learned cost and the guard cut drafts, the
+    engine's tuner switches threads between passes (forced here: it probes at every pass), each
+    step's timing is tagged with its pass's thread count, and the output equals plain greedy
+    decoding token for token."""
     import torch
 
     from specx.core.decode.generate import generate, greedy_decode
@@ -188,24 +189,33 @@ def test_generation_with_a_learned_cost_and_thread_tuning_stays_lossless():
 
     model = tiny_model()
     engine = TransformersEngine(model)
+    assert engine.tuner is None  # nothing is tuned until asked
     threads = torch.get_num_threads()
-    applied = []
-    tuner = ThreadTuner((threads, 1), lambda n: (applied.append(n), set_threads(n)))
-    tuner._wait = 0  # probe at every pass: both thread counts run
     rng = random.Random(5)
     cost = LearnedCost(SHIPPED_LIKE)
+    tuner = engine.tune_threads(cost.shape)
+    if threads > 1:
+        assert engine.tune_threads() is tuner and tuner.candidates == [threads, 1] and tuner.shape == cost.shape
+        applied, tags = [], []
+        tuner.apply = lambda n: (applied.append(n), set_threads(n))
+        tuner._wait = 0  # probe at every pass: both thread counts run
+        observe = cost.observe_step
+        cost.observe_step = lambda **step: (tags.append(step["tag"]), observe(**step))
+    else:
+        assert tuner is None
     try:
         for trial in range(4):
             prompt = [rng.randrange(1, 90) for _ in range(rng.randrange(2, 12))]
             reference = greedy_decode(model, prompt, 24)
             for make in (all_right, deep_chain, wide_tree):
                 out = [t for s in generate(engine, prompt, FakeDrafter(make, reference), Decoding(max_new_tokens=24),
-                                           cost=cost, threads=tuner) for t in s.new_tokens]
+                                           cost=cost) for t in s.new_tokens]
                 assert out == reference
     finally:
         set_threads(threads)
-    assert cost.passes > 0 and (threads == 1 or {threads, 1} <= set(applied))
-    assert engine.thread_tuner() is None or engine.thread_tuner().candidates == [threads, 1]
+    assert cost.passes > 0
+    if threads > 1:
+        assert {threads, 1} <= set(applied) and set(tags) == {threads, 1} and tuner.last in (threads, 1)
 
 
 def test_a_linear_curve_is_learned_from_drafted_passes_and_the_anchors_they_leave():

@@ -207,6 +207,41 @@ def test_sessions_batched_in_one_pass_get_the_bits_of_their_own_passes(tiny_engi
         assert torch.equal(session.score([tok], Draft()), got)
 
 
+def test_the_engine_chooses_every_passes_threads_and_the_bits_stay(tmp_path):
+    """Thread tuning lives in the engine (issue 60): once asked (tune_threads), every pass it runs,
+    a prompt's prefill chunks, a session's step, several sessions' batch, chooses its thread count
+    from one tuner, timed by the pass's size; on either count the logits are the same bits."""
+    import numba
+
+    from specx.core.draft import Draft
+    from specx.core.model.sessions import PREFILL_CHUNK, score_batch
+    from specx.core.model.threads import set_threads
+
+    threads = numba.get_num_threads()
+    if threads < 2:
+        pytest.skip("one thread: nothing to choose")
+    engine = QuantEngine(tiny_gguf(tmp_path / "q8.gguf", T.Q8_0, seed=3))
+    prompt = list(range(1, 2 * PREFILL_CHUNK + 6))  # all but its last token prefilled: 64 + 64 + 4
+    want = engine.plain(prompt, 20, None)
+    assert engine.tuner is None  # nothing tuned until asked
+    sizes = []
+    tuner = engine.tune_threads(lambda rows, context: sizes.append((rows, context)) or float(rows))
+    assert tuner is not None and tuner.candidates == [threads, 1] and engine.tune_threads() is tuner
+    applied = []
+    tuner.apply = lambda n: (applied.append(n), set_threads(n))
+    tuner._wait = 0  # probe at every pass: both counts run
+    try:
+        assert engine.plain(prompt, 20, None) == want
+        assert len(applied) == 3 + 20 and set(applied) == {threads, 1}  # every pass, prefill too
+        assert sizes[:3] == [(64, 0), (64, 64), (4, 128)] and sizes[3] == (1, len(prompt) - 1)
+        sessions = [engine.start(prompt[:9]), engine.start(prompt[:5])]
+        before = len(applied)
+        score_batch(sessions, [[7], [8]], [Draft([1, 2], [-1, 0], [0.5] * 2, 1.0, 1), Draft()])
+        assert len(applied) == before + 1 and sizes[-1] == (4, (9 * 3 + 5 * 1) // 4)  # one pass, its rows' mean context
+    finally:
+        set_threads(threads)
+
+
 def test_a_kept_prompt_is_the_sessions_own_cache_and_stays_the_prompt(tiny_engines):
     """A conversation's KV is held once (the prefix cache keeps the session's cache, no copy, made at
     the prompt's size + ANSWER_ROOM): the session's tree passes and kept paths past its prompt leave

@@ -203,6 +203,8 @@ def test_a_node_is_kept_only_while_it_beats_the_rate_of_the_whole_pass():
 
 def test_the_batch_cost_line_is_fitted_to_the_shared_passes():
     class Model:  # a pass costs 2 ms + 0.5 ms per row, exactly: what the line must find
+        tuner = None  # no threads chosen
+
         def forward_batch(self, parts):
             return [None for _ in parts]
 
@@ -281,6 +283,8 @@ def test_a_real_server_batches_concurrent_openai_clients(tmp_path, tmp_path_fact
 
 def test_the_worker_thread_serves_while_request_threads_wait():  # the baton is free while a pass runs
     class Model:
+        tuner = None
+
         def forward_batch(self, parts):
             assert not batcher.baton.locked()
             return [np.zeros(1) for _ in parts]
@@ -344,11 +348,10 @@ class _ChunkedEngine:
 
     CHUNK = 16
     name, vocab_size, context_length, precision, kernels = "chunked", 100, 4096, "none", []
-    tree_unsupported, device, prompt_lookup, cost_curve = None, "cpu", False, "cpu"
+    tree_unsupported, device, prompt_lookup, cost_curve, tuner = None, "cpu", False, "cpu", None
 
-    class Model:
-        def forward_batch(self, parts):
-            return [np.zeros((len(p[4]), 1), dtype=np.float32) for p in parts]
+    def forward_batch(self, parts):
+        return [np.zeros((len(p[4]), 1), dtype=np.float32) for p in parts]
 
     def start_steps(self, tokens, prefix_cache=None):
         kv = type("KV", (), {"length": 0, "reused": 0})()
@@ -367,7 +370,7 @@ def _prefill_two(a_cache, b_cache) -> dict[str, object]:
     from specx.core.serve.request_view import BatchedEngine
 
     engine = _ChunkedEngine()
-    batcher = Batcher(engine.Model())
+    batcher = Batcher(engine)
     a_prompt = list(range(1, 201))
     b_prompt = a_prompt[:100] + [99] * 20
     seen: dict[str, object] = {"b_parked": False}

@@ -182,7 +182,7 @@ ENGINE_CLASSES = {"LlamaModel", "TransformersEngine", "TransformersSession", "Se
 ENGINE_CHECKS = {"on_llamacpp"}
 # what only an engine, its session or its model has: `hasattr(x, one)` asks which engine x is
 ENGINE_ATTRIBUTES = {"start", "start_steps", "score_batch", "forward_batch", "keep_path", "new_prefix_cache",
-                     "thread_tuner", "cost_key", "tree_unsupported", "compile_seconds", "weight_bytes",
+                     "tune_threads", "cost_key", "tree_unsupported", "compile_seconds", "weight_bytes",
                      "multiply_adds"}
 
 

@@ -18,7 +18,6 @@ from ..cost.forward import PassCost
 from ..draft import Draft
 from ..index.successors import SuccessorTable
 from ..model.engine import Engine
-from ..model.threads import ThreadTuner
 from .loop import Step, decode
 from .request import Decoding, as_ids
 from .speculate import Drafter
@@ -29,8 +28,8 @@ from .verify import Sampling, mask_logits
 def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None = None,
              settings: Decoding = Decoding(), *, cost: PassCost | None = None,
              stop: Callable[[list[int]], int | None] | None = None, constraint: Any = None,
-             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None, threads: ThreadTuner | None = None,
-             learn: bool = True, successors: SuccessorTable | None = None) -> Iterator[Step]:
+             acceptance: AcceptanceModel | None = None, prefix_cache: Any = None, learn: bool = True,
+             successors: SuccessorTable | None = None) -> Iterator[Step]:
     """Decode what `settings` (a core.decode.request.Decoding: the limit, end tokens, sampling and
     log-probabilities the request asks for) after `prompt_ids` with the model, yielding one Step
     per forward pass of `engine`: core.decode.loop.decode with a ModelVerifier (its docstring says
@@ -49,9 +48,8 @@ def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None 
 
     The rest is the runner's, not the request's. `prefix_cache` (a core.model.prefix_cache.PrefixCache, from
     the engine's new_prefix_cache) skips the prefill of the prompt's longest prefix it has seen
-    before (llama.cpp keeps its own). `threads` (the engine's `thread_tuner()`) picks each pass's
-    thread count from the passes' times (a busy machine). `learn`: the drafter learns the output at
-    the end (False: its indexes stay as they were). `successors` (a
+    before (llama.cpp keeps its own). `learn`: the drafter learns the output at the end (False: its
+    indexes stay as they were). `successors` (a
     core.index.successors.SuccessorTable, the one a HybridDrafter drafts from): every pass's rows
     teach it the model's likely next tokens (core.decode.verify.learn_successors).
     """
@@ -71,7 +69,7 @@ def generate(engine: Engine, prompt_ids: Sequence[int], drafter: Drafter | None 
     verifier = ModelVerifier(engine, sampling, prefix_cache=prefix_cache, constraint=constraint,
                              logprobs=settings.logprobs, successors=successors)
     yield from decode(verifier, prompt, drafter, settings.max_new_tokens, settings.eos_token_ids, cost, stop,
-                      acceptance, learn=learn, constraint=constraint, threads=threads)
+                      acceptance, learn=learn, constraint=constraint)
 
 
 @torch.inference_mode()

@@ -21,7 +21,6 @@ from ..cost.acceptance import AcceptanceModel
 from ..cost.forward import PassCost
 from ..cost.sizing import size_draft
 from ..draft import Draft, add_guesses, best_path, check_draft, forced_draft, limit_depth
-from ..model.threads import ThreadTuner
 from .speculate import Drafter
 
 
@@ -40,6 +39,7 @@ class Verdict:
     accepted_nodes: list[int]  # indices into the draft, root to leaf
     guesses: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token, when the verifier was asked for them
+    threads: int | None = None  # the thread count its pass ran on (the engine chose it: core.model.threads)
 
     @property
     def num_accepted(self) -> int:
@@ -180,7 +180,7 @@ def collect(steps: Iterator[Step], on_step: Callable[[Step, Decoded], bool | Non
 def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = None,
            max_new_tokens: int | None = None, eos: Iterable[int] = (), cost: PassCost | None = None,
            stop: Callable[[list[int]], int | None] | None = None, acceptance: AcceptanceModel | None = None,
-           learn: bool = True, constraint: Any = None, threads: ThreadTuner | None = None) -> Iterator[Step]:
+           learn: bool = True, constraint: Any = None) -> Iterator[Step]:
     """Decode after `prompt` until EOS, `max_new_tokens` (None: until the verifier is finished) or
     `stop`, yielding one Step per verification pass.
 
@@ -196,8 +196,8 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
 
     Every step is shown to `cost` (`observe_step`): a core.cost.learned.LearnedCost learns from it
     what passes cost (its shape) and whether the drafts pay (its guard caps them, `max_draft`, when
-    they do not); a fixed curve ignores it. `threads` (a
-    core.model.threads.ThreadTuner) chooses the thread count of each pass from the passes' times.
+    they do not); a fixed curve ignores it. Each step's timing is tagged with the thread count its
+    pass ran on (Verdict.threads): passes on different counts are not compared.
     """
     prompt = [int(t) for t in prompt]
     if max_new_tokens is not None and max_new_tokens < 0:
@@ -223,7 +223,6 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                                 lead_forced=drafter is not None,
                                 tokens_left=None if max_new_tokens is None else max_new_tokens - num_out,
                                 cost=cost, acceptance=acceptance, context=context, max_nodes=cap)
-            tag = threads.before_pass() if threads is not None else None
             drafted = clock()
             verdict = verifier.verify(draft)
             verified = clock()
@@ -246,8 +245,9 @@ def decode(verifier: Verifier, prompt: Sequence[int], drafter: Drafter | None = 
                 drafter.extend(tokens)
                 guesses = verdict.guesses
             finished = clock()
-            _learn_step(cost, threads, tag=tag, num_tokens=1 + len(draft), context=context,
-                        verify_seconds=verified - drafted, step_seconds=finished - start, num_out=len(tokens))
+            if cost is not None:
+                cost.observe_step(num_tokens=1 + len(draft), context=context, verify_seconds=verified - drafted,
+                                  step_seconds=finished - start, num_out=len(tokens), tag=verdict.threads)
             yield Step(tokens, len(draft), min(verdict.num_accepted, len(tokens)), (drafted - start) * 1e6,
                        (verified - drafted) * 1e6, (finished - updated) * 1e6,
                        None if verdict.logprobs is None else verdict.logprobs[: len(tokens)])
@@ -298,15 +298,3 @@ def shape_draft(draft: Draft, verifier: Verifier, *, guesses: Sequence[int] = ()
     if constraint is not None:
         draft = constraint.prune(draft)
     return draft
-
-
-def _learn_step(cost: PassCost | None, threads: ThreadTuner | None, *, tag: Any, num_tokens: int, context: int,
-                verify_seconds: float, step_seconds: float, num_out: int) -> None:
-    """A step's pass over `num_tokens` took `verify_seconds` of its `step_seconds` and emitted
-    `num_out` tokens: the thread tuner (which compares passes of different sizes by the cost
-    curve's shape) and the cost (a learned one: its curve, then its guard) hear it."""
-    if threads is not None:
-        threads.after_pass(tag, verify_seconds / (cost.shape(num_tokens, context) if cost is not None else 1.0))
-    if cost is not None:
-        cost.observe_step(num_tokens=num_tokens, context=context, verify_seconds=verify_seconds,
-                          step_seconds=step_seconds, num_out=num_out, tag=tag)

@@ -55,8 +55,9 @@ class Engine(Protocol):
     passes' cost starts from; `hit_tokens`: prompt tokens `start` found already
     cached, over the engine's life (the server reports each request's share); `batches`: whether
     several requests' passes run as one (core.serve.batch: batch-invariant kernels, a KV cache per
-    session, `start_steps` and its model's `forward_batch`); `compile_seconds`: how long its
-    kernels took to compile at load (None where it compiles none)."""
+    session, `start_steps` and its `forward_batch`); `compile_seconds`: how long its
+    kernels took to compile at load (None where it compiles none); `tuner`: what chooses its passes'
+    thread count (`tune_threads`; None until then, and where there is nothing to choose)."""
 
     name: str
     vocab_size: int
@@ -70,6 +71,7 @@ class Engine(Protocol):
     hit_tokens: int
     batches: bool
     compile_seconds: float | None
+    tuner: ThreadTuner | None
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> Session:
         """A request's sequence holding `tokens` (a prompt but its last token): its longest cached
@@ -86,9 +88,13 @@ class Engine(Protocol):
         """Forget what the engine holds between requests: the next one prefills its whole prompt."""
         ...
 
-    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> ThreadTuner | None:
-        """A core.model.threads.ThreadTuner between the engine's thread count and one (None where
-        there is nothing to choose: a GPU, one thread). Share one between the requests of a run."""
+    def tune_threads(self, shape: Callable[[int, int], float] | None = None,
+                     say: Callable[[str], None] | None = None) -> ThreadTuner | None:
+        """From now on its passes choose their thread count (between the engine's and one) from their
+        times: `tuner`, a core.model.threads.ThreadTuner, one for every session and request, each pass
+        run inside its `timed` and its time normalised by `shape(rows, context)` (a cost's shape);
+        `say` hears a switch. Called again, the same tuner takes the shape and `say` given (None:
+        keeps its own). None (and nothing tuned) where there is nothing to choose: a GPU, one thread."""
         ...
 
     def cost_key(self) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from .threads import ThreadTuner, retune, timed
+
 N_BATCH = 512  # at most this many tokens per llama_decode call
 N_CTX = 4096  # the context made when none is asked for: llama.cpp makes its KV cache whole at start
 # Exactness: with an F16 or F32 KV cache, llama.cpp's CPU flash attention takes other code paths
@@ -80,6 +82,7 @@ class LlamaModel:
     name = "llama.cpp"
     batches = False
     compile_seconds = None
+    tuner: ThreadTuner | None = None
     tree_unsupported = "on llama.cpp a pass costs nearly in proportion to its tokens (core/model/llamacpp.py)"
     prompt_lookup = False  # transformers' prompt lookup does not run here (llama.cpp's own: examples/llamacpp_bench.py)
     kernels = ()  # specx's kernels are transformers'
@@ -161,7 +164,8 @@ class LlamaModel:
         import torch
 
         self._kept = len(self.cached) + len(pending)
-        return torch.from_numpy(self.forward(pending + list(draft.token_ids), logits_from=len(pending) - 1))
+        with timed(self.tuner, len(pending) + len(draft), len(self.cached)):
+            return torch.from_numpy(self.forward(pending + list(draft.token_ids), logits_from=len(pending) - 1))
 
     def keep_path(self, accepted_nodes: list[int]) -> None:
         self.keep(self._kept + len(accepted_nodes))  # linear drafts: the accepted nodes lead
@@ -172,10 +176,11 @@ class LlamaModel:
     def clear(self) -> None:
         self.keep(0)
 
-    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> Any:
-        from .threads import ThreadTuner
-
-        return ThreadTuner((self.threads, 1), self.set_threads, say) if self.threads > 1 else None
+    def tune_threads(self, shape: Callable[[int, int], float] | None = None,
+                     say: Callable[[str], None] | None = None) -> ThreadTuner | None:
+        """core.model.engine.Engine.tune_threads: between its threads and one (llama.cpp's own pool)."""
+        self.tuner = retune(self.tuner, self.threads, self.set_threads, shape, say)
+        return self.tuner
 
     def cost_key(self) -> dict[str, Any]:
         from importlib.metadata import version

@@ -6,6 +6,7 @@ core/model/quantized/engine.py, and the GPU one, core/model/gpu/engine.py), writ
     logits = session.score([prompt_ids[-1]], draft)   # [1 + N, V], as every engine's
     session.keep_path(accepted_nodes)
     engine.score_batch(sessions, pendings, drafts)    # several sessions' passes in one
+    engine.forward_batch([s.pass_for(p, d) for ...])   # the same, as a batched server runs it
 
 What it asks of an engine's model: `config` (its `vocab`), `context_length`, and
 `forward(kv, tokens, positions, allowed, logits_rows)` with `forward_batch([...])` (several such
@@ -16,7 +17,8 @@ KVCache and the prefix cache that makes them (`SessionPrefixCache.fresh`).
 
 A pass is data (`Session.pass_for`: the model's forward_batch part), so core/serve/batch.py runs
 several requests' passes as one, and a prompt's prefill as the passes it needs (`start_steps`,
-PREFILL_CHUNK tokens each) beside them.
+PREFILL_CHUNK tokens each) beside them. Every pass goes through the engine's `forward_batch`, where
+its thread count is chosen (`tune_threads`: core.model.threads).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from ..draft import Draft, check_draft
 from .prefix_cache import PrefixCache
+from .threads import ThreadTuner, retune, set_threads, timed
 
 PREFILL_CHUNK = 64  # prompt tokens per pass: the quantized kernel's row chunk
 # room a prefilled cache is made with past its prompt: an agent's answer and a draft tree's rows,
@@ -116,10 +119,10 @@ class SessionPrefixCache(PrefixCache, ABC):
 
 
 class Session:
-    """One request's cache on a SessionEngine: tree passes, the accepted path kept."""
+    """One request's cache on a SessionEngine (`engine`): tree passes, the accepted path kept."""
 
-    def __init__(self, model: Any, kv: Any) -> None:
-        self.model, self.kv = model, kv
+    def __init__(self, engine: SessionEngine, kv: Any) -> None:
+        self.engine, self.model, self.kv = engine, engine.model, kv
         self._kept = 0  # entries before the draft's in the last pass: the cache + the pending tokens
 
     def score(self, pending: list[int], draft: Draft) -> Any:
@@ -154,10 +157,10 @@ def score_batch(sessions: Sequence[Session], pendings: Sequence[list[int]], draf
     of one model; each then keeps its path with `keep_path` as after `score`."""
     import torch
 
-    if len({id(s) for s in sessions}) != len(sessions) or len({id(s.model) for s in sessions}) > 1:
-        raise ValueError("a batch takes distinct sessions of one model")
+    if len({id(s) for s in sessions}) != len(sessions) or len({id(s.engine) for s in sessions}) > 1:
+        raise ValueError("a batch takes distinct sessions of one engine")
     parts = [s.pass_for(p, d) for s, p, d in zip(sessions, pendings, drafts)]
-    return [torch.from_numpy(logits) for logits in sessions[0].model.forward_batch(parts)]
+    return [torch.from_numpy(logits) for logits in sessions[0].engine.forward_batch(parts)]
 
 
 class SessionEngine:
@@ -172,6 +175,7 @@ class SessionEngine:
     batches = True
     prompt_lookup = False
     tree_unsupported = None
+    tuner: ThreadTuner | None = None
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -184,7 +188,23 @@ class SessionEngine:
         self.compile_seconds = time.perf_counter() - started
 
     def start(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> Session:
-        return run_steps(self.start_steps(tokens, prefix_cache), lambda part: self.model.forward(*part))
+        return run_steps(self.start_steps(tokens, prefix_cache), lambda part: self.forward_batch([part]))
+
+    def forward_batch(self, parts: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """One pass over `parts` (Session.pass_for's, start_steps'): the model's forward_batch, on
+        the thread count the tuner chooses (`tune_threads`); each part's logits rows."""
+        rows = sum(len(part[1]) for part in parts)
+        context = sum(part[0].length * len(part[1]) for part in parts) // max(rows, 1)
+        with timed(self.tuner, rows, context):
+            return self.model.forward_batch(parts)
+
+    def tune_threads(self, shape: Callable[[int, int], float] | None = None,
+                     say: Callable[[str], None] | None = None) -> ThreadTuner | None:
+        """core.model.engine.Engine.tune_threads: between numba's threads and one (its kernels' pool)."""
+        import numba
+
+        self.tuner = retune(self.tuner, numba.get_num_threads(), set_threads, shape, say)
+        return self.tuner
 
     def start_steps(self, tokens: Sequence[int], prefix_cache: PrefixCache | None = None
                     ) -> Generator[tuple[Any, ...], None, Session]:
@@ -193,7 +213,7 @@ class SessionEngine:
         prefixes = prefix_cache if isinstance(prefix_cache, kind) else kind(0)
         kv = yield from prefixes.prefill_steps(self.model, tokens)
         self.hit_tokens += kv.reused
-        return Session(self.model, kv)
+        return Session(self, kv)
 
     score_batch = staticmethod(score_batch)
 

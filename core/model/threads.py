@@ -10,15 +10,23 @@ runs most passes on its current setting, now and then one on the other, and swit
 was clearly faster than the passes just before it. A probe that loses makes the next one rarer (on
 a busy machine, a pass on the wrong setting costs ~10x one on the right one).
 
-    tuner = ThreadTuner((2, 1), apply=set_threads)   # an engine's thread_tuner() makes one
-    threads = tuner.before_pass()          # the setting to run the next pass on (applied)
-    tuner.after_pass(threads, seconds)     # seconds normalised by the pass's size
+The tuner is the engine's (core.model.engine.Engine.tune_threads makes it, one for all its
+sessions and every request of a run), and the engine's passes are its only users: each runs inside
+`timed`. Neither the decode loop nor the batched server chooses or times threads; they read `last`
+to tag the timings their costs learn from (passes on different thread counts are never paired).
+
+    tuner = ThreadTuner((2, 1), apply=set_threads, shape=cost.shape)
+    with tuner.timed(rows, context):       # the setting chosen and applied; the time learned after
+        logits = model.forward_batch(parts)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
 FIRST_PROBE = 2  # passes before the first probe of the other setting
 AFTER_SWITCH = 8  # passes before the first probe after a switch
@@ -33,7 +41,10 @@ WEIGHT = 0.5  # the latest pass's weight in the current setting's running log ti
 class ThreadTuner:
     """Chooses between thread counts (`candidates`, the first one to start with) from the
     normalised time of the passes run on each; `apply(n)` sets n threads for the next pass (on
-    the thread that runs it: torch's and numba's settings are per thread); `say` hears switches.
+    the thread that runs it: torch's and numba's settings are per thread); `say` hears switches;
+    `shape(rows, context)` is a pass's size (a cost curve's shape: passes of different sizes are
+    compared by their time over it; none: every pass is of one size); `last` is the thread count
+    of the last pass (what a pass's timing is tagged with where it is learned: core.cost).
 
     >>> tuner = ThreadTuner((2, 1))
     >>> for _ in range(40):  # two threads take 10 ms, one thread 4 ms (a busy machine)
@@ -44,10 +55,12 @@ class ThreadTuner:
     """
 
     def __init__(self, candidates: Sequence[int], apply: Callable[[int], None] = lambda n: None,
-                 say: Callable[[str], None] = lambda message: None) -> None:
+                 say: Callable[[str], None] = lambda message: None,
+                 shape: Callable[[int, int], float] | None = None) -> None:
         self.candidates = [int(c) for c in dict.fromkeys(candidates)]
-        self.apply, self.say = apply, say
+        self.apply, self.say, self.shape = apply, say, shape
         self.current = self.candidates[0]
+        self.last: int | None = None
         self.switches = 0
         self._running: float | None = None  # log seconds of the current setting's recent passes
         self._since = 0  # passes on the current setting since the last probe or switch
@@ -61,7 +74,19 @@ class ThreadTuner:
             others = [c for c in self.candidates if c != self.current]
             threads = others[self._next_other % len(others)]
         self.apply(threads)
+        self.last = threads
         return threads
+
+    @contextmanager
+    def timed(self, rows: int, context: int) -> Iterator[int]:
+        """Run one pass over `rows` rows on a `context`-token cache inside: its thread count is
+        chosen and applied before, its time (over `shape`) learned after; a pass that raises
+        teaches nothing."""
+        threads = self.before_pass()
+        started = time.perf_counter()
+        yield threads
+        seconds = time.perf_counter() - started
+        self.after_pass(threads, seconds / (self.shape(rows, context) if self.shape is not None else 1.0))
 
     def after_pass(self, threads: int, seconds: float) -> None:
         """Learn from a pass run on `threads` that took `seconds` (normalised for its size)."""
@@ -95,3 +120,20 @@ def set_threads(n: int) -> None:
     n = min(n, numba.config.NUMBA_NUM_THREADS)
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
+
+
+def retune(tuner: ThreadTuner | None, threads: int, apply: Callable[[int], None],
+           shape: Callable[[int, int], float] | None, say: Callable[[str], None] | None) -> ThreadTuner | None:
+    """An engine's `tune_threads`: its tuner, made between `threads` and one the first time (None
+    where threads is one), given `shape` and `say` (None: the ones it has kept)."""
+    if tuner is None and threads > 1:
+        tuner = ThreadTuner((threads, 1), apply)
+    if tuner is not None:
+        tuner.shape = shape if shape is not None else tuner.shape
+        tuner.say = say if say is not None else tuner.say
+    return tuner
+
+
+def timed(tuner: ThreadTuner | None, rows: int, context: int) -> Any:
+    """`tuner.timed(rows, context)`, or nothing to do where the engine tunes no threads (None)."""
+    return tuner.timed(rows, context) if tuner is not None else nullcontext()

@@ -81,7 +81,7 @@ def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, m
     runs = {m: MethodRun() for m in methods}
     prefixes = {m: engine.new_prefix_cache(prefix_cache_tokens) if prefix_cache_tokens else None for m in methods}
     acceptance = {m: AcceptanceModel() for m in specx}  # what the drafts are worth, learned across prompts
-    threads = engine.thread_tuner()  # specx's passes choose the thread count; the other methods run on its choice
+    engine.tune_threads(cost.shape if cost is not None else None)  # its passes choose their thread count
     settings = Decoding(max_new_tokens=max_new_tokens, eos_token_ids=eos_token_id)  # greedy, as the other methods
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
@@ -95,7 +95,7 @@ def compare(engine: Engine, prompts: Sequence[Sequence[int]], drafter: Any, *, m
                 if method in specx:
                     decoded = collect(generate(engine, prompt, specx[method].drafter, settings, cost=cost,
                                                acceptance=acceptance[method], prefix_cache=prefixes[method],
-                                               threads=threads, successors=specx[method].successors))
+                                               successors=specx[method].successors))
                     assert decoded is not None
                     out, totals = decoded.tokens, decoded.stats
                 elif method == STOCK:

@@ -3,11 +3,11 @@
 Each running request decodes on a thread of its own, with the decode loop every entrance uses
 (core.decode.generate), over a view of the stack made for it (core/serve/request_view.py): its
 engine hands every pass it needs (the prompt's prefill chunks, then one verification tree per step)
-to the `Batcher` and waits. The worker thread, which owns the model, runs one
-forward pass as soon as every running request waits (the model's forward_batch: a ragged batch, each
-part its own KV cache and tree mask) and hands each its logits. Requests join and leave between
-passes; a new one's prefill runs a chunk (core.model.sessions.PREFILL_CHUNK tokens) per pass beside
-the others' trees, so it never stalls them for more than a pass.
+to the `Batcher` and waits. The worker thread, which owns the model, runs one forward pass as soon
+as every running request waits (the engine's forward_batch: a ragged batch, each part its own KV
+cache and tree mask, on the threads the engine chooses) and hands each its logits. Requests join
+and leave between passes; a new one's prefill runs a chunk (core.model.sessions.PREFILL_CHUNK
+tokens) per pass beside the others' trees, so it never stalls them for more than a pass.
 
 Lossless per request: the engine's kernels are batch-invariant and attention never mixes
 sequences, so a request's logits are the bits its own pass gives; its sampler, grammar, stops and
@@ -76,13 +76,12 @@ class Member:
 
 
 class Batcher:
-    """The rendezvous between the request threads and the thread that owns the model (`model`: a
-    SessionEngine's, with forward_batch). `threads`: the engine's ThreadTuner (None: nothing to
-    tune); `cost`: the shared PassCost, whose shape normalises the tuner's timings."""
+    """The rendezvous between the request threads and the thread that owns the model (`engine`: a
+    core.model.sessions.SessionEngine, whose forward_batch runs a pass and whose `tuner` says on how
+    many threads it ran)."""
 
-    def __init__(self, model: Any, *, threads: Any = None, cost: Any = None,
-                 say: Callable[[str], None] = lambda message: None) -> None:
-        self.model, self.threads, self.cost = model, threads, cost
+    def __init__(self, engine: Any, *, say: Callable[[str], None] = lambda message: None) -> None:
+        self.engine = engine
         self.cond = threading.Condition()
         self.baton = threading.Lock()
         self.members: list[Member] = []
@@ -216,25 +215,22 @@ class Batcher:
         prefill = sum(len(m.part[1]) for m in members if m.prefill)
         steps = sum(not m.prefill for m in members)
         context = sum(p[0].length * len(p[1]) for p in parts) // max(rows, 1)
-        tag = self.threads.before_pass() if self.threads is not None else None
         started = time.perf_counter()
         results: list[Any] = [None] * len(parts)
         errors: list[BaseException | None] = [None] * len(parts)
         try:
-            results = self.model.forward_batch(parts)
+            results = self.engine.forward_batch(parts)
             error = None
         except Exception as exc:  # noqa: BLE001 - the requests answer it; the worker goes on
             error = errors[0] = exc
             for i, part in enumerate(parts if len(parts) > 1 else ()):  # which failed: each alone (a cache's
                 try:  # length moves only when its pass ends), so that one request's fault stays its own
-                    results[i] = self.model.forward_batch([part])[0]
+                    results[i] = self.engine.forward_batch([part])[0]
                     errors[i] = None
                 except Exception as alone:  # noqa: BLE001
                     errors[i] = alone
         seconds = time.perf_counter() - started
-        if self.threads is not None and error is None:
-            shape = self.cost.shape(rows, context) if self.cost is not None else 1.0
-            self.threads.after_pass(tag, seconds / shape)
+        tag = self.engine.tuner.last if self.engine.tuner is not None else None
         done = Pass(rows, len(parts), seconds, tag, context, prefill, steps)
         self._last = done if error is None else None
         self.passes += 1

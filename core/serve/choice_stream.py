@@ -39,7 +39,7 @@ def stream_choice(job: Job, index: int, stack: Stack, drafter: Any, *, tokenizer
     steps = generate(stack.engine, req.prompt_ids, drafter, settings, stop=text,
                      constraint=settings.constraint(vocabulary), cost=cost,
                      acceptance=acceptance, prefix_cache=prefix_cache,
-                     threads=stack.threads, successors=stack.successors if speculating else None)
+                     successors=stack.successors if speculating else None)
     sent = 0  # tokens whose text went out in a delta
 
     def stream(step: Any, run: Decoded) -> bool:

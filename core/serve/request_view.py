@@ -3,8 +3,8 @@ loop runs in the batch as it runs alone: an engine and its sessions whose passes
 Batcher (core/serve/batch.py) instead of to the model (`BatchedEngine`, `BatchedSession`: a new
 prompt's prefill waits for one in flight that fills the same prefix cache with the same start), a
 cost that sizes its drafts against the rest of the shared pass and hears from each pass what it
-was (`BatchCost`), and a drafter of its own over the shared index (`fork_drafter`). The threads
-are the batcher's to tune: the view has no thread tuner.
+was (`BatchCost`), and a drafter of its own over the shared index (`fork_drafter`). The engine
+chooses the threads of the passes the batcher runs (core.model.sessions.SessionEngine.forward_batch).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BatchedEngine:
     cached prompt tokens)."""
 
     SHARED = frozenset({"name", "vocab_size", "context_length", "precision", "kernels", "tree_unsupported", "device",
-                        "prompt_lookup", "cost_curve"})  # the engine's own, read through
+                        "prompt_lookup", "cost_curve", "tuner"})  # the engine's own, read through
 
     def __init__(self, engine: Any, batcher: Batcher, member: Member) -> None:
         self.engine, self.batcher, self.member = engine, batcher, member
@@ -139,8 +139,7 @@ def fork_drafter(drafter: Any) -> Any:
 
 
 def request_stack(stack: Stack, batcher: Batcher, member: Member, guard: DraftGuard | None = None) -> Stack:
-    """The stack one batched request decodes with (its engine, drafter and cost views; the
-    batcher tunes the threads). `guard`: judges its drafts in shared passes (None: the batcher's)."""
+    """The stack one batched request decodes with (its engine, drafter and cost views). `guard`: judges its drafts in shared passes (None: the batcher's)."""
     cost = BatchCost(stack.cost, batcher, member, guard) if stack.cost is not None else None
     return dataclasses.replace(stack, engine=BatchedEngine(stack.engine, batcher, member),
-                               drafter=fork_drafter(stack.drafter), cost=cost, threads=None)
+                               drafter=fork_drafter(stack.drafter), cost=cost)

@@ -72,8 +72,7 @@ class Worker:
         self._stopping = threading.Event()
         self.batched = max_batch > 1 and batchable(stack.engine)
         self.max_batch = max_batch if self.batched else 1
-        self.batcher = Batcher(stack.engine.model, threads=stack.threads, cost=stack.cost,
-                               say=lambda m: log.info("batched passes: %s", m)) if self.batched else None
+        self.batcher = Batcher(stack.engine, say=lambda m: log.info("batched passes: %s", m)) if self.batched else None
         self._running: dict[Job, Member | None] = {}  # the jobs being decoded
         self._finished: list[tuple[Job, Any]] = []  # batched jobs decoded, to be stored and answered (this thread)
         self.metrics.running.set_function(lambda: len(self._running))

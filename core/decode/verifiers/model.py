@@ -43,4 +43,6 @@ class ModelVerifier:
         if self.constraint is not None:
             self.constraint.advance(verdict.tokens)
         self.pending = [verdict.tokens[-1]]
+        tuner = self.engine.tuner
+        verdict.threads = tuner.last if tuner is not None else None
         return verdict

@@ -87,7 +87,8 @@ class GPUEngine(SessionEngine):
                                                                else "interpreter, float32 products") + ")"]
         super().__init__(model)  # Triton compiles each kernel at its first call: the pass it runs
 
-    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> None:
+    def tune_threads(self, shape: Callable[[int, int], float] | None = None,
+                     say: Callable[[str], None] | None = None) -> None:
         """Nothing to tune: the passes run on the GPU."""
         return None
 

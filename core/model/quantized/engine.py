@@ -142,14 +142,6 @@ class QuantEngine(SessionEngine):
             "then read from numba's cache)")
         super().__init__(model)
 
-    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> Any:
-        import numba
-
-        from ..threads import ThreadTuner, set_threads
-
-        threads = numba.get_num_threads()
-        return ThreadTuner((threads, 1), set_threads, say) if threads > 1 else None
-
     def cost_key(self) -> dict[str, Any]:
         from importlib.metadata import version
 

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from ...draft import Draft, check_draft
 from ..prefix_cache import PrefixCache
-from ..threads import ThreadTuner, set_threads
+from ..threads import ThreadTuner, retune, set_threads, timed
 from .kv_cache import cache_kwarg, new_cache
 from .prefix_cache import TransformersPrefixCache
 from .tree import keep_accepted, tree_logits, tree_unsupported
@@ -28,16 +28,18 @@ class TransformersSession:
     (core.model.transformers.tree.tree_logits; best paths through the model's own masks when
     `linear` says why it cannot take trees), then the cache pruned to the accepted path."""
 
-    def __init__(self, model: Any, cache: Any, *, linear: str | None = None) -> None:
-        self.model, self.cache, self.linear = model, cache, linear
+    def __init__(self, model: Any, cache: Any, *, linear: str | None = None, tuner: ThreadTuner | None = None) -> None:
+        self.model, self.cache, self.linear, self.tuner = model, cache, linear, tuner
         self.vocab_size = model.config.vocab_size
         self._kept = 0  # entries before the draft's in the last pass: the cache + the pending tokens
         self._nodes = 0  # the last pass's draft nodes
 
     def score(self, pending: list[int], draft: Draft) -> torch.Tensor:
         check_draft(draft, self.vocab_size)
-        self._kept, self._nodes = self.cache.get_seq_length() + len(pending), len(draft)
-        return tree_logits(self.model, self.cache, pending, draft, linear=self.linear)[len(pending) - 1 :]
+        cached = self.cache.get_seq_length()
+        self._kept, self._nodes = cached + len(pending), len(draft)
+        with timed(self.tuner, len(pending) + len(draft), cached):
+            return tree_logits(self.model, self.cache, pending, draft, linear=self.linear)[len(pending) - 1 :]
 
     def keep_path(self, accepted_nodes: list[int]) -> None:
         keep_accepted(self.cache, self._kept, accepted_nodes, self._nodes)
@@ -51,6 +53,7 @@ class TransformersEngine:
     compile_seconds = None
     prompt_lookup = True
     cost_curve = "cpu"  # the built-in model's passes on a CPU
+    tuner: ThreadTuner | None = None
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -67,7 +70,7 @@ class TransformersEngine:
         hits = prefixes.hit_tokens
         cache = prefixes.prefill(self.model, tokens)
         self.hit_tokens += prefixes.hit_tokens - hits
-        return TransformersSession(self.model, cache, linear=self.tree_unsupported)
+        return TransformersSession(self.model, cache, linear=self.tree_unsupported, tuner=self.tuner)
 
     def new_prefix_cache(self, max_tokens: int) -> TransformersPrefixCache:
         return TransformersPrefixCache(max_tokens)
@@ -88,11 +91,12 @@ class TransformersEngine:
     def clear(self) -> None:
         """Nothing is held between requests (the prefix caches are the callers')."""
 
-    def thread_tuner(self, say: Callable[[str], None] = lambda message: None) -> ThreadTuner | None:
-        threads = torch.get_num_threads()
-        if self.model.device.type != "cpu" or threads <= 1:
-            return None
-        return ThreadTuner((threads, 1), set_threads, say)
+    def tune_threads(self, shape: Callable[[int, int], float] | None = None,
+                     say: Callable[[str], None] | None = None) -> ThreadTuner | None:
+        """core.model.engine.Engine.tune_threads: between torch's threads and one (on a CPU)."""
+        threads = torch.get_num_threads() if self.model.device.type == "cpu" else 1
+        self.tuner = retune(self.tuner, threads, set_threads, shape, say)
+        return self.tuner
 
     def cost_key(self) -> dict[str, Any]:
         model, device = self.model, str(self.model.device)
