@@ -65,10 +65,23 @@ def peak_rss(pid: int) -> int | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL after 60 s; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 class StartedServer:
@@ -104,13 +117,7 @@ class StartedServer:
         return peak_rss(self.proc.pid)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def start_server(kind: str, *, model: str, workdir: Path, slots: int, context: int,
@@ -119,7 +126,7 @@ def start_server(kind: str, *, model: str, workdir: Path, slots: int, context: i
     """Start the server `kind` (one of KINDS) for `model`; ServerError (one line) when it cannot be."""
     if kind not in KINDS:
         raise ServerError(f"unknown server {kind!r}: choose from {', '.join(KINDS)}")
-    port = _free_port()
+    port = free_port()
     log_path = workdir / f"{kind}-{port}.log"
     if kind.startswith("specx"):
         argv = [sys.executable, "-m", "specx", "serve", "--host", "127.0.0.1", "--port", str(port),

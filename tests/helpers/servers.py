@@ -3,8 +3,6 @@ answers), the requests the tests send it (`post`, `ask`), the built-in model's n
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +10,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from specx.bench.task_servers import free_port, stop_process
+
 from helpers.cli import specx_test_home
 
 MODEL = "smollm2-135m"
 KEY = "test-key"
 COUNTING = "1, 2, 3, 4, 5,"  # the model goes on counting: a long, predictable output
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def specx_home(tmp_path_factory) -> str:
@@ -72,14 +66,7 @@ class Server:
 
     def stop(self) -> int:
         """SIGTERM; the exit status is -SIGTERM (uvicorn re-raises the signal after a clean shutdown)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 def post(url: str, data: bytes, key: str | None = KEY) -> tuple[int, dict]:
