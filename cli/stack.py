@@ -1,6 +1,6 @@
 """The one assembly of what decoding with a model needs, from the command line's options: engine,
-tokenizer and chat template, the global index, the forward-pass cost, the thread tuner, the
-drafter, the prefix cache (a core.decode.stack.Stack). `specx serve`, `specx generate`,
+tokenizer and chat template (the engine's threads tuned), the global index, the forward-pass
+cost, the drafter, the prefix cache (a core.decode.stack.Stack). `specx serve`, `specx generate`,
 `specx replay --model` and the benches build theirs here."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def assemble(model: str, *, backend: str, dtype: str | None, say: Callable[[str]
       made when missing, as the server writes what it serves; else no store means an empty index;
       no `db`: an empty index);
     - the forward-pass cost, learned from the passes (`cost_aware`; `relearn`: forgetting what
-      earlier runs kept), the engine's thread tuner, and with `speculation` a SuffixDrafter of
+      earlier runs kept), the engine's threads tuned by its shape, and with `speculation` a SuffixDrafter of
       `max_spec_tokens` and `max_spec_factor` over the global index (`drafter`: suffix; table: the
       model's successor table alone, hybrid: both, core.decode.hybrid; None: the engine's default,
       specx.stack.default_drafter; the table is the store's, kept per model, else a new one);

@@ -7,7 +7,7 @@ unchanged to core.decode.generate.generate.
     steps = generate(engine, prompt_ids, drafter, settings)
 
 What the server or the machine brings to every request (the drafter, the pass cost, the acceptance
-model, the prefix cache, the thread tuner, the successor table) is not in it, nor whose request it
+model, the prefix cache, the successor table) is not in it, nor whose request it
 is (a server's tenant, core.serve.job.GenerationRequest's: it picks those): generate takes them as
 keywords.
 

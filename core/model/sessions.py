@@ -69,6 +69,13 @@ def prefill_parts(kv: Any, tokens: Sequence[int]) -> Iterator[tuple[Any, ...]]:
         yield kv, chunk, positions, np.tril(np.ones((n, n), dtype=np.uint8)), np.array([n - 1])
 
 
+def pass_size(parts: Sequence[tuple[Any, ...]]) -> tuple[int, int]:
+    """(rows, context) of a pass over `parts` (forward_batch's): its rows, and the cache length
+    they attend to, averaged over the rows (what a pass's cost is read at)."""
+    rows = sum(len(part[1]) for part in parts)
+    return rows, sum(part[0].length * len(part[1]) for part in parts) // max(rows, 1)
+
+
 def tree_layout(num_cached: int, num_pending: int, draft: Draft) -> tuple[np.ndarray, np.ndarray]:
     """(positions [Q], allowed [Q, Q]) of a pass over the pending tokens then the draft's nodes:
     pending tokens causal, each node sees the pending tokens and its ancestors (core/model/transformers/tree.py)."""
@@ -193,9 +200,7 @@ class SessionEngine:
     def forward_batch(self, parts: Sequence[tuple[Any, ...]]) -> list[Any]:
         """One pass over `parts` (Session.pass_for's, start_steps'): the model's forward_batch, on
         the thread count the tuner chooses (`tune_threads`); each part's logits rows."""
-        rows = sum(len(part[1]) for part in parts)
-        context = sum(part[0].length * len(part[1]) for part in parts) // max(rows, 1)
-        with timed(self.tuner, rows, context):
+        with timed(self.tuner, *pass_size(parts)):
             return self.model.forward_batch(parts)
 
     def tune_threads(self, shape: Callable[[int, int], float] | None = None,

@@ -134,6 +134,11 @@ def retune(tuner: ThreadTuner | None, threads: int, apply: Callable[[int], None]
     return tuner
 
 
+def last_threads(tuner: ThreadTuner | None) -> int | None:
+    """The thread count of the last pass `tuner` chose (None where the engine tunes no threads)."""
+    return tuner.last if tuner is not None else None
+
+
 def timed(tuner: ThreadTuner | None, rows: int, context: int) -> Any:
     """`tuner.timed(rows, context)`, or nothing to do where the engine tunes no threads (None)."""
     return tuner.timed(rows, context) if tuner is not None else nullcontext()

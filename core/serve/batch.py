@@ -35,6 +35,8 @@ import numpy as np
 
 from ..cost.guard import DraftGuard
 from ..model.prefix_cache import free_memory
+from ..model.sessions import pass_size
+from ..model.threads import last_threads
 
 MAX_BATCH = 16  # the default cap on requests decoded together (--max-batch): past it, on CPUs, passes grow in step
 PASS_WAIT_S = 0.25  # the worker's longest wait for a pass's parts before it looks at its queue again
@@ -211,10 +213,9 @@ class Batcher:
         error the pass raised."""
         self._judge(self._last)
         parts = [m.part for m in members]
-        rows = sum(len(p[1]) for p in parts)
+        rows, context = pass_size(parts)
         prefill = sum(len(m.part[1]) for m in members if m.prefill)
         steps = sum(not m.prefill for m in members)
-        context = sum(p[0].length * len(p[1]) for p in parts) // max(rows, 1)
         started = time.perf_counter()
         results: list[Any] = [None] * len(parts)
         errors: list[BaseException | None] = [None] * len(parts)
@@ -230,8 +231,7 @@ class Batcher:
                 except Exception as alone:  # noqa: BLE001
                     errors[i] = alone
         seconds = time.perf_counter() - started
-        tag = self.engine.tuner.last if self.engine.tuner is not None else None
-        done = Pass(rows, len(parts), seconds, tag, context, prefill, steps)
+        done = Pass(rows, len(parts), seconds, last_threads(self.engine.tuner), context, prefill, steps)
         self._last = done if error is None else None
         self.passes += 1
         self.rows += rows

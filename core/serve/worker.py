@@ -52,8 +52,8 @@ class Worker:
                  recorder: Recorder | None = None, vocabulary: Any = None,
                  save_cost: Callable[[], None] | None = None, scopes: Scopes | None = None,
                  debug: bool = False) -> None:
-        # the engine, its tokenizer, the global index, the drafter (None: plain decoding), the cost,
-        # the thread tuner, the prefix cache: shared by the requests
+        # the engine (its threads tuned), its tokenizer, the global index, the drafter (None: plain
+        # decoding), the cost, the prefix cache: shared by the requests
         self.stack = stack
         self.tokenizer = LockedTokenizer(stack.tokenizer)  # the event loop encodes while this thread decodes
         self.keeper = Keeper(recorder, save_cost, debug)  # stores finished requests, persists the index

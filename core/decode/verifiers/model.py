@@ -7,6 +7,7 @@ from typing import Any
 from ...draft import Draft
 from ...index.successors import SuccessorTable
 from ...model.engine import Engine, Session
+from ...model.threads import last_threads
 from ..loop import Verdict
 from ..verify import Sampling, verify
 
@@ -43,6 +44,5 @@ class ModelVerifier:
         if self.constraint is not None:
             self.constraint.advance(verdict.tokens)
         self.pending = [verdict.tokens[-1]]
-        tuner = self.engine.tuner
-        verdict.threads = tuner.last if tuner is not None else None
+        verdict.threads = last_threads(self.engine.tuner)
         return verdict
